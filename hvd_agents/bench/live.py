@@ -1,0 +1,119 @@
+"""Live benchmark: the engine against HF ``generate``, side by side in one run.
+
+For every prompt, four runs on the same model, greedy, same max_new_tokens:
+
+* HF ``generate(do_sample=False)``: what a langchain-huggingface user gets;
+* engine ``ar``: our loop without drafts (overhead check, goal within 10% of HF);
+* HF ``generate(prompt_lookup_num_tokens=k)``: the prompt-lookup peer;
+* engine ``pld``: the same algorithm inside our loop (goal: at least equal).
+
+Each configuration runs once to warm up, then the runs are interleaved prompt by
+prompt so both sides see the same machine state. Outputs must be identical token
+for token; any mismatch is reported. Figures are ratios measured in this run.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from hvd_agents.bench.prompts import agent_prompts
+from hvd_agents.chat import encode_prompt
+from hvd_agents.engine import Engine, GenerationParams
+from hvd_agents.engine.shared import shared_engine
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Tally:
+    """Tokens and seconds of one configuration over all prompts."""
+
+    tokens: int = 0
+    seconds: float = 0.0
+    outputs: list[tuple[int, ...]] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+def _hf_runner(engine: Engine, max_new_tokens: int, **extra) -> Callable[[list[int]], tuple[int, ...]]:
+    model = engine.model
+    eos = list(engine.eos_token_ids)
+
+    def run(prompt: list[int]) -> tuple[int, ...]:
+        ids = torch.tensor([prompt], device=engine.device)  # [1, n]
+        with torch.inference_mode():
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                eos_token_id=eos,
+                pad_token_id=eos[0],
+                **extra,
+            )
+        return tuple(out[0, len(prompt) :].tolist())
+
+    return run
+
+
+def _engine_runner(engine: Engine, params: GenerationParams) -> Callable[[list[int]], tuple[int, ...]]:
+    def run(prompt: list[int]) -> tuple[int, ...]:
+        return engine.generate(prompt, params).token_ids
+
+    return run
+
+
+def _timed(run: Callable[[list[int]], tuple[int, ...]], prompt: list[int], tally: Tally) -> None:
+    start = time.perf_counter()
+    out = run(prompt)
+    tally.seconds += time.perf_counter() - start
+    tally.tokens += len(out)
+    tally.outputs.append(out)
+
+
+def run_live_benchmark(
+    model: str | None = None, device: str | None = None, max_new_tokens: int = 128, k: int = 10
+) -> dict[str, Tally]:
+    """Run the benchmark and print its table; returns the tallies by configuration name."""
+    engine = shared_engine(model, device=device)
+    prompts = [encode_prompt(engine.tokenizer, p.messages, p.tools) for p in agent_prompts()]
+    runners = {
+        "hf-generate": _hf_runner(engine, max_new_tokens),
+        "engine-ar": _engine_runner(engine, GenerationParams(max_new_tokens=max_new_tokens, method="ar")),
+        "hf-prompt-lookup": _hf_runner(engine, max_new_tokens, prompt_lookup_num_tokens=k),
+        "engine-pld": _engine_runner(
+            engine, GenerationParams(max_new_tokens=max_new_tokens, method="pld", num_draft_tokens=k)
+        ),
+    }
+    for run in runners.values():  # warm-up (allocator, kernels)
+        run(prompts[0][:64])
+    tallies = {name: Tally() for name in runners}
+    for i, prompt in enumerate(prompts):
+        logger.info("prompt %d/%d (%d tokens)", i + 1, len(prompts), len(prompt))
+        for name, run in runners.items():
+            _timed(run, prompt, tallies[name])
+    _print_table(tallies, prompts, max_new_tokens, k)
+    return tallies
+
+
+def _print_table(tallies: dict[str, Tally], prompts: Sequence[list[int]], max_new_tokens: int, k: int) -> None:
+    reference = tallies["hf-generate"]
+    mean_prompt = sum(len(p) for p in prompts) / len(prompts)
+    print(f"{len(prompts)} agent-style prompts (mean {mean_prompt:.0f} tokens), greedy, "
+          f"max_new_tokens={max_new_tokens}, k={k}, device={torch.device('cpu') if not torch.cuda.is_available() else 'cuda'}")
+    print(f"{'configuration':<18}{'tokens':>8}{'seconds':>10}{'tok/s':>9}{'vs hf-generate':>16}{'same tokens':>13}")
+    for name, tally in tallies.items():
+        same = sum(a == b for a, b in zip(tally.outputs, reference.outputs))
+        ratio = tally.tokens_per_s / reference.tokens_per_s if reference.tokens_per_s else 0.0
+        print(f"{name:<18}{tally.tokens:>8}{tally.seconds:>10.2f}{tally.tokens_per_s:>9.1f}"
+              f"{ratio:>15.2f}x{same:>9}/{len(prompts)}")
+    ar = tallies["engine-ar"].tokens_per_s / reference.tokens_per_s
+    pld = tallies["engine-pld"].tokens_per_s / tallies["hf-prompt-lookup"].tokens_per_s
+    print(f"engine-ar / hf-generate: {ar:.2f}x   engine-pld / hf-prompt-lookup: {pld:.2f}x")

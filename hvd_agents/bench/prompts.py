@@ -1,0 +1,119 @@
+"""Agent-style prompts for the live benchmarks and the demo.
+
+Each is a realistic step of a tool-using agent: a system prompt with tool schemas,
+a user request, and earlier tool calls / tool outputs that the answer draws on
+(identifiers, code, JSON), which is where copying drafts pay off.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather for a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "description": "City name, e.g. Paris"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city"],
+        },
+    },
+}
+
+SEARCH_FILES_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "search_files",
+        "description": "Search the repository for files whose content matches a pattern.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "pattern": {"type": "string", "description": "Regular expression to search for"},
+                "path": {"type": "string", "description": "Directory to search in"},
+            },
+            "required": ["pattern"],
+        },
+    },
+}
+
+SYSTEM = "You are a helpful assistant that uses tools to answer questions. Be concise and exact."
+
+_CODE = '''def parse_config(path):
+    with open(path) as fh:
+        lines = fh.read().splitlines()
+    config = {}
+    for line in lines:
+        if not line or line.startswith("#"):
+            continue
+        key, value = line.split("=", 1)
+        config[key.strip()] = value.strip()
+    return config
+'''
+
+_WEATHER_RESULT = {"city": "Paris", "temperature": 18, "unit": "celsius", "condition": "partly cloudy",
+                   "humidity": 64, "wind_kmh": 12}
+
+_SEARCH_RESULT = "\n".join(
+    [
+        "src/app/config.py:12: def load_settings(path: str) -> Settings:",
+        "src/app/config.py:40: def save_settings(settings: Settings, path: str) -> None:",
+        "src/app/cli.py:8: from app.config import load_settings, save_settings",
+        "tests/test_config.py:5: from app.config import load_settings",
+        "tests/test_config.py:22: def test_load_settings_roundtrip(tmp_path):",
+    ]
+)
+
+
+@dataclass(frozen=True)
+class AgentPrompt:
+    """One benchmark prompt: OpenAI-style messages and tool schemas."""
+
+    name: str
+    messages: list[dict]
+    tools: list[dict] = field(default_factory=list)
+
+
+def _tool_turn(call_id: str, name: str, arguments: dict, result: str) -> list[dict]:
+    call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+    return [
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call_id, "content": result},
+    ]
+
+
+def agent_prompts() -> list[AgentPrompt]:
+    """The benchmark's prompts (fixed, deterministic)."""
+    weather = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "What is the weather in Paris right now? Give all the details."},
+        *_tool_turn("call_1", "get_weather", {"city": "Paris", "unit": "celsius"}, json.dumps(_WEATHER_RESULT)),
+    ]
+    search = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "Where is load_settings defined and used? List every file and line."},
+        *_tool_turn("call_1", "search_files", {"pattern": "load_settings"}, _SEARCH_RESULT),
+    ]
+    code = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "Add a docstring to this function and return the whole function:\n\n" + _CODE},
+    ]
+    json_extract = [
+        {"role": "system", "content": SYSTEM},
+        {
+            "role": "user",
+            "content": "Return the tool result below as a JSON object with the same keys and values.\n\n"
+            + json.dumps(_WEATHER_RESULT, indent=2),
+        },
+    ]
+    return [
+        AgentPrompt("weather-summary", weather, [WEATHER_TOOL]),
+        AgentPrompt("search-report", search, [SEARCH_FILES_TOOL]),
+        AgentPrompt("code-docstring", code, []),
+        AgentPrompt("json-echo", json_extract, [WEATHER_TOOL]),
+    ]

@@ -1,0 +1,163 @@
+"""The ``hvd-agents`` command line.
+
+Subcommands:
+
+* ``generate``: one chat turn (or a raw prompt) on a model, printing text and stats.
+* ``demo``: a short agent turn with a tool call on the embedded model.
+* ``bench``: the live engine benchmark against HF ``generate`` (same run, same prompts).
+
+Errors the user can cause (bad model id, bad parameters) print ``error: ...`` and
+exit with status 2; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+
+from hvd_agents.drafters import available_methods
+from hvd_agents.engine import GenerationParams, RequestStats
+from hvd_agents.errors import HVDError
+
+logger = logging.getLogger(__name__)
+
+
+def format_stats(stats: RequestStats) -> str:
+    """A one-paragraph human summary of a request's stats."""
+    lines = [
+        f"prompt {stats.prompt_tokens} tok, prefill {stats.prefill_s:.2f} s | "
+        f"{stats.new_tokens} new tok in {stats.decode_s:.2f} s ({stats.decode_tokens_per_s:.1f} tok/s)",
+        f"steps {stats.steps}, tokens/step {stats.tokens_per_step:.2f}, "
+        f"drafted {stats.drafted_tokens}, accepted {stats.accepted_tokens} ({stats.acceptance_rate:.0%})",
+    ]
+    for source, per in sorted(stats.per_source.items()):
+        lines.append(f"  {source:>8}: {per.steps} steps, {per.drafted} drafted, {per.accepted} accepted")
+    return "\n".join(lines)
+
+
+def _add_generation_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="hub id, local path or .gguf file (default: embedded SmolLM2)")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    parser.add_argument("--method", default="pld", choices=available_methods(), help="decoding method")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--num-draft-tokens", type=int, default=10, help="most draft tokens verified per step")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def _params(args: argparse.Namespace) -> GenerationParams:
+    return GenerationParams(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        stop=tuple(args.stop),
+        method=args.method,
+        num_draft_tokens=args.num_draft_tokens,
+    )
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from hvd_agents.chat import encode_prompt
+    from hvd_agents.engine.shared import shared_engine
+
+    params = _params(args)  # validate before loading the model
+    tools = _read_tools(args.tools) if args.tools else None
+    engine = shared_engine(args.model, device=args.device)
+    if args.raw:
+        prompt_ids = engine.tokenizer(args.prompt, add_special_tokens=False).input_ids
+    else:
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+            {"role": "user", "content": args.prompt}
+        ]
+        prompt_ids = encode_prompt(engine.tokenizer, messages, tools)
+    result = engine.generate(prompt_ids, params)
+    if args.json:
+        out = {
+            "text": result.text,
+            "token_ids": list(result.token_ids),
+            "finish_reason": result.finish_reason,
+            "stats": result.stats.to_dict(),
+        }
+        print(json.dumps(out, ensure_ascii=False))
+    else:
+        print(result.text)
+        print("---")
+        print(format_stats(result.stats))
+    return 0
+
+
+def _read_tools(path: str) -> list[dict]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            tools = json.load(fh)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise HVDError(f"cannot read tool schemas from {path}: {exc}") from exc
+    if not isinstance(tools, list):
+        raise HVDError(f"{path} must hold a JSON list of tool schemas")
+    return tools
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from hvd_agents.demo import run_demo
+
+    run_demo(model=args.model, device=args.device, method=args.method)
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from hvd_agents.bench.live import run_live_benchmark
+
+    run_live_benchmark(model=args.model, device=args.device, max_new_tokens=args.max_new_tokens, k=args.k)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hvd-agents", description=__doc__.split("\n\n")[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate one reply and print text + decoding stats")
+    gen.add_argument("--prompt", required=True, help="the user message (or raw text with --raw)")
+    gen.add_argument("--system", default=None, help="system prompt")
+    gen.add_argument("--tools", default=None, help="JSON file with a list of OpenAI-style tool schemas")
+    gen.add_argument("--raw", action="store_true", help="feed --prompt as raw text, no chat template")
+    gen.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
+    _add_generation_args(gen)
+    gen.set_defaults(func=cmd_generate)
+
+    demo = sub.add_parser("demo", help="an agent turn with a tool call on the embedded model")
+    demo.add_argument("--model", default=None)
+    demo.add_argument("--device", default=None)
+    demo.add_argument("--method", default="pld", choices=available_methods())
+    demo.set_defaults(func=cmd_demo)
+
+    bench = sub.add_parser("bench", help="engine vs HF generate, side by side in one run")
+    bench.add_argument("--model", default=None)
+    bench.add_argument("--device", default=None)
+    bench.add_argument("--max-new-tokens", type=int, default=128)
+    bench.add_argument("--k", type=int, default=10, help="draft tokens per step (prompt_lookup_num_tokens)")
+    bench.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``hvd-agents`` console script."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    try:
+        return args.func(args)
+    except HVDError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

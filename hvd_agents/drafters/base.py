@@ -1,0 +1,135 @@
+"""The Drafter protocol and the records that cross it.
+
+Every drafter, cache or model based, implements the same four calls, with the
+lifecycle of a request::
+
+    drafter.start(req_id, prompt_ids)        # once, before the first step
+    draft = drafter.propose(ctx, k)          # each step: at most k new tokens
+    drafter.observe(outcome)                 # each step: what the target accepted
+    drafter.stop(req_id)                     # once, always (also on error/cancel)
+
+The engine never branches on a drafter's name; it only reads the :class:`Draft`.
+A drafter that has nothing to offer returns ``Draft()`` (empty), never ``None``.
+Drafters own their own state (indexes, caches, RNG); the engine owns the target
+model, its KV cache and the token sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Protocol, runtime_checkable
+
+import torch
+
+_EMPTY_FEATURES: Mapping[str, float] = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Tokens proposed to follow the current context, newest-last.
+
+    Attributes:
+        token_ids: the proposed new tokens only (not the context).
+        probs: the drafter's distribution q for each proposed token,
+            ``[len(token_ids), vocab]``, or ``None`` for a deterministic draft (a
+            cache copy), which verification treats as q = point mass.
+        score: the drafter's own confidence (e.g. a match length); not used for
+            correctness.
+        source: where the draft came from (``"pld"``, ``"suffix"``, ...), for stats.
+        features: numeric features for the payoff predictor.
+    """
+
+    token_ids: tuple[int, ...] = ()
+    probs: torch.Tensor | None = None
+    score: float = 0.0
+    source: str = "none"
+    features: Mapping[str, float] = field(default_factory=lambda: _EMPTY_FEATURES)
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def truncated(self, length: int) -> Draft:
+        """Return this draft cut to at most ``length`` tokens (itself if already short enough)."""
+        if length >= len(self.token_ids):
+            return self
+        probs = None if self.probs is None else self.probs[:length]
+        return Draft(self.token_ids[:length], probs, self.score, self.source, self.features)
+
+
+@dataclass(frozen=True)
+class DraftContext:
+    """What a drafter may read when proposing.
+
+    Attributes:
+        req_id: the request being decoded.
+        token_ids: prompt followed by every token emitted so far; the draft
+            continues after its last element. A read-only view: do not mutate.
+        num_prompt_tokens: how many of ``token_ids`` are the prompt.
+    """
+
+    req_id: str
+    token_ids: Sequence[int]
+    num_prompt_tokens: int
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The result of verifying one draft.
+
+    Attributes:
+        req_id: the request.
+        draft: the draft that was verified (possibly empty).
+        num_accepted: how many leading draft tokens the target accepted.
+        new_token_ids: the tokens appended to the context this step: the accepted
+            draft prefix followed by one token from the target (recovered or bonus).
+    """
+
+    req_id: str
+    draft: Draft
+    num_accepted: int
+    new_token_ids: tuple[int, ...]
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """The protocol every drafter implements (see the module docstring)."""
+
+    def start(self, req_id: str, prompt_ids: Sequence[int]) -> None:
+        """Begin a request whose context is ``prompt_ids``."""
+
+    def propose(self, ctx: DraftContext, k: int) -> Draft:
+        """Propose at most ``k`` tokens to follow ``ctx.token_ids`` (``k >= 1``)."""
+
+    def observe(self, outcome: Outcome) -> None:
+        """Learn the verification outcome; ``outcome.new_token_ids`` extend the context."""
+
+    def stop(self, req_id: str) -> None:
+        """End the request and release its state. Must be safe to call twice."""
+
+
+class NoDrafter:
+    """Plain autoregressive decoding: never drafts.
+
+    Example:
+        >>> NoDrafter().propose(DraftContext("r", [1, 2, 3], 3), k=8)
+        Draft(token_ids=(), probs=None, score=0.0, source='none', features=mappingproxy({}))
+    """
+
+    def start(self, req_id: str, prompt_ids: Sequence[int]) -> None:
+        del req_id, prompt_ids
+
+    def propose(self, ctx: DraftContext, k: int) -> Draft:
+        del ctx, k
+        return Draft()
+
+    def observe(self, outcome: Outcome) -> None:
+        del outcome
+
+    def stop(self, req_id: str) -> None:
+        del req_id

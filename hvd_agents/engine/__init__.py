@@ -1,0 +1,17 @@
+"""The decode engine (token ids in, token events out)."""
+
+from hvd_agents.engine.engine import Engine, GenerationResult
+from hvd_agents.engine.params import GenerationParams
+from hvd_agents.engine.sampling import SamplingParams
+from hvd_agents.engine.stats import RequestStats, SourceStats, StepRecord, TokenEvent
+
+__all__ = [
+    "Engine",
+    "GenerationParams",
+    "GenerationResult",
+    "RequestStats",
+    "SamplingParams",
+    "SourceStats",
+    "StepRecord",
+    "TokenEvent",
+]

@@ -1,0 +1,318 @@
+"""The decode engine: one target model, its KV cache, and the speculative loop.
+
+Contract:
+
+* ``Engine.stream(prompt_ids, params)`` yields :class:`TokenEvent` s; the last one
+  has a ``finish_reason`` and the request's :class:`RequestStats`.
+  ``Engine.generate`` aggregates the stream.
+* The engine sees token ids only. Chat templates and tool-call formats live above
+  it (:mod:`hvd_agents.chat`); a tokenizer, when given, is used only to turn the
+  output into text incrementally and to match stop strings.
+* Each step: the method's drafter proposes a draft (possibly empty), the target
+  verifies ``[last token] + draft`` in ONE forward pass, the accepted prefix plus one
+  target token are emitted, and the KV cache is truncated to what was accepted.
+  Output is lossless (see :mod:`hvd_agents.engine.verify`).
+* Requests on one engine are serialised (batch size 1): a lock is held while a
+  stream runs. Closing the iterator early (``close()``, garbage collection, a
+  cancelled consumer) ends the request and releases the lock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from hvd_agents.drafters import Draft, DraftContext, Drafter, Outcome, create_drafter
+from hvd_agents.engine.detok import IncrementalDetokenizer
+from hvd_agents.engine.kv import new_cache, truncate
+from hvd_agents.engine.params import GenerationParams
+from hvd_agents.engine.sampling import SamplingParams, target_probs
+from hvd_agents.engine.stats import RequestStats, StepRecord, TokenEvent
+from hvd_agents.engine.stops import StopStringMatcher
+from hvd_agents.engine.verify import Verification, verify_greedy, verify_sampling
+from hvd_agents.errors import ContextLengthError, InvalidRequestError
+
+logger = logging.getLogger(__name__)
+_request_counter = itertools.count()
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """A finished request: what ``Engine.generate`` returns."""
+
+    token_ids: tuple[int, ...]
+    text: str
+    finish_reason: str
+    stats: RequestStats
+
+
+class _Request:
+    """Mutable state of one running request (engine-internal)."""
+
+    def __init__(self, engine: Engine, prompt_ids: Sequence[int], params: GenerationParams, req_id: str):
+        self.req_id = req_id
+        self.params = params
+        self.sampling: SamplingParams = params.sampling
+        self.token_ids: list[int] = list(prompt_ids)
+        self.num_prompt = len(prompt_ids)
+        self.budget = min(params.max_new_tokens, engine.context_window - self.num_prompt)
+        ids = params.stop_token_ids if params.stop_token_ids is not None else engine.eos_token_ids
+        self.stop_ids = frozenset(ids)
+        self.stats = RequestStats(prompt_tokens=self.num_prompt, step_records=[] if params.record_steps else None)
+        self.detok = IncrementalDetokenizer(engine.tokenizer) if engine.tokenizer is not None else None
+        self.stops = StopStringMatcher(params.stop) if params.stop else None
+        self.generator = torch.Generator(device=engine.device)
+        if self.sampling.seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(self.sampling.seed)
+
+    @property
+    def num_output(self) -> int:
+        return len(self.token_ids) - self.num_prompt
+
+
+class Engine:
+    """Speculative decoding over one HuggingFace causal LM.
+
+    Args:
+        model: the target model (any ``AutoModelForCausalLM``), in eval mode.
+        tokenizer: its tokenizer; optional (without it events carry no text and
+            stop strings are refused).
+        eos_token_ids: ids that end generation by default; defaults to the
+            tokenizer's / generation config's EOS ids.
+        context_window: maximum total tokens; defaults to
+            ``config.max_position_embeddings``.
+
+    Example:
+        >>> engine = Engine.load()                       # embedded SmolLM2-135M  # doctest: +SKIP
+        >>> engine.generate(ids, GenerationParams(method="pld")).text  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        *,
+        eos_token_ids: Sequence[int] | None = None,
+        context_window: int | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = next(model.parameters()).device
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.context_window = int(context_window or model.config.max_position_embeddings)
+        self.eos_token_ids = tuple(eos_token_ids) if eos_token_ids is not None else _default_eos(model, tokenizer)
+        self._drafters: dict[str, Drafter] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(cls, model: str | None = None, *, device: str | None = None) -> Engine:
+        """Load ``model`` (hub id, local path, GGUF file; None = embedded default) into a new engine."""
+        from hvd_agents.models import load_model
+
+        loaded = load_model(model, device=device)
+        return cls(
+            loaded.model,
+            loaded.tokenizer,
+            eos_token_ids=loaded.eos_token_ids,
+            context_window=loaded.context_window,
+        )
+
+    def drafter(self, method: str) -> Drafter:
+        """The engine's drafter for ``method`` (created once, kept across requests)."""
+        if method not in self._drafters:
+            self._drafters[method] = create_drafter(method)
+        return self._drafters[method]
+
+    def add_drafter(self, method: str, drafter: Drafter) -> None:
+        """Make ``drafter`` available as ``GenerationParams(method=method)`` on this engine.
+
+        Raises:
+            InvalidRequestError: ``drafter`` does not implement the Drafter protocol.
+        """
+        if not isinstance(drafter, Drafter):
+            raise InvalidRequestError(f"{type(drafter).__name__} does not implement the Drafter protocol")
+        self._drafters[method] = drafter
+
+    def generate(
+        self, prompt_ids: Sequence[int], params: GenerationParams | None = None, *, req_id: str | None = None
+    ) -> GenerationResult:
+        """Run a request to completion; see :meth:`stream` for arguments and errors."""
+        tokens: list[int] = []
+        texts: list[str] = []
+        for event in self.stream(prompt_ids, params, req_id=req_id):
+            tokens.extend(event.token_ids)
+            texts.append(event.text)
+        assert event.finish_reason is not None and event.stats is not None
+        return GenerationResult(tuple(tokens), "".join(texts), event.finish_reason, event.stats)
+
+    def stream(
+        self, prompt_ids: Sequence[int], params: GenerationParams | None = None, *, req_id: str | None = None
+    ) -> Iterator[TokenEvent]:
+        """Decode a continuation of ``prompt_ids``, yielding events as tokens are accepted.
+
+        Args:
+            prompt_ids: the prompt's token ids (at least one).
+            params: generation parameters (defaults: greedy, 256 tokens, method "pld").
+            req_id: an id for drafters' bookkeeping; generated when omitted.
+
+        Raises:
+            InvalidRequestError: empty prompt, token ids outside the vocabulary, stop
+                strings without a tokenizer, or an unknown method (raised by this
+                call, before any decoding).
+            ContextLengthError: the prompt leaves no room for a new token.
+        """
+        params = params or GenerationParams()
+        prompt_ids = self._check_prompt(prompt_ids, params)
+        drafter = self.drafter(params.method)
+        req = _Request(self, prompt_ids, params, req_id or f"req-{next(_request_counter)}")
+        return self._locked_run(req, drafter)
+
+    def _locked_run(self, req: _Request, drafter: Drafter) -> Iterator[TokenEvent]:
+        with self._lock:
+            drafter.start(req.req_id, tuple(req.token_ids))
+            try:
+                yield from self._run(req, drafter)
+            finally:
+                drafter.stop(req.req_id)
+
+    def _check_prompt(self, prompt_ids: Sequence[int], params: GenerationParams) -> list[int]:
+        ids = [int(t) for t in prompt_ids]
+        if not ids:
+            raise InvalidRequestError("prompt_ids is empty: a request needs at least one prompt token")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequestError(f"prompt token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
+        if len(ids) >= self.context_window:
+            raise ContextLengthError(
+                f"the prompt has {len(ids)} tokens but the model's context window is {self.context_window}: "
+                "no room for a new token"
+            )
+        if params.stop and self.tokenizer is None:
+            raise InvalidRequestError("stop strings need a tokenizer; this engine was built without one")
+        return ids
+
+    def _run(self, req: _Request, drafter: Drafter) -> Iterator[TokenEvent]:
+        cache = new_cache(self.model.config)
+        start = time.perf_counter()
+        self._forward(req.token_ids[:-1], cache, logits_to_keep=1)
+        req.stats.prefill_s = time.perf_counter() - start
+        start = time.perf_counter()
+        finish: str | None = None
+        while finish is None:
+            room = req.budget - req.num_output  # >= 1
+            draft = self._propose(req, drafter, room - 1)
+            verification = self._verify(req, cache, draft)
+            emitted, text, finish = self._emit(req, verification.token_ids)
+            self._account(req, draft, verification, len(emitted))
+            drafter.observe(Outcome(req.req_id, draft, verification.num_accepted, emitted))
+            if finish is None and req.num_output >= req.budget:
+                finish = "length"
+            if finish is not None:
+                text += self._flush(req, finish)
+                req.stats.decode_s = time.perf_counter() - start
+            yield TokenEvent(emitted, text, finish, req.stats if finish else None)
+
+    def _propose(self, req: _Request, drafter: Drafter, max_len: int) -> Draft:
+        """Ask the drafter for at most ``min(K, max_len)`` in-vocabulary tokens."""
+        k = min(req.params.num_draft_tokens, max_len)
+        if k <= 0:
+            return Draft()
+        draft = drafter.propose(DraftContext(req.req_id, req.token_ids, req.num_prompt), k)
+        valid = 0
+        for token in draft.token_ids[:k]:
+            if not 0 <= token < self.vocab_size:
+                break
+            valid += 1
+        return draft.truncated(valid)
+
+    def _verify(self, req: _Request, cache, draft: Draft) -> Verification:
+        """One target forward over ``[last] + draft``; keeps only accepted positions in the KV cache."""
+        past = cache.get_seq_length()
+        logits = self._forward([req.token_ids[-1], *draft.token_ids], cache)  # [d + 1, vocab]
+        draft_ids = torch.tensor(draft.token_ids, dtype=torch.long, device=self.device)  # [d]
+        if req.sampling.greedy:
+            result = verify_greedy(logits, draft_ids)
+        else:
+            probs = target_probs(logits, req.sampling)  # [d + 1, vocab]
+            q = None if draft.probs is None else draft.probs.to(device=self.device, dtype=probs.dtype)
+            result = verify_sampling(probs, draft_ids, q, req.generator)
+        truncate(cache, past + 1 + result.num_accepted)
+        return result
+
+    def _forward(self, token_ids: Sequence[int], cache, logits_to_keep: int = 0) -> torch.Tensor:
+        """Run the target on ``token_ids`` after the cached positions; returns ``[n, vocab]`` logits."""
+        if not token_ids:
+            return torch.empty(0, self.vocab_size, device=self.device)
+        input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)  # [1, n]
+        with torch.inference_mode():
+            out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=logits_to_keep)
+        return out.logits[0]  # [n or logits_to_keep, vocab]
+
+    def _emit(self, req: _Request, tokens: tuple[int, ...]) -> tuple[tuple[int, ...], str, str | None]:
+        """Append verified tokens one by one until a stop id, stop string or the budget ends the request."""
+        emitted: list[int] = []
+        texts: list[str] = []
+        for token in tokens:
+            if req.num_output >= req.budget:
+                break
+            req.token_ids.append(token)
+            emitted.append(token)
+            if token in req.stop_ids:
+                return tuple(emitted), "".join(texts), "stop"
+            if req.detok is None:
+                continue
+            text = req.detok.push([token])
+            if req.stops is not None:
+                text, stopped = req.stops.feed(text)
+                if stopped:
+                    texts.append(text)
+                    return tuple(emitted), "".join(texts), "stop"
+            texts.append(text)
+        return tuple(emitted), "".join(texts), None
+
+    def _flush(self, req: _Request, finish: str) -> str:
+        """Text still held back by the detokenizer / stop matcher when the request ends."""
+        if req.detok is None or (req.stops is not None and req.stops.stopped):
+            return ""
+        tail = req.detok.flush()
+        if req.stops is None:
+            return tail
+        text, stopped = req.stops.feed(tail)
+        return text if stopped else text + req.stops.flush()
+
+    @staticmethod
+    def _account(req: _Request, draft: Draft, verification: Verification, emitted: int) -> None:
+        position = req.num_output - emitted
+        req.stats.new_tokens = req.num_output
+        req.stats.record(draft.source, len(draft), verification.num_accepted)
+        if req.stats.step_records is not None:
+            req.stats.step_records.append(
+                StepRecord(
+                    req.stats.steps - 1,
+                    position,
+                    draft.source,
+                    len(draft),
+                    verification.num_accepted,
+                    emitted,
+                    dict(draft.features),
+                )
+            )
+
+
+def _default_eos(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None) -> tuple[int, ...]:
+    ids: set[int] = set()
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if eos is not None:
+        ids.update([eos] if isinstance(eos, int) else eos)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return tuple(sorted(ids))

@@ -1,0 +1,65 @@
+"""Per-request generation parameters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hvd_agents.engine.sampling import SamplingParams
+from hvd_agents.errors import InvalidRequestError
+
+DEFAULT_METHOD = "pld"
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """Everything that shapes one request's decoding.
+
+    Attributes:
+        max_new_tokens: upper bound on emitted tokens (>= 1).
+        temperature: 0 for greedy decoding, > 0 to sample.
+        top_p: nucleus sampling mass in (0, 1].
+        top_k: keep the k most likely tokens; 0 disables.
+        seed: seed of the request's RNG (sampling only); None draws a fresh one.
+        stop: stop strings; generation ends before the first one, which is not returned.
+        stop_token_ids: token ids that end generation; None means the model's
+            end-of-sequence / end-of-turn ids.
+        method: decoding method, i.e. drafter name (``"ar"``, ``"pld"``, ...).
+        num_draft_tokens: the most draft tokens verified per step (K).
+        record_steps: keep a :class:`~hvd_agents.engine.stats.StepRecord` per step.
+
+    Raises:
+        InvalidRequestError: a value is out of range (raised on construction).
+    """
+
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] | None = None
+    method: str = DEFAULT_METHOD
+    num_draft_tokens: int = 10
+    record_steps: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
+            raise InvalidRequestError(f"max_new_tokens must be an int, got {self.max_new_tokens!r}")
+        if self.max_new_tokens <= 0:
+            raise InvalidRequestError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.num_draft_tokens < 0:
+            raise InvalidRequestError(f"num_draft_tokens must be >= 0, got {self.num_draft_tokens}")
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise InvalidRequestError(f"stop strings must be non-empty strings, got {self.stop!r}")
+        if self.stop_token_ids is not None:
+            object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        self.sampling  # validates the sampling fields
+
+    @property
+    def sampling(self) -> SamplingParams:
+        """The sampling part of these parameters."""
+        return SamplingParams(self.temperature, self.top_p, self.top_k, self.seed)

@@ -1,0 +1,72 @@
+"""Sampling parameters and the target distribution p they define.
+
+``target_probs(logits, params)`` turns target logits into the distribution the
+engine samples from, in the order transformers applies its warpers: temperature,
+then top-k, then top-p (nucleus, always keeping at least one token). Plain
+autoregressive sampling and speculative verification both draw from this same p,
+which is what makes speculative sampling lossless.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hvd_agents.errors import InvalidRequestError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the next token is chosen from the target's logits.
+
+    Attributes:
+        temperature: 0 for greedy (argmax); > 0 samples from softmax(logits / temperature).
+        top_p: nucleus mass in (0, 1]; 1 disables it.
+        top_k: keep the k most likely tokens; 0 disables it.
+        seed: seeds the request's torch.Generator; None draws a fresh seed.
+    """
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.temperature >= 0.0) or self.temperature == float("inf"):
+            raise InvalidRequestError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise InvalidRequestError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if self.seed is not None and self.seed < 0:
+            raise InvalidRequestError(f"seed must be >= 0, got {self.seed}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The target distribution p for each row of ``logits``.
+
+    Args:
+        logits: ``[n, vocab]`` raw target logits.
+        params: sampling parameters with ``temperature > 0``.
+
+    Returns:
+        ``[n, vocab]`` float32 probabilities, each row summing to 1.
+    """
+    scores = logits.float() / params.temperature  # [n, vocab]
+    vocab = scores.shape[-1]
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]  # [n, 1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, descending=False, dim=-1)
+        cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)  # ascending
+        remove_sorted = cumulative <= (1.0 - params.top_p)
+        remove_sorted[..., -1:] = False  # always keep the most likely token
+        remove = remove_sorted.scatter(-1, order, remove_sorted)
+        scores = scores.masked_fill(remove, float("-inf"))
+    return scores.softmax(dim=-1)

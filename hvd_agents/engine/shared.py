@@ -1,0 +1,30 @@
+"""One engine per model per process, created lazily on first use."""
+
+from __future__ import annotations
+
+import threading
+
+from hvd_agents.engine.engine import Engine
+
+_engines: dict[tuple[str | None, str | None], Engine] = {}
+_lock = threading.Lock()
+
+
+def shared_engine(model: str | None = None, *, device: str | None = None) -> Engine:
+    """The process-wide engine for ``model`` on ``device``, loading it on first call.
+
+    Args:
+        model: hub id, local path or GGUF file; None for the embedded default.
+        device: "cpu", "cuda", ...; None picks CUDA when available.
+
+    Raises:
+        ModelNotFoundError: ``model`` cannot be found.
+        ModelLoadError: it was found but cannot be loaded.
+    """
+    key = (None if model is None else str(model), device)
+    with _lock:
+        engine = _engines.get(key)
+        if engine is None:
+            engine = Engine.load(model, device=device)
+            _engines[key] = engine
+        return engine

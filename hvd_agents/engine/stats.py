@@ -1,0 +1,106 @@
+"""Per-request statistics and the events the engine streams."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class SourceStats:
+    """Counts for one draft source (``"pld"``, ``"suffix"``, ``"none"``, ...)."""
+
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One verification step, kept when the request asks for step records.
+
+    Attributes:
+        step: index of the step in the request (0-based).
+        position: number of output tokens before this step.
+        source: the draft's source.
+        drafted: number of draft tokens verified.
+        accepted: number of them accepted.
+        emitted: tokens appended (accepted + recovered/bonus, after stop cuts).
+        features: the draft's features, for training the payoff predictor.
+    """
+
+    step: int
+    position: int
+    source: str
+    drafted: int
+    accepted: int
+    emitted: int
+    features: dict[str, float]
+
+
+@dataclass
+class RequestStats:
+    """What one request cost and how drafting went."""
+
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    steps: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    per_source: dict[str, SourceStats] = field(default_factory=dict)
+    step_records: list[StepRecord] | None = None
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Mean tokens emitted per target forward pass in decode (1.0 for plain AR)."""
+        return self.new_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted draft tokens per drafted token."""
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return self.new_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    def record(self, source: str, drafted: int, accepted: int) -> None:
+        """Count one verification step."""
+        self.steps += 1
+        self.drafted_tokens += drafted
+        self.accepted_tokens += accepted
+        per = self.per_source.setdefault(source, SourceStats())
+        per.steps += 1
+        per.drafted += drafted
+        per.accepted += accepted
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict, derived figures included."""
+        out = asdict(self)
+        if self.step_records is None:
+            out.pop("step_records")
+        out["tokens_per_step"] = self.tokens_per_step
+        out["acceptance_rate"] = self.acceptance_rate
+        out["decode_tokens_per_s"] = self.decode_tokens_per_s
+        return out
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """What one decode step adds to the output.
+
+    Attributes:
+        token_ids: the tokens emitted this step (several when a draft was accepted).
+        text: the new text they complete (never a broken UTF-8 character, never
+            part of a stop string); may be empty.
+        finish_reason: None while generating; ``"stop"`` (end-of-turn token or stop
+            string) or ``"length"`` (max_new_tokens or context window) on the last event.
+        stats: the request's stats, on the last event only.
+    """
+
+    token_ids: tuple[int, ...]
+    text: str
+    finish_reason: str | None = None
+    stats: RequestStats | None = None

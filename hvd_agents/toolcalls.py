@@ -1,0 +1,262 @@
+"""Hermes-style tool calls: the project's tool-call format.
+
+Contract:
+
+* A call is rendered as ``<tool_call>\\n{"name": NAME, "arguments": {...}}\\n</tool_call>``
+  (``json.dumps`` with ``ensure_ascii=False``; argument keys keep the caller's order).
+* :func:`parse_tool_calls` splits a model reply into its content (the text outside
+  tool-call blocks, stripped) and its calls. It never raises on model output: a
+  block with bad JSON, no name, or arguments that are not an object, and an
+  unterminated final block (generation cut short) become :class:`InvalidToolCall` s.
+  Arguments given as a JSON string holding an object are decoded.
+* :func:`render_tools_system_block` renders tool schemas (OpenAI shape, or bare
+  function dicts) as the Hermes system-prompt block, one JSON line per tool.
+* Call ids are ``call_`` + 24 hex characters from a uuid4 unless the block gives one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hvd_agents.errors import InvalidRequestError
+
+logger = logging.getLogger(__name__)
+
+TOOL_CALL_OPEN = "<tool_call>"
+TOOL_CALL_CLOSE = "</tool_call>"
+
+TOOLS_PREAMBLE = (
+    "You may call one or more functions to assist with the user query. "
+    "You are provided with function signatures within <tools></tools> XML tags:"
+)
+TOOLS_CALL_INSTRUCTION = (
+    "For each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:"
+)
+TOOLS_CALL_EXAMPLE = '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+
+_BLOCK_RE = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CALL_CLOSE), re.DOTALL)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A well-formed tool call.
+
+    Attributes:
+        name: the function name.
+        arguments: the decoded arguments object.
+        id: the call id (``call_`` + 24 hex characters unless given by the model).
+    """
+
+    name: str
+    arguments: dict
+    id: str
+
+
+@dataclass(frozen=True)
+class InvalidToolCall:
+    """A tool-call block that could not be turned into a :class:`ToolCall`.
+
+    Attributes:
+        text: the raw text inside the block (without the tags).
+        error: why it is invalid.
+        name: the function name, when one could be read.
+        id: a call id, so that an error can be reported back to the model.
+    """
+
+    text: str
+    error: str
+    name: str | None
+    id: str
+
+
+@dataclass(frozen=True)
+class ParsedOutput:
+    """A model reply split into content and tool calls.
+
+    Attributes:
+        content: the text outside tool-call blocks, stripped.
+        tool_calls: the valid calls, in order.
+        invalid_tool_calls: the invalid blocks, in order.
+    """
+
+    content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    invalid_tool_calls: tuple[InvalidToolCall, ...] = ()
+
+
+def new_call_id() -> str:
+    """A fresh call id: ``call_`` + 24 hex characters from a uuid4."""
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def render_tool_call(name: str, arguments: Mapping[str, Any]) -> str:
+    """Render one call as a Hermes ``<tool_call>`` block.
+
+    Args:
+        name: the function name.
+        arguments: the arguments object; its key order is kept.
+
+    Returns:
+        ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``.
+    """
+    body = json.dumps({"name": name, "arguments": dict(arguments)}, ensure_ascii=False)
+    return f"{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}"
+
+
+def parse_tool_calls(text: str) -> ParsedOutput:
+    """Split a model reply into content and tool calls; never raises on model output.
+
+    Args:
+        text: the generated text of one assistant turn.
+
+    Returns:
+        The :class:`ParsedOutput`: content outside the blocks (stripped; the pieces
+        around blocks are joined as they are), valid calls and invalid blocks.
+    """
+    calls: list[ToolCall] = []
+    invalid: list[InvalidToolCall] = []
+    content_parts: list[str] = []
+    position = 0
+    for match in _BLOCK_RE.finditer(text):
+        content_parts.append(text[position : match.start()])
+        position = match.end()
+        _parse_block(match.group(1), calls, invalid)
+    tail = text[position:]
+    open_at = tail.find(TOOL_CALL_OPEN)
+    if open_at >= 0:  # an unterminated final block: generation was cut short
+        content_parts.append(tail[:open_at])
+        raw = tail[open_at + len(TOOL_CALL_OPEN) :]
+        name = _guess_name(raw)
+        invalid.append(InvalidToolCall(raw.strip(), "unterminated <tool_call> block", name, new_call_id()))
+    else:
+        content_parts.append(tail)
+    content = "".join(content_parts).strip()
+    return ParsedOutput(content, tuple(calls), tuple(invalid))
+
+
+def _parse_block(raw: str, calls: list[ToolCall], invalid: list[InvalidToolCall]) -> None:
+    """Parse the inside of one closed block, appending to ``calls`` or ``invalid``."""
+    body = raw.strip()
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError as exc:
+        invalid.append(InvalidToolCall(body, f"invalid JSON: {exc}", _guess_name(body), new_call_id()))
+        return
+    if not isinstance(obj, dict):
+        invalid.append(InvalidToolCall(body, "tool call is not a JSON object", None, new_call_id()))
+        return
+    call_id = obj.get("id") if isinstance(obj.get("id"), str) and obj.get("id") else new_call_id()
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        invalid.append(InvalidToolCall(body, "missing or invalid function name", None, call_id))
+        return
+    arguments, error = _decode_arguments(obj.get("arguments", {}))
+    if error is not None:
+        invalid.append(InvalidToolCall(body, error, name, call_id))
+        return
+    calls.append(ToolCall(name, arguments, call_id))
+
+
+def _decode_arguments(arguments: Any) -> tuple[dict, str | None]:
+    """The arguments object, decoding a JSON string holding an object; or an error."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError as exc:
+            return {}, f"arguments string is not valid JSON: {exc}"
+    if arguments is None:
+        return {}, None
+    if not isinstance(arguments, dict):
+        return {}, f"arguments must be a JSON object, got {type(arguments).__name__}"
+    return arguments, None
+
+
+def _guess_name(raw: str) -> str | None:
+    """Best-effort function name from a broken block (``"name": "..."``), or None."""
+    found = re.search(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"', raw)
+    if found is None:
+        return None
+    try:
+        return json.loads(f'"{found.group(1)}"')
+    except json.JSONDecodeError:
+        return found.group(1)
+
+
+def forced_call_prefix(tool_choice: str | None, tools: Sequence[Mapping[str, Any]] = ()) -> str:
+    """The start of the assistant turn that forces a tool call (OpenAI ``tool_choice``).
+
+    Args:
+        tool_choice: ``None``, ``"auto"`` or ``"none"``: nothing is forced;
+            ``"required"`` or ``"any"``: some tool call; a tool name: that tool.
+        tools: the available tools, to check a named choice against.
+
+    Returns:
+        ``""``, ``"<tool_call>\n"``, or ``'<tool_call>\n{"name": "NAME", "arguments": '``.
+
+    Raises:
+        InvalidRequestError: a named tool that is not among ``tools``.
+    """
+    if tool_choice in (None, "auto", "none"):
+        return ""
+    if tool_choice in ("required", "any"):
+        return f"{TOOL_CALL_OPEN}\n"
+    names = [normalize_tool(tool)["name"] for tool in tools]
+    if tool_choice not in names:
+        raise InvalidRequestError(f"tool_choice {tool_choice!r} names no available tool (tools: {names})")
+    return f'{TOOL_CALL_OPEN}\n{{"name": {json.dumps(tool_choice, ensure_ascii=False)}, "arguments": '
+
+
+def normalize_tool(tool: Mapping[str, Any]) -> dict:
+    """The function dict of a tool schema.
+
+    Args:
+        tool: ``{"type": "function", "function": {...}}`` or a bare function dict
+            ``{"name": ..., "description": ..., "parameters": ...}``.
+
+    Returns:
+        The function dict (a shallow copy, keys in the given order).
+
+    Raises:
+        InvalidRequestError: not a mapping, or no non-empty string ``name``.
+    """
+    if not isinstance(tool, Mapping):
+        raise InvalidRequestError(f"tool schema must be an object, got {type(tool).__name__}")
+    if "function" in tool and tool.get("type", "function") != "function":
+        raise InvalidRequestError(f"unsupported tool type {tool.get('type')!r} (only 'function')")
+    function = tool.get("function") if "function" in tool else tool
+    if not isinstance(function, Mapping):
+        raise InvalidRequestError("tool schema 'function' must be an object")
+    name = function.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidRequestError("tool schema has no function name")
+    return dict(function)
+
+
+def render_tools_system_block(tools: Sequence[Mapping[str, Any]]) -> str:
+    """Render tool schemas as the Hermes system-prompt block.
+
+    Args:
+        tools: OpenAI-shape tool schemas or bare function dicts.
+
+    Returns:
+        The instruction paragraph, ``<tools>``, one JSON line per tool,
+        ``</tools>``, then the call-format instruction and example.
+
+    Raises:
+        InvalidRequestError: a schema is invalid (the message names its index).
+    """
+    lines = []
+    for index, tool in enumerate(tools):
+        try:
+            function = normalize_tool(tool)
+        except InvalidRequestError as exc:
+            raise InvalidRequestError(f"tools[{index}]: {exc}") from exc
+        lines.append(json.dumps(function, ensure_ascii=False))
+    return "\n".join([TOOLS_PREAMBLE, "<tools>", *lines, "</tools>", "", TOOLS_CALL_INSTRUCTION, TOOLS_CALL_EXAMPLE])

@@ -1,0 +1,77 @@
+"""A focused set of tests on the embedded SmolLM2-135M-Instruct model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hvd_agents import GenerationParams
+from hvd_agents.bench.prompts import agent_prompts
+from hvd_agents.chat import encode_prompt
+from hvd_agents.cli import main
+
+pytestmark = pytest.mark.real_model
+MAX_NEW = 40
+
+
+@pytest.fixture(scope="module")
+def prompts(real_engine):
+    return {p.name: encode_prompt(real_engine.tokenizer, p.messages, p.tools) for p in agent_prompts()}
+
+
+def hf_generate(engine, prompt, **extra):
+    ids = torch.tensor([prompt])
+    eos = list(engine.eos_token_ids)
+    with torch.inference_mode():
+        out = engine.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW,
+                                    do_sample=False, eos_token_id=eos, pad_token_id=eos[0], **extra)
+    return tuple(out[0, len(prompt):].tolist())
+
+
+@pytest.mark.parametrize("name", [p.name for p in agent_prompts()])
+def test_pld_and_ar_equal_hf_greedy(real_engine, prompts, name) -> None:
+    prompt = prompts[name]
+    expected = hf_generate(real_engine, prompt)
+    for method in ("ar", "pld"):
+        got = real_engine.generate(prompt, GenerationParams(max_new_tokens=MAX_NEW, method=method)).token_ids
+        assert got == expected, method
+
+
+def test_pld_drafts_are_accepted_on_copy_heavy_prompt(real_engine, prompts) -> None:
+    result = real_engine.generate(prompts["json-echo"], GenerationParams(max_new_tokens=MAX_NEW, method="pld"))
+    assert result.stats.accepted_tokens > 0
+    assert result.stats.tokens_per_step > 1.0
+
+
+def test_stream_text_matches_decode(real_engine, prompts) -> None:
+    events = list(real_engine.stream(prompts["code-docstring"], GenerationParams(max_new_tokens=MAX_NEW)))
+    tokens = [t for e in events for t in e.token_ids]
+    text = "".join(e.text for e in events)
+    assert text == real_engine.tokenizer.decode(tokens, skip_special_tokens=True)
+    assert events[-1].finish_reason in ("stop", "length") and events[-1].stats is not None
+    assert all(e.finish_reason is None for e in events[:-1])
+
+
+def test_stop_string_on_real_tokenizer(real_engine, prompts) -> None:
+    full = real_engine.generate(prompts["code-docstring"], GenerationParams(max_new_tokens=MAX_NEW)).text
+    stop = full[10:14]
+    cut = real_engine.generate(prompts["code-docstring"], GenerationParams(max_new_tokens=MAX_NEW, stop=(stop,)))
+    assert cut.text == full[: full.index(stop)]
+    assert cut.finish_reason == "stop"
+
+
+def test_cli_generate_json(real_engine, capsys) -> None:
+    code = main(["generate", "--prompt", "Say hello.", "--max-new-tokens", "8", "--json", "--device", "cpu"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert set(out) == {"text", "token_ids", "finish_reason", "stats"}
+    assert 1 <= len(out["token_ids"]) <= 8 and out["stats"]["new_tokens"] == len(out["token_ids"])
+
+
+def test_cli_reports_bad_input_cleanly(capsys) -> None:
+    assert main(["generate", "--prompt", "x", "--max-new-tokens", "0"]) == 2
+    assert "max_new_tokens" in capsys.readouterr().err
+    assert main(["generate", "--prompt", "x", "--model", "/no/such/model/dir"]) == 2
+    assert "/no/such/model/dir" in capsys.readouterr().err

@@ -5,6 +5,7 @@ Subcommands:
 * ``generate``: one chat turn (or a raw prompt) on a model, printing text and stats.
 * ``demo``: a short agent turn with a tool call on the embedded model.
 * ``bench``: the live engine benchmark against HF ``generate`` (same run, same prompts).
+* ``bench-drafter``: propose / update cost of the cache drafter at scale (no model).
 
 Errors the user can cause (bad model id, bad parameters) print ``error: ...`` and
 exit with status 2; no traceback.
@@ -34,7 +35,7 @@ def format_stats(stats: RequestStats) -> str:
         f"drafted {stats.drafted_tokens}, accepted {stats.accepted_tokens} ({stats.acceptance_rate:.0%})",
     ]
     for source, per in sorted(stats.per_source.items()):
-        lines.append(f"  {source:>8}: {per.steps} steps, {per.drafted} drafted, {per.accepted} accepted")
+        lines.append(f"  {source:<28} {per.steps:>4} steps {per.drafted:>5} drafted {per.accepted:>5} accepted")
     return "\n".join(lines)
 
 
@@ -65,20 +66,20 @@ def _params(args: argparse.Namespace) -> GenerationParams:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from hvd_agents.chat import encode_prompt
+    from hvd_agents.conversation import prepare
     from hvd_agents.engine.shared import shared_engine
 
     params = _params(args)  # validate before loading the model
     tools = _read_tools(args.tools) if args.tools else None
     engine = shared_engine(args.model, device=args.device)
     if args.raw:
-        prompt_ids = engine.tokenizer(args.prompt, add_special_tokens=False).input_ids
+        result = engine.generate(engine.tokenizer(args.prompt, add_special_tokens=False).input_ids, params)
     else:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
             {"role": "user", "content": args.prompt}
         ]
-        prompt_ids = encode_prompt(engine.tokenizer, messages, tools)
-    result = engine.generate(prompt_ids, params)
+        structure = prepare(engine, messages, tools)
+        result = engine.generate(structure.prompt_ids, params, structure=structure)
     if args.json:
         out = {
             "text": result.text,
@@ -115,7 +116,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from hvd_agents.bench.live import run_live_benchmark
 
-    run_live_benchmark(model=args.model, device=args.device, max_new_tokens=args.max_new_tokens, k=args.k)
+    run_live_benchmark(
+        model=args.model, device=args.device, max_new_tokens=args.max_new_tokens, k=args.k, rounds=args.rounds
+    )
+    return 0
+
+
+def cmd_bench_drafter(args: argparse.Namespace) -> int:
+    from hvd_agents.bench.drafter import run_drafter_benchmark
+
+    run_drafter_benchmark(store_tokens=args.store_tokens, context_tokens=args.context_tokens, steps=args.steps)
     return 0
 
 
@@ -136,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="an agent turn with a tool call on the embedded model")
     demo.add_argument("--model", default=None)
     demo.add_argument("--device", default=None)
-    demo.add_argument("--method", default="pld", choices=available_methods())
+    demo.add_argument("--method", default="hvd-cache", choices=available_methods())
     demo.set_defaults(func=cmd_demo)
 
     bench = sub.add_parser("bench", help="engine vs HF generate, side by side in one run")
@@ -144,7 +154,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--device", default=None)
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--k", type=int, default=10, help="draft tokens per step (prompt_lookup_num_tokens)")
+    bench.add_argument("--rounds", type=int, default=2, help="passes over the prompts (order alternates)")
     bench.set_defaults(func=cmd_bench)
+
+    micro = sub.add_parser("bench-drafter", help="cache drafter propose/update cost at scale (no model)")
+    micro.add_argument("--store-tokens", type=int, default=1_000_000)
+    micro.add_argument("--context-tokens", type=int, default=32_000)
+    micro.add_argument("--steps", type=int, default=2_000)
+    micro.set_defaults(func=cmd_bench_drafter)
     return parser
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 from hvd_agents.bench.prompts import SYSTEM, WEATHER_TOOL
-from hvd_agents.chat import encode_prompt
+from hvd_agents.conversation import prepare
 from hvd_agents.engine import GenerationParams, RequestStats
 from hvd_agents.engine.shared import shared_engine
 from hvd_agents.toolcalls import ToolCall, forced_call_prefix, parse_tool_calls
@@ -56,14 +56,15 @@ def _print_turn(title: str, text: str, stats: RequestStats) -> None:
     print(f"== {title}\n{text}\n{format_stats(stats)}\n")
 
 
-def run_demo(model: str | None = None, device: str | None = None, method: str = "pld") -> None:
+def run_demo(model: str | None = None, device: str | None = None, method: str = "hvd-cache") -> None:
     """Run the demo and print each generation."""
     engine = shared_engine(model, device=device)
     tools = [WEATHER_TOOL]
     messages = _history() + [{"role": "user", "content": "And what's the weather like in Paris today?"}]
     params = GenerationParams(max_new_tokens=64, method=method, stop=("</tool_call>",))
     prefix = forced_call_prefix("required", tools)
-    first = engine.generate(encode_prompt(engine.tokenizer, messages, tools, assistant_prefix=prefix), params)
+    structure = prepare(engine, messages, tools, assistant_prefix=prefix)
+    first = engine.generate(structure.prompt_ids, params, structure=structure)
     reply = prefix + first.text + "</tool_call>"
     _print_turn("assistant: tool call (tool_choice=required)", reply, first.stats)
     parsed = parse_tool_calls(reply)
@@ -80,6 +81,6 @@ def run_demo(model: str | None = None, device: str | None = None, method: str = 
                         "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c, _ in results],
     })
     messages.extend({"role": "tool", "tool_call_id": c.id, "content": json.dumps(r)} for c, r in results)
-    final = engine.generate(encode_prompt(engine.tokenizer, messages, tools), GenerationParams(max_new_tokens=64,
-                                                                                                method=method))
+    structure = prepare(engine, messages, tools)
+    final = engine.generate(structure.prompt_ids, GenerationParams(max_new_tokens=64, method=method), structure=structure)
     _print_turn("assistant: answer", final.text, final.stats)

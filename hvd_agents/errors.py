@@ -27,3 +27,7 @@ class InvalidRequestError(HVDError, ValueError):
 
 class ContextLengthError(InvalidRequestError):
     """The prompt (plus at least one new token) does not fit in the model's context window."""
+
+
+class StoreFormatError(HVDError, ValueError):
+    """A saved cache store file is missing, truncated, corrupt or of another format."""

@@ -30,7 +30,7 @@ class ScriptedDrafter:
         self.rng = random.Random(seed)
         self.stopped: list[str] = []
 
-    def start(self, req_id: str, prompt_ids: Sequence[int]) -> None:
+    def start(self, req_id: str, prompt_ids: Sequence[int], structure=None) -> None:
         self.num_prompt = len(prompt_ids)
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
@@ -64,7 +64,7 @@ class FixedDrafter:
     def __init__(self, tokens: Sequence[int]) -> None:
         self.tokens = tuple(tokens)
 
-    def start(self, req_id: str, prompt_ids: Sequence[int]) -> None:
+    def start(self, req_id: str, prompt_ids: Sequence[int], structure=None) -> None:
         pass
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
@@ -86,7 +86,7 @@ class RandomQDrafter:
         self.q = logits.softmax(-1).double()  # [vocab]
         self.gen = gen
 
-    def start(self, req_id: str, prompt_ids: Sequence[int]) -> None:
+    def start(self, req_id: str, prompt_ids: Sequence[int], structure=None) -> None:
         pass
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
@@ -107,7 +107,7 @@ class OracleDrafter:
     def __init__(self, reference: Sequence[int]) -> None:
         self.reference = tuple(reference)
 
-    def start(self, req_id: str, prompt_ids: Sequence[int]) -> None:
+    def start(self, req_id: str, prompt_ids: Sequence[int], structure=None) -> None:
         pass
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:

@@ -60,11 +60,18 @@ def test_greedy_equality_under_adversarial_drafts(engine: Engine, prompt, max_ne
     assert drafter.stopped, "drafter.stop must be called at the end of every request"
 
 
+@pytest.mark.parametrize("method", ["pld", "hvd-cache"])
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=40), max_new=st.integers(1, 30))
-def test_pld_greedy_equality(engine: Engine, prompt, max_new) -> None:
+@given(
+    prompt=st.lists(st.integers(0, 7), min_size=1, max_size=40),
+    max_new=st.integers(1, 30),
+    k=st.integers(1, 16),
+)
+def test_cache_drafters_greedy_equality(engine: Engine, method, prompt, max_new, k) -> None:
+    # a small token range makes repeats (and so drafts) common; the engine's store keeps
+    # earlier examples' outputs, so hvd-cache also drafts across requests here
     reference = engine.generate(prompt, GenerationParams(max_new_tokens=max_new, method="ar"))
-    result = engine.generate(prompt, GenerationParams(max_new_tokens=max_new, method="pld"))
+    result = engine.generate(prompt, GenerationParams(max_new_tokens=max_new, method=method, num_draft_tokens=k))
     assert result.token_ids == reference.token_ids
 
 

@@ -34,9 +34,22 @@ def hf_generate(engine, prompt, **extra):
 def test_pld_and_ar_equal_hf_greedy(real_engine, prompts, name) -> None:
     prompt = prompts[name]
     expected = hf_generate(real_engine, prompt)
-    for method in ("ar", "pld"):
+    for method in ("ar", "pld", "hvd-cache"):
         got = real_engine.generate(prompt, GenerationParams(max_new_tokens=MAX_NEW, method=method)).token_ids
         assert got == expected, method
+
+
+def test_hvd_cache_with_registered_structure_is_lossless_and_drafts(real_engine) -> None:
+    from hvd_agents.conversation import prepare
+
+    prompt = agent_prompts()[0]
+    structure = prepare(real_engine, prompt.messages, prompt.tools, session_id="test-session")
+    expected = hf_generate(real_engine, list(structure.prompt_ids))
+    params = GenerationParams(max_new_tokens=MAX_NEW, method="hvd-cache")
+    result = real_engine.generate(structure.prompt_ids, params, structure=structure)
+    assert result.token_ids == expected
+    assert result.stats.accepted_tokens > 0
+    assert any(source.startswith("suffix:") for source in result.stats.per_source)
 
 
 def test_pld_drafts_are_accepted_on_copy_heavy_prompt(real_engine, prompts) -> None:

@@ -8,7 +8,8 @@ For every prompt, four runs on the same model, greedy, same max_new_tokens:
 * engine ``pld``: the same algorithm inside our loop (goal: at least equal).
 
 Each configuration runs once to warm up, then the runs are interleaved prompt by
-prompt so both sides see the same machine state. Outputs must be identical token
+prompt, in ``rounds`` rounds whose configuration order alternates (forward, then
+reversed), so both sides see the same machine state and no side always runs first. Outputs must be identical token
 for token; any mismatch is reported. Figures are ratios measured in this run.
 """
 
@@ -79,7 +80,7 @@ def _timed(run: Callable[[list[int]], tuple[int, ...]], prompt: list[int], tally
 
 
 def run_live_benchmark(
-    model: str | None = None, device: str | None = None, max_new_tokens: int = 128, k: int = 10
+    model: str | None = None, device: str | None = None, max_new_tokens: int = 128, k: int = 10, rounds: int = 2
 ) -> dict[str, Tally]:
     """Run the benchmark and print its table; returns the tallies by configuration name."""
     engine = shared_engine(model, device=device)
@@ -95,19 +96,23 @@ def run_live_benchmark(
     for run in runners.values():  # warm-up (allocator, kernels)
         run(prompts[0][:64])
     tallies = {name: Tally() for name in runners}
-    for i, prompt in enumerate(prompts):
-        logger.info("prompt %d/%d (%d tokens)", i + 1, len(prompts), len(prompt))
-        for name, run in runners.items():
-            _timed(run, prompt, tallies[name])
-    _print_table(tallies, prompts, max_new_tokens, k)
+    order = list(runners)
+    for round_index in range(rounds):
+        for i, prompt in enumerate(prompts):
+            logger.info("round %d, prompt %d/%d (%d tokens)", round_index + 1, i + 1, len(prompts), len(prompt))
+            for name in order if round_index % 2 == 0 else reversed(order):
+                _timed(runners[name], prompt, tallies[name])
+    _print_table(tallies, prompts * rounds, max_new_tokens, k, engine.device)
     return tallies
 
 
-def _print_table(tallies: dict[str, Tally], prompts: Sequence[list[int]], max_new_tokens: int, k: int) -> None:
+def _print_table(
+    tallies: dict[str, Tally], prompts: Sequence[list[int]], max_new_tokens: int, k: int, device: torch.device
+) -> None:
     reference = tallies["hf-generate"]
     mean_prompt = sum(len(p) for p in prompts) / len(prompts)
-    print(f"{len(prompts)} agent-style prompts (mean {mean_prompt:.0f} tokens), greedy, "
-          f"max_new_tokens={max_new_tokens}, k={k}, device={torch.device('cpu') if not torch.cuda.is_available() else 'cuda'}")
+    print(f"{len(prompts)} runs of agent-style prompts (mean {mean_prompt:.0f} tokens), greedy, "
+          f"max_new_tokens={max_new_tokens}, k={k}, device={device}")
     print(f"{'configuration':<18}{'tokens':>8}{'seconds':>10}{'tok/s':>9}{'vs hf-generate':>16}{'same tokens':>13}")
     for name, tally in tallies.items():
         same = sum(a == b for a, b in zip(tally.outputs, reference.outputs))

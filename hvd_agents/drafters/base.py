@@ -3,7 +3,7 @@
 Every drafter, cache or model based, implements the same four calls, with the
 lifecycle of a request::
 
-    drafter.start(req_id, prompt_ids)        # once, before the first step
+    drafter.start(req_id, prompt_ids, structure)   # once, before the first step
     draft = drafter.propose(ctx, k)          # each step: at most k new tokens
     drafter.observe(outcome)                 # each step: what the target accepted
     drafter.stop(req_id)                     # once, always (also on error/cancel)
@@ -22,6 +22,8 @@ from types import MappingProxyType
 from typing import Protocol, runtime_checkable
 
 import torch
+
+from hvd_agents.structure import PromptStructure
 
 _EMPTY_FEATURES: Mapping[str, float] = MappingProxyType({})
 
@@ -100,8 +102,8 @@ class Outcome:
 class Drafter(Protocol):
     """The protocol every drafter implements (see the module docstring)."""
 
-    def start(self, req_id: str, prompt_ids: Sequence[int]) -> None:
-        """Begin a request whose context is ``prompt_ids``."""
+    def start(self, req_id: str, prompt_ids: Sequence[int], structure: PromptStructure | None = None) -> None:
+        """Begin a request whose context is ``prompt_ids`` (typed by ``structure`` when known)."""
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         """Propose at most ``k`` tokens to follow ``ctx.token_ids`` (``k >= 1``)."""
@@ -121,8 +123,8 @@ class NoDrafter:
         Draft(token_ids=(), probs=None, score=0.0, source='none', features=mappingproxy({}))
     """
 
-    def start(self, req_id: str, prompt_ids: Sequence[int]) -> None:
-        del req_id, prompt_ids
+    def start(self, req_id: str, prompt_ids: Sequence[int], structure: PromptStructure | None = None) -> None:
+        del req_id, prompt_ids, structure
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         del ctx, k

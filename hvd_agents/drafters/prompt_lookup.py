@@ -24,6 +24,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from hvd_agents.drafters.base import Draft, DraftContext, Outcome
 from hvd_agents.errors import InvalidRequestError
+from hvd_agents.structure import PromptStructure
 
 
 class _TokenBuffer:
@@ -63,7 +64,8 @@ class PromptLookupDrafter:
         self.max_ngram = max_ngram
         self._requests: dict[str, _TokenBuffer] = {}
 
-    def start(self, req_id: str, prompt_ids: Sequence[int]) -> None:
+    def start(self, req_id: str, prompt_ids: Sequence[int], structure: PromptStructure | None = None) -> None:
+        del structure  # prompt lookup ignores structure
         self._requests[req_id] = _TokenBuffer(prompt_ids)
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from hvd_agents.drafters import Draft, DraftContext, Drafter, Outcome, create_drafter
+from hvd_agents.drafters import CacheStore, Draft, DraftContext, Drafter, Outcome, create_drafter
 from hvd_agents.engine.detok import IncrementalDetokenizer
 from hvd_agents.engine.kv import new_cache, truncate
 from hvd_agents.engine.params import GenerationParams
@@ -38,6 +38,7 @@ from hvd_agents.engine.stats import RequestStats, StepRecord, TokenEvent
 from hvd_agents.engine.stops import StopStringMatcher
 from hvd_agents.engine.verify import Verification, verify_greedy, verify_sampling
 from hvd_agents.errors import ContextLengthError, InvalidRequestError
+from hvd_agents.structure import PromptStructure
 
 logger = logging.getLogger(__name__)
 _request_counter = itertools.count()
@@ -90,6 +91,8 @@ class Engine:
             tokenizer's / generation config's EOS ids.
         context_window: maximum total tokens; defaults to
             ``config.max_position_embeddings``.
+        cache_store: the cross-request store the cache drafters share; a new
+            empty one (1M-token budget) when omitted.
 
     Example:
         >>> engine = Engine.load()                       # embedded SmolLM2-135M  # doctest: +SKIP
@@ -103,6 +106,7 @@ class Engine:
         *,
         eos_token_ids: Sequence[int] | None = None,
         context_window: int | None = None,
+        cache_store: CacheStore | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -110,6 +114,7 @@ class Engine:
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.context_window = int(context_window or model.config.max_position_embeddings)
         self.eos_token_ids = tuple(eos_token_ids) if eos_token_ids is not None else _default_eos(model, tokenizer)
+        self.cache_store = cache_store if cache_store is not None else CacheStore()
         self._drafters: dict[str, Drafter] = {}
         self._lock = threading.Lock()
 
@@ -129,7 +134,7 @@ class Engine:
     def drafter(self, method: str) -> Drafter:
         """The engine's drafter for ``method`` (created once, kept across requests)."""
         if method not in self._drafters:
-            self._drafters[method] = create_drafter(method)
+            self._drafters[method] = create_drafter(method, self.cache_store)
         return self._drafters[method]
 
     def add_drafter(self, method: str, drafter: Drafter) -> None:
@@ -143,19 +148,29 @@ class Engine:
         self._drafters[method] = drafter
 
     def generate(
-        self, prompt_ids: Sequence[int], params: GenerationParams | None = None, *, req_id: str | None = None
+        self,
+        prompt_ids: Sequence[int],
+        params: GenerationParams | None = None,
+        *,
+        req_id: str | None = None,
+        structure: PromptStructure | None = None,
     ) -> GenerationResult:
         """Run a request to completion; see :meth:`stream` for arguments and errors."""
         tokens: list[int] = []
         texts: list[str] = []
-        for event in self.stream(prompt_ids, params, req_id=req_id):
+        for event in self.stream(prompt_ids, params, req_id=req_id, structure=structure):
             tokens.extend(event.token_ids)
             texts.append(event.text)
         assert event.finish_reason is not None and event.stats is not None
         return GenerationResult(tuple(tokens), "".join(texts), event.finish_reason, event.stats)
 
     def stream(
-        self, prompt_ids: Sequence[int], params: GenerationParams | None = None, *, req_id: str | None = None
+        self,
+        prompt_ids: Sequence[int],
+        params: GenerationParams | None = None,
+        *,
+        req_id: str | None = None,
+        structure: PromptStructure | None = None,
     ) -> Iterator[TokenEvent]:
         """Decode a continuation of ``prompt_ids``, yielding events as tokens are accepted.
 
@@ -163,6 +178,8 @@ class Engine:
             prompt_ids: the prompt's token ids (at least one).
             params: generation parameters (defaults: greedy, 256 tokens, method "pld").
             req_id: an id for drafters' bookkeeping; generated when omitted.
+            structure: the prompt's typed spans and session (from
+                :func:`hvd_agents.analyzer.analyze`), passed to the drafter.
 
         Raises:
             InvalidRequestError: empty prompt, token ids outside the vocabulary, stop
@@ -174,11 +191,13 @@ class Engine:
         prompt_ids = self._check_prompt(prompt_ids, params)
         drafter = self.drafter(params.method)
         req = _Request(self, prompt_ids, params, req_id or f"req-{next(_request_counter)}")
-        return self._locked_run(req, drafter)
+        return self._locked_run(req, drafter, structure)
 
-    def _locked_run(self, req: _Request, drafter: Drafter) -> Iterator[TokenEvent]:
+    def _locked_run(
+        self, req: _Request, drafter: Drafter, structure: PromptStructure | None
+    ) -> Iterator[TokenEvent]:
         with self._lock:
-            drafter.start(req.req_id, tuple(req.token_ids))
+            drafter.start(req.req_id, tuple(req.token_ids), structure)
             try:
                 yield from self._run(req, drafter)
             finally:

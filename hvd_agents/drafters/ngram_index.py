@@ -1,0 +1,184 @@
+"""An append-only token index that finds the longest earlier match of a suffix.
+
+Used twice by the cache drafter: over one request's live context (prompt + output,
+updated token by token) and over the cross-request store (spans appended in bulk,
+separated so no match crosses a span boundary).
+
+How it works: every position ``p`` is indexed under hashes of the n-grams that END
+at ``p`` for ``n`` in :data:`NGRAM_SIZES`. A lookup takes the largest n whose hash
+of the query's last n tokens has entries, then extends each candidate's match
+backwards token by token (vectorised, capped at ``max_match``), comparing real
+tokens, so hash collisions cannot produce a false match. Updates cost O(len(NGRAM_SIZES))
+per token; a lookup looks at a bounded number of candidates (the most recent ones
+plus the earliest ones, since a name's first occurrence, e.g. in a tool schema, is
+often the best source).
+
+Worked example::
+
+    index = NgramIndex(); index.extend([5, 6, 7, 8, 5, 6])
+    index.lookup([9, 5, 6], max_match=8)  ->  [Match(end=1, length=2)]   # 5, 6 at 0..1
+    index.continuation(1, 3)              ->  [7, 8, 5]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+NGRAM_SIZES: tuple[int, ...] = (4, 2, 1)  # lookup order: longest first
+SEPARATOR = -1  # never matches a real token; marks span boundaries and evicted tokens
+_MASK = (1 << 64) - 1
+_PRIME = 1_000_003
+
+
+def ngram_key(tokens: Sequence[int]) -> int:
+    """Polynomial hash of a token n-gram, mod 2**64 (equal to :func:`_bulk_keys`)."""
+    h = 0
+    for t in tokens:
+        h = (h * _PRIME + int(t) + 2) & _MASK
+    return h
+
+
+def _bulk_keys(tokens: np.ndarray, n: int) -> np.ndarray:
+    """``ngram_key`` of the n-gram ending at each position ``>= n - 1`` of ``tokens``."""
+    values = tokens.astype(np.uint64) + np.uint64(2)
+    length = len(tokens) - n + 1
+    h = np.zeros(length, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for i in range(n):
+            h = h * np.uint64(_PRIME) + values[i : i + length]
+    return h
+
+
+@dataclass(frozen=True)
+class Match:
+    """An earlier occurrence of the query's suffix: tokens ``[end - length + 1, end]``."""
+
+    end: int
+    length: int
+
+
+class NgramIndex:
+    """Longest-suffix-match index over an append-only token array.
+
+    Args:
+        recent: how many of the most recent occurrences of an n-gram are examined.
+        earliest: how many of the earliest occurrences are examined as well.
+    """
+
+    def __init__(self, recent: int = 24, earliest: int = 4) -> None:
+        self.recent = recent
+        self.earliest = earliest
+        self._tokens = np.full(1024, SEPARATOR, dtype=np.int64)
+        self._len = 0
+        self._maps: dict[int, dict[int, list[int]]] = {n: {} for n in NGRAM_SIZES}
+
+    def __len__(self) -> int:
+        return self._len
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """The indexed tokens (a view; separators are -1)."""
+        return self._tokens[: self._len]
+
+    def _grow(self, need: int) -> None:
+        if need > len(self._tokens):
+            grown = np.full(max(need, 2 * len(self._tokens)), SEPARATOR, dtype=np.int64)
+            grown[: self._len] = self._tokens[: self._len]
+            self._tokens = grown
+
+    def append(self, token: int) -> None:
+        """Index one more token (O(1))."""
+        self._grow(self._len + 1)
+        self._tokens[self._len] = token
+        self._len += 1
+        end = self._len - 1
+        for n, table in self._maps.items():
+            if end + 1 >= n:
+                gram = self._tokens[end - n + 1 : end + 1]
+                if SEPARATOR not in gram:
+                    table.setdefault(ngram_key(gram.tolist()), []).append(end)
+
+    def extend(self, tokens: Sequence[int], separate: bool = False) -> int:
+        """Index many tokens at once; returns the position of the first one.
+
+        Args:
+            tokens: the tokens.
+            separate: put a separator after them, so no match runs past their end.
+        """
+        arr = np.asarray(tokens, dtype=np.int64)
+        start = self._len
+        self._grow(start + len(arr) + 1)
+        self._tokens[start : start + len(arr)] = arr
+        self._len += len(arr)
+        for n, table in self._maps.items():
+            if len(arr) < n:
+                continue
+            keys = _bulk_keys(arr, n).tolist()
+            for offset, key in enumerate(keys, start=start + n - 1):
+                table.setdefault(key, []).append(offset)
+        if separate:
+            self._len += 1  # the slot already holds SEPARATOR
+        return start
+
+    def erase(self, start: int, end: int) -> None:
+        """Make tokens ``[start, end)`` unmatchable (their index entries go stale)."""
+        self._tokens[start:end] = SEPARATOR
+
+    def lookup(self, query: Sequence[int], max_match: int = 64, exclude_end: int | None = None) -> list[Match]:
+        """Earlier occurrences of the longest suffix of ``query`` found in the index.
+
+        Args:
+            query: the context whose suffix is searched (only its last ``max_match``
+                tokens are read).
+            max_match: cap on the reported match length.
+            exclude_end: a position never to report (the query's own end when the
+                query is the indexed text itself).
+
+        Returns:
+            Matches of the greatest length found, most recent first; empty if no
+            token of the suffix occurs.
+        """
+        tail = np.asarray(query[-max_match:], dtype=np.int64)
+        for n in NGRAM_SIZES:
+            if len(tail) < n:
+                continue
+            hits = self._maps[n].get(ngram_key(tail[-n:].tolist()))
+            if not hits:
+                continue
+            ends = self._candidates(hits, exclude_end)
+            if len(ends) == 0:
+                continue
+            lengths = self._match_lengths(ends, tail)
+            best = int(lengths.max())
+            if best == 0:
+                continue
+            order = np.flatnonzero(lengths == best)[::-1]  # most recent first
+            return [Match(int(ends[i]), best) for i in order]
+        return []
+
+    def _candidates(self, hits: list[int], exclude_end: int | None) -> np.ndarray:
+        if len(hits) > self.recent + self.earliest:
+            hits = hits[: self.earliest] + hits[-self.recent :]
+        ends = np.asarray(hits, dtype=np.int64)
+        if exclude_end is not None:
+            ends = ends[ends != exclude_end]
+        return ends
+
+    def _match_lengths(self, ends: np.ndarray, tail: np.ndarray) -> np.ndarray:
+        """How many tokens before and at each end equal the end of ``tail``."""
+        depth = np.arange(len(tail))  # [m]
+        positions = ends[:, None] - depth[None, :]  # [c, m]
+        valid = positions >= 0
+        window = self._tokens[np.where(valid, positions, 0)]  # [c, m]
+        equal = valid & (window == tail[::-1][None, :])  # [c, m]
+        return np.cumprod(equal, axis=1).sum(axis=1)  # [c]
+
+    def continuation(self, end: int, k: int) -> list[int]:
+        """Up to ``k`` tokens after position ``end``, stopping at a separator."""
+        window = self._tokens[end + 1 : min(end + 1 + k, self._len)].tolist()
+        if SEPARATOR in window:
+            window = window[: window.index(SEPARATOR)]
+        return window

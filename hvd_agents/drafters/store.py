@@ -1,0 +1,242 @@
+"""The cross-request cache store: token spans with provenance, shared by the sessions of one engine.
+
+What goes in: the spans the prompt-structure analyzer registers (system prompts,
+tool schemas, tool-call skeletons, user turns, assistant turns, tool outputs) and
+the outputs of finished requests. Identical spans are stored once (a re-registered
+span only counts as used again). Each span keeps its provenance: kind, session id,
+and age (a registration counter).
+
+Budget and eviction: the store holds at most ``token_budget`` tokens and evicts
+the LEAST RECENTLY USED span first, where "used" means registered again or the
+source of an accepted draft. LRU rather than FIFO because the spans that pay are
+the ones every request repeats (system prompt, schemas, skeletons): FIFO would
+evict them on a schedule while one-off tool outputs stay; LRU keeps them as long
+as they keep being used. Evicted tokens are erased at once (they can never match)
+and the index is rebuilt when more than half of it is dead.
+
+Persistence: ``save(path)`` writes a NumPy ``.npz`` (token arrays plus a JSON
+header, no pickle); ``CacheStore.load(path)`` reads it, and a missing, truncated or
+malformed file raises :class:`~hvd_agents.errors.StoreFormatError` naming the
+cause (callers that want to continue use :meth:`CacheStore.load_or_empty`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import logging
+import os
+import zipfile
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hvd_agents.drafters.ngram_index import Match, NgramIndex
+from hvd_agents.errors import InvalidRequestError, StoreFormatError
+from hvd_agents.structure import SpanKind
+
+logger = logging.getLogger(__name__)
+_FORMAT = "hvd-agents-store"
+_VERSION = 1
+
+
+@dataclass
+class StoredSpan:
+    """One span in the store, with provenance."""
+
+    span_id: int
+    start: int  # position of its first token in the index
+    length: int
+    kind: SpanKind
+    session_id: str | None
+    age: int  # registration counter value when added
+    digest: str
+
+
+class CacheStore:
+    """Token spans shared across requests, indexed for longest-suffix lookup.
+
+    Args:
+        token_budget: most tokens kept; least recently used spans are evicted.
+    """
+
+    def __init__(self, token_budget: int = 1_000_000) -> None:
+        if token_budget <= 0:
+            raise InvalidRequestError(f"token_budget must be positive, got {token_budget}")
+        self.token_budget = token_budget
+        self._index = NgramIndex()
+        self._spans: OrderedDict[int, StoredSpan] = OrderedDict()  # LRU order: oldest use first
+        self._by_digest: dict[str, int] = {}
+        self._starts: list[int] = []  # span start positions, ascending (parallel to _start_ids)
+        self._start_ids: list[int] = []
+        self._next_id = 0
+        self._clock = 0
+        self.num_tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._spans)
+
+    @property
+    def spans(self) -> list[StoredSpan]:
+        """Live spans, least recently used first."""
+        return list(self._spans.values())
+
+    def add(self, token_ids: Sequence[int], kind: SpanKind, session_id: str | None = None) -> bool:
+        """Add a span; returns False (and marks it used) if an identical span is stored.
+
+        Raises:
+            InvalidRequestError: the span is empty or larger than the whole budget.
+        """
+        tokens = [int(t) for t in token_ids]
+        if not tokens:
+            raise InvalidRequestError("cannot add an empty span to the cache store")
+        if len(tokens) > self.token_budget:
+            raise InvalidRequestError(f"span of {len(tokens)} tokens exceeds the store budget {self.token_budget}")
+        digest = hashlib.blake2b(np.asarray(tokens, dtype=np.int64).tobytes(), digest_size=16).hexdigest()
+        self._clock += 1
+        existing = self._by_digest.get(digest)
+        if existing is not None:
+            self._spans.move_to_end(existing)
+            return False
+        self._evict_until(self.token_budget - len(tokens))
+        start = self._index.extend(tokens, separate=True)
+        span = StoredSpan(self._next_id, start, len(tokens), SpanKind(kind), session_id, self._clock, digest)
+        self._next_id += 1
+        self._spans[span.span_id] = span
+        self._by_digest[digest] = span.span_id
+        self._starts.append(start)
+        self._start_ids.append(span.span_id)
+        self.num_tokens += len(tokens)
+        return True
+
+    def touch(self, span_id: int) -> None:
+        """Mark a span as used (it supplied an accepted draft)."""
+        if span_id in self._spans:
+            self._spans.move_to_end(span_id)
+
+    def span_at(self, position: int) -> StoredSpan | None:
+        """The live span holding index position ``position``."""
+        i = bisect.bisect_right(self._starts, position) - 1
+        if i < 0:
+            return None
+        span = self._spans.get(self._start_ids[i])
+        if span is None or not span.start <= position < span.start + span.length:
+            return None
+        return span
+
+    def lookup(self, query: Sequence[int], max_match: int = 64) -> list[Match]:
+        """Longest earlier matches of the suffix of ``query`` in the store (see NgramIndex.lookup)."""
+        return self._index.lookup(query, max_match)
+
+    def continuation(self, end: int, k: int) -> list[int]:
+        """Up to ``k`` tokens after index position ``end``, within its span."""
+        return self._index.continuation(end, k)
+
+    @property
+    def clock(self) -> int:
+        """The registration counter (ages are measured against it)."""
+        return self._clock
+
+    # ------------------------------------------------------------ eviction
+
+    def _evict_until(self, limit: int) -> None:
+        while self.num_tokens > limit and self._spans:
+            _, span = self._spans.popitem(last=False)
+            del self._by_digest[span.digest]
+            self._index.erase(span.start, span.start + span.length)
+            self.num_tokens -= span.length
+        if len(self._index) > 2 * max(self.num_tokens, 1024):
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        """Re-index the live spans compactly (drops erased tokens and stale entries)."""
+        old_tokens = self._index.tokens
+        spans = sorted(self._spans.values(), key=lambda span: span.start)
+        self._index = NgramIndex()
+        self._starts, self._start_ids = [], []
+        for span in spans:
+            tokens = old_tokens[span.start : span.start + span.length]
+            span.start = self._index.extend(tokens, separate=True)
+            self._starts.append(span.start)
+            self._start_ids.append(span.span_id)
+
+    # ------------------------------------------------------------ persistence
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the store to ``path`` (.npz holding arrays and a JSON header, no pickle), atomically."""
+        spans = self.spans  # LRU order is kept
+        tokens = self._index.tokens
+        flat = np.concatenate([tokens[s.start : s.start + s.length] for s in spans]) if spans else np.zeros(0)
+        header = {
+            "format": _FORMAT,
+            "version": _VERSION,
+            "token_budget": self.token_budget,
+            "clock": self._clock,
+            "spans": [{"length": s.length, "kind": s.kind.value, "session_id": s.session_id, "age": s.age}
+                      for s in spans],
+        }
+        target = Path(path)
+        tmp = target.with_name(target.name + ".tmp")
+        with open(tmp, "wb") as fh:
+            np.savez(fh, tokens=flat.astype(np.int64), header=np.frombuffer(json.dumps(header).encode(), np.uint8))
+        os.replace(tmp, target)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, token_budget: int | None = None) -> CacheStore:
+        """Read a store written by :meth:`save`.
+
+        Raises:
+            StoreFormatError: the file is missing, truncated, not a store, or inconsistent.
+        """
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                tokens = data["tokens"]
+                header = json.loads(bytes(data["header"]).decode())
+        except FileNotFoundError as exc:
+            raise StoreFormatError(f"cache store file {path} does not exist") from exc
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+            raise StoreFormatError(f"cache store file {path} is corrupt or not a store: {exc}") from exc
+        entries = _check_header(path, header, tokens)
+        store = cls(token_budget or int(header["token_budget"]))
+        offset = 0
+        for entry in entries:
+            length = int(entry["length"])
+            if store.add(tokens[offset : offset + length].tolist(), SpanKind(entry["kind"]), entry["session_id"]):
+                next(reversed(store._spans.values())).age = int(entry["age"])
+            offset += length
+        store._clock = int(header["clock"])
+        return store
+
+    @classmethod
+    def load_or_empty(cls, path: str | os.PathLike, token_budget: int = 1_000_000) -> CacheStore:
+        """:meth:`load`, or an empty store (with a logged error naming the cause) if the file is unusable."""
+        try:
+            return cls.load(path, token_budget)
+        except StoreFormatError as exc:
+            logger.error("%s; starting with an empty cache store", exc)
+            return cls(token_budget)
+
+
+def _check_header(path: str | os.PathLike, header: object, tokens: np.ndarray) -> list[dict]:
+    """Validate a loaded header against its token array; returns the span entries."""
+    if not isinstance(header, dict) or header.get("format") != _FORMAT:
+        raise StoreFormatError(f"{path} is not an hvd-agents cache store")
+    if header.get("version") != _VERSION:
+        raise StoreFormatError(f"{path} has store format version {header.get('version')}, expected {_VERSION}")
+    entries = header.get("spans")
+    kinds = {kind.value for kind in SpanKind}
+    try:
+        ok = isinstance(entries, list) and all(
+            int(e["length"]) > 0 and e["kind"] in kinds and int(e["age"]) >= 0 for e in entries
+        )
+        total = sum(int(e["length"]) for e in entries) if ok else -1
+        int(header["token_budget"]), int(header["clock"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StoreFormatError(f"{path} has a malformed span table: {exc}") from exc
+    if not ok or total != len(tokens) or tokens.ndim != 1 or (len(tokens) and tokens.min() < 0):
+        raise StoreFormatError(f"{path} is inconsistent: span table and token array do not agree")
+    return entries

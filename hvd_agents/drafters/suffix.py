@@ -1,0 +1,191 @@
+"""The cache drafter: copies continuations out of the live context and the cross-request store.
+
+Each step it looks up the longest suffix of the context that occurred before,
+both in this request's own tokens (prompt + output so far) and in the shared
+:class:`~hvd_agents.drafters.store.CacheStore` (registered prompt structure and
+earlier requests' outputs), keeps the candidates of the greatest match length,
+and walks their continuations token by token choosing the most frequent next
+token (SuffixDecoding's frequency-weighted path, over the candidates of one
+match). The draft carries the features the payoff predictor needs: match length,
+candidate count, per-position branch probabilities, provenance kind of the
+source span, and distance to the source.
+
+Worked example (``k = 4``)::
+
+    prompt = [10, 11, 12, 13, 20, 10, 11]          # "10 11" occurred at 0..1
+    -> match length 2, candidates: end=1 in the context
+    -> draft [12, 13, 20, 10], branch probabilities [1, 1, 1, 1]
+
+Lifecycle: ``start`` indexes the prompt (typed by its PromptStructure when given),
+``observe`` indexes accepted tokens and marks a store span used when its draft was
+accepted, ``stop`` registers the request's output in the store (kind ``generated``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from hvd_agents.drafters.base import Draft, DraftContext, Outcome
+from hvd_agents.drafters.ngram_index import NgramIndex
+from hvd_agents.drafters.store import CacheStore
+from hvd_agents.structure import PromptStructure, SpanKind
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    tokens: list[int]
+    kind: SpanKind
+    distance: float  # context: tokens back from the end; store: registrations ago
+    from_store: bool
+    span_id: int | None
+
+
+@dataclass
+class _RequestState:
+    index: NgramIndex
+    num_prompt: int
+    prompt_kinds: list[SpanKind]
+    session_id: str | None
+    last_span: int | None = None
+    output: list[int] = field(default_factory=list)
+
+
+class SuffixDrafter:
+    """Longest-suffix cache drafter over the live context and a shared store.
+
+    Args:
+        store: the cross-request store; None drafts from the live context only.
+        max_match: cap on match lengths considered.
+        max_candidates: most matches (per source, most recent first) whose
+            continuations are read.
+        register_outputs: add each finished request's output to the store.
+        source: name reported in ``Draft.source`` (suffixed with the provenance kind).
+    """
+
+    def __init__(
+        self,
+        store: CacheStore | None = None,
+        *,
+        max_match: int = 64,
+        max_candidates: int = 12,
+        register_outputs: bool = True,
+        source: str = "suffix",
+    ) -> None:
+        self.store = store
+        self.max_match = max_match
+        self.max_candidates = max_candidates
+        self.register_outputs = register_outputs
+        self.source = source
+        self._requests: dict[str, _RequestState] = {}
+
+    def start(self, req_id: str, prompt_ids: Sequence[int], structure: PromptStructure | None = None) -> None:
+        index = NgramIndex()
+        index.extend(prompt_ids)
+        kinds = _prompt_kinds(len(prompt_ids), structure)
+        session = structure.session_id if structure is not None else None
+        self._requests[req_id] = _RequestState(index, len(prompt_ids), kinds, session)
+
+    def propose(self, ctx: DraftContext, k: int) -> Draft:
+        state = self._requests.get(ctx.req_id)
+        if state is None or k <= 0:
+            return Draft()
+        candidates, match_len = self._candidates(state, ctx.token_ids, k)
+        if not candidates:
+            return Draft()
+        tokens, probs, chosen = _frequent_path(candidates, k)
+        if not tokens:
+            return Draft()
+        state.last_span = chosen.span_id
+        path_prob = 1.0
+        for p in probs:
+            path_prob *= p
+        features = {
+            "match_len": float(match_len),
+            "num_candidates": float(len(candidates)),
+            "branch_prob": probs[0],
+            "path_prob": path_prob,
+            "draft_len": float(len(tokens)),
+            "distance": chosen.distance,
+            "from_store": float(chosen.from_store),
+            f"kind={chosen.kind.value}": 1.0,
+        }
+        features.update({f"prob_{i}": p for i, p in enumerate(probs)})
+        return Draft(tuple(tokens), None, float(match_len), f"{self.source}:{chosen.kind.value}", features)
+
+    def _candidates(self, state: _RequestState, context: Sequence[int], k: int) -> tuple[list[_Candidate], int]:
+        """Continuations of the longest suffix matches in the context and the store."""
+        end = len(context) - 1
+        local = state.index.lookup(context, self.max_match, exclude_end=end)
+        shared = self.store.lookup(context, self.max_match) if self.store is not None else []
+        best = max([m.length for m in local[:1] + shared[:1]], default=0)
+        out: list[_Candidate] = []
+        for match in local[: self.max_candidates]:
+            if match.length == best:
+                source = match.end + 1
+                kind = state.prompt_kinds[source] if source < state.num_prompt else SpanKind.GENERATED
+                out.append(_Candidate(state.index.continuation(match.end, k), kind, float(end - match.end), False, None))
+        for match in shared[: self.max_candidates]:
+            span = self.store.span_at(match.end) if match.length == best else None
+            if span is not None:
+                distance = float(self.store.clock - span.age)
+                out.append(_Candidate(self.store.continuation(match.end, k), span.kind, distance, True, span.span_id))
+        return [c for c in out if c.tokens], best
+
+    def observe(self, outcome: Outcome) -> None:
+        state = self._requests.get(outcome.req_id)
+        if state is None:
+            return
+        for token in outcome.new_token_ids:
+            state.index.append(token)
+        state.output.extend(outcome.new_token_ids)
+        if outcome.num_accepted > 0 and state.last_span is not None and self.store is not None:
+            self.store.touch(state.last_span)
+        state.last_span = None
+
+    def stop(self, req_id: str) -> None:
+        state = self._requests.pop(req_id, None)
+        if state is None or self.store is None or not self.register_outputs:
+            return
+        if 2 <= len(state.output) <= self.store.token_budget:
+            self.store.add(state.output, SpanKind.GENERATED, state.session_id)
+
+
+def _prompt_kinds(length: int, structure: PromptStructure | None) -> list[SpanKind]:
+    kinds = [SpanKind.PROMPT] * length
+    if structure is not None:
+        for span in structure.spans:
+            kinds[span.start : min(span.end, length)] = [span.kind] * (min(span.end, length) - span.start)
+    return kinds
+
+
+def _frequent_path(candidates: list[_Candidate], k: int) -> tuple[list[int], list[float], _Candidate]:
+    """Walk the candidates' continuations, taking the most frequent next token at each depth.
+
+    Returns the path, the branch probability of each step (share of the still
+    agreeing candidates that continue with the chosen token), and the first
+    candidate that follows the whole path (its provenance is reported).
+    Identical continuations are grouped first, so the walk is over a few groups.
+    """
+    groups: dict[tuple[int, ...], list[_Candidate]] = {}
+    for candidate in candidates:
+        groups.setdefault(tuple(candidate.tokens), []).append(candidate)
+    if len(groups) == 1:  # all candidates agree: the common case
+        tokens, members = next(iter(groups.items()))
+        return list(tokens[:k]), [1.0] * min(k, len(tokens)), members[0]
+    alive = [(tokens, len(members), members[0]) for tokens, members in groups.items()]  # first seen = most recent
+    path: list[int] = []
+    probs: list[float] = []
+    for depth in range(k):
+        total = sum(weight for _, weight, _ in alive)
+        counts: dict[int, int] = {}
+        for tokens, weight, _ in alive:
+            if len(tokens) > depth:
+                counts[tokens[depth]] = counts.get(tokens[depth], 0) + weight
+        if not counts:
+            break
+        token = max(counts, key=counts.__getitem__)  # ties: the first seen, i.e. the most recent
+        path.append(token)
+        probs.append(counts[token] / total)
+        alive = [group for group in alive if len(group[0]) > depth and group[0][depth] == token]
+    return path, probs, alive[0][2]

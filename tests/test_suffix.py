@@ -1,0 +1,222 @@
+"""Cache drafter, n-gram index and cross-request store: hand-written token arrays."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hvd_agents.drafters import CacheStore, DraftContext, Outcome, SuffixDrafter
+from hvd_agents.drafters.base import Draft
+from hvd_agents.drafters.ngram_index import NgramIndex, _bulk_keys, ngram_key
+from hvd_agents.errors import InvalidRequestError, StoreFormatError
+from hvd_agents.structure import PromptStructure, SpanKind, TypedSpan
+
+
+def propose(drafter: SuffixDrafter, context: list[int], k: int = 8, structure=None, req: str = "r") -> Draft:
+    drafter.start(req, context, structure)
+    draft = drafter.propose(DraftContext(req, context, len(context)), k)
+    return draft
+
+
+# ------------------------------------------------------------------ index
+
+
+def test_bulk_and_incremental_keys_agree() -> None:
+    tokens = np.array([5, 0, 49151, 7, 7, 123456], dtype=np.int64)
+    for n in (1, 2, 4):
+        bulk = _bulk_keys(tokens, n).tolist()
+        assert bulk == [ngram_key(tokens[i - n + 1 : i + 1].tolist()) for i in range(n - 1, len(tokens))]
+
+
+def test_index_longest_match_then_recency() -> None:
+    index = NgramIndex()
+    # "1 2 3" occurs at 0..2; "9 2 3" at 4..6; the query ends with "1 2 3": the longer match wins
+    index.extend([1, 2, 3, 8, 9, 2, 3, 7])
+    matches = index.lookup([0, 1, 2, 3])
+    assert [(m.end, m.length) for m in matches] == [(2, 3)]
+    assert index.continuation(2, 4) == [8, 9, 2, 3]
+
+
+def test_index_matches_are_real_tokens_not_hashes() -> None:
+    index = NgramIndex()
+    index.extend([4, 4, 4, 4, 4])
+    index.erase(0, 5)  # erased tokens never match, though their hash entries remain
+    assert index.lookup([4, 4, 4, 4]) == []
+
+
+def test_incremental_append_finds_crossing_ngrams() -> None:
+    index = NgramIndex()
+    index.extend([1, 2])
+    for t in [3, 4, 1, 2, 3]:
+        index.append(t)
+    # the query is the indexed text itself: exclude its own end
+    matches = index.lookup(index.tokens.tolist(), exclude_end=len(index) - 1)
+    assert (matches[0].end, matches[0].length) == (2, 3)
+
+
+@settings(max_examples=150, deadline=None)
+@given(text=st.lists(st.integers(0, 4), min_size=2, max_size=80))
+def test_index_agrees_with_brute_force(text) -> None:
+    index = NgramIndex(recent=10_000, earliest=0)
+    index.extend(text[:1])
+    for t in text[1:]:
+        index.append(t)
+    end = len(text) - 1
+    matches = index.lookup(text, max_match=64, exclude_end=end)
+    best = 0
+    for p in range(end):  # brute force: longest suffix of text ending at an earlier p
+        n = 0
+        while n <= p and text[p - n] == text[end - n] and n < 64:
+            n += 1
+        best = max(best, n)
+    assert (matches[0].length if matches else 0) == best
+
+
+# ------------------------------------------------------------------ drafter
+
+
+@pytest.mark.parametrize(
+    "context, k, expected, intent",
+    [
+        ([10, 11, 12, 13, 20, 10, 11], 4, (12, 13, 20, 10), "exact repeat: copy the continuation"),
+        ([10, 11, 12, 13, 20, 10, 11], 2, (12, 13), "draft cut at k"),
+        ([1, 2, 3, 4], 4, (), "nothing repeats: empty draft"),
+        # "5 6 7" then 9 (longer match) vs the more recent "6 7" then 8: the longer match wins
+        ([5, 6, 7, 9, 3, 6, 7, 8, 4, 5, 6, 7], 1, (9,), "longest match wins over a more recent shorter one"),
+        # "1 2" occurs three times, each after a different token (all matches have length 2),
+        # followed by 3, 3 and (most recently) 4: the majority continuation wins
+        ([7, 1, 2, 3, 8, 1, 2, 3, 9, 1, 2, 4, 6, 1, 2], 1, (3,), "frequency decides between equal matches"),
+    ],
+)
+def test_drafter_table(context, k, expected, intent) -> None:
+    assert propose(SuffixDrafter(None), context, k).token_ids == expected, intent
+
+
+def test_draft_features_and_provenance_from_structure() -> None:
+    # prompt: [system 0..3) [tool schema 3..7) [user 7..10); the user repeats the schema's "31 32"
+    prompt = [1, 2, 3, 30, 31, 32, 33, 40, 31, 32]
+    spans = (TypedSpan(0, 3, SpanKind.SYSTEM), TypedSpan(3, 7, SpanKind.TOOL_SCHEMA), TypedSpan(7, 10, SpanKind.USER))
+    draft = propose(SuffixDrafter(None), prompt, 4, PromptStructure(tuple(prompt), spans, "s1"))
+    assert draft.token_ids == (33, 40, 31, 32)
+    assert draft.source == "suffix:tool_schema"
+    assert draft.features["match_len"] == 2 and draft.features["branch_prob"] == 1.0
+    assert draft.features["kind=tool_schema"] == 1.0 and draft.features["from_store"] == 0.0
+    assert draft.features["distance"] == 9 - 5
+
+
+def test_store_supplies_cross_request_drafts_with_provenance() -> None:
+    store = CacheStore()
+    store.add([50, 51, 52, 53, 54], SpanKind.TOOL_CALL_SKELETON, "s0")
+    drafter = SuffixDrafter(store)
+    draft = propose(drafter, [7, 8, 50, 51], 3)  # this request has never seen 52..54
+    assert draft.token_ids == (52, 53, 54)
+    assert draft.source == "suffix:tool_call_skeleton" and draft.features["from_store"] == 1.0
+
+
+def test_finished_output_is_registered_and_reused() -> None:
+    store = CacheStore()
+    drafter = SuffixDrafter(store)
+    drafter.start("a", [1, 2], PromptStructure((1, 2), (), "sess"))
+    drafter.observe(Outcome("a", Draft(), 0, (60, 61, 62, 63)))
+    drafter.stop("a")
+    assert [(s.kind, s.session_id, s.length) for s in store.spans] == [(SpanKind.GENERATED, "sess", 4)]
+    assert propose(drafter, [9, 60, 61], 2, req="b").token_ids == (62, 63)
+
+
+def test_accepted_store_draft_marks_span_used() -> None:
+    store = CacheStore()
+    store.add([1, 2, 3, 4], SpanKind.SYSTEM)
+    store.add([7, 8, 9], SpanKind.USER)
+    drafter = SuffixDrafter(store, register_outputs=False)
+    draft = propose(drafter, [0, 1, 2], 2)
+    drafter.observe(Outcome("r", draft, 2, (3, 4, 5)))
+    assert [s.kind for s in store.spans] == [SpanKind.USER, SpanKind.SYSTEM]  # SYSTEM is now most recent
+
+
+# ------------------------------------------------------------------ store
+
+
+def test_identical_spans_are_stored_once() -> None:
+    store = CacheStore()
+    assert store.add([1, 2, 3], SpanKind.SYSTEM) is True
+    assert store.add([1, 2, 3], SpanKind.SYSTEM) is False
+    assert len(store) == 1 and store.num_tokens == 3
+
+
+def test_eviction_keeps_budget_and_drops_least_recently_used() -> None:
+    store = CacheStore(token_budget=10)
+    store.add([1, 2, 3, 4], SpanKind.SYSTEM)  # A
+    store.add([5, 6, 7, 8], SpanKind.USER)  # B
+    store.add([1, 2, 3, 4], SpanKind.SYSTEM)  # A used again: B is now the LRU
+    store.add([9, 10, 11, 12], SpanKind.TOOL_OUTPUT)  # needs room: evicts B
+    assert store.num_tokens == 8 <= store.token_budget
+    assert [s.kind for s in store.spans] == [SpanKind.SYSTEM, SpanKind.TOOL_OUTPUT]
+    assert store.lookup([0, 5, 6]) == []  # evicted tokens never match again
+    assert store.lookup([0, 1, 2])[0].length == 2
+
+
+def test_eviction_over_many_spans_rebuilds_index() -> None:
+    store = CacheStore(token_budget=2000)
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        store.add(rng.integers(0, 1000, 50).tolist(), SpanKind.GENERATED)
+        assert store.num_tokens <= 2000
+    last = store.spans[-1]
+    tokens = store._index.tokens[last.start : last.start + last.length].tolist()
+    assert store.lookup([5000] + tokens[:10])[0].length == 10  # live spans still found after rebuilds
+    assert len(store._index) <= 2 * 2000 + 100
+
+
+def test_oversized_and_empty_spans_are_refused() -> None:
+    store = CacheStore(token_budget=3)
+    with pytest.raises(InvalidRequestError, match="budget"):
+        store.add([1, 2, 3, 4], SpanKind.USER)
+    with pytest.raises(InvalidRequestError, match="empty"):
+        store.add([], SpanKind.USER)
+
+
+def test_save_load_round_trip(tmp_path) -> None:
+    store = CacheStore(token_budget=100)
+    store.add([1, 2, 3], SpanKind.SYSTEM, "s1")
+    store.add([4, 5, 6, 7], SpanKind.TOOL_SCHEMA, None)
+    store.add([1, 2, 3], SpanKind.SYSTEM, "s1")  # LRU order: TOOL_SCHEMA, SYSTEM
+    path = tmp_path / "store.npz"
+    store.save(path)
+    loaded = CacheStore.load(path)
+    strip = lambda s: [(x.kind, x.session_id, x.length, x.age) for x in s.spans]  # noqa: E731
+    assert strip(loaded) == strip(store)
+    assert loaded.token_budget == 100 and loaded.clock == store.clock
+    assert loaded.lookup([9, 4, 5])[0].length == 2
+
+
+@pytest.mark.parametrize(
+    "mangle, needle",
+    [
+        (lambda p: p.write_bytes(b"not a zip file"), "corrupt"),
+        (lambda p: p.write_bytes(p.read_bytes()[:100]), "corrupt"),
+        (lambda p: p.unlink(), "does not exist"),
+    ],
+)
+def test_corrupt_store_file_is_refused(tmp_path, mangle, needle) -> None:
+    path = tmp_path / "store.npz"
+    store = CacheStore()
+    store.add([1, 2, 3], SpanKind.SYSTEM)
+    store.save(path)
+    mangle(path)
+    with pytest.raises(StoreFormatError, match=needle):
+        CacheStore.load(path)
+    empty = CacheStore.load_or_empty(path)
+    assert len(empty) == 0
+
+
+def test_inconsistent_header_is_refused(tmp_path) -> None:
+    path = tmp_path / "store.npz"
+    header = {"format": "hvd-agents-store", "version": 1, "token_budget": 10, "clock": 1,
+              "spans": [{"length": 5, "kind": "system", "session_id": None, "age": 1}]}
+    import json
+
+    np.savez(path, tokens=np.array([1, 2, 3]), header=np.frombuffer(json.dumps(header).encode(), np.uint8))
+    with pytest.raises(StoreFormatError, match="inconsistent"):
+        CacheStore.load(path)

@@ -20,23 +20,10 @@ import sys
 from collections.abc import Sequence
 
 from hvd_agents.drafters import available_methods
-from hvd_agents.engine import GenerationParams, RequestStats
+from hvd_agents.engine import GenerationParams
 from hvd_agents.errors import HVDError
 
 logger = logging.getLogger(__name__)
-
-
-def format_stats(stats: RequestStats) -> str:
-    """A one-paragraph human summary of a request's stats."""
-    lines = [
-        f"prompt {stats.prompt_tokens} tok, prefill {stats.prefill_s:.2f} s | "
-        f"{stats.new_tokens} new tok in {stats.decode_s:.2f} s ({stats.decode_tokens_per_s:.1f} tok/s)",
-        f"steps {stats.steps}, tokens/step {stats.tokens_per_step:.2f}, "
-        f"drafted {stats.drafted_tokens}, accepted {stats.accepted_tokens} ({stats.acceptance_rate:.0%})",
-    ]
-    for source, per in sorted(stats.per_source.items()):
-        lines.append(f"  {source:<28} {per.steps:>4} steps {per.drafted:>5} drafted {per.accepted:>5} accepted")
-    return "\n".join(lines)
 
 
 def _add_generation_args(parser: argparse.ArgumentParser) -> None:
@@ -91,7 +78,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         print(result.text)
         print("---")
-        print(format_stats(result.stats))
+        print(result.stats.summary())
     return 0
 
 

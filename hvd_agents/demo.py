@@ -51,9 +51,7 @@ def _history() -> list[dict]:
 
 
 def _print_turn(title: str, text: str, stats: RequestStats) -> None:
-    from hvd_agents.cli import format_stats
-
-    print(f"== {title}\n{text}\n{format_stats(stats)}\n")
+    print(f"== {title}\n{text}\n{stats.summary()}\n")
 
 
 def run_demo(model: str | None = None, device: str | None = None, method: str = "hvd-cache") -> None:

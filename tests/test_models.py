@@ -17,7 +17,9 @@ import torch
 from tokenizers import Tokenizer
 from tokenizers import models as tok_models
 from tokenizers import pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+
+from tests.tiny import make_tiny_llama
 
 from hvd_agents import models
 from hvd_agents.errors import HVDError, InvalidRequestError, ModelLoadError, ModelNotFoundError
@@ -38,18 +40,7 @@ def make_tokenizer() -> PreTrainedTokenizerFast:
 
 def make_model() -> LlamaForCausalLM:
     """A 2-layer random Llama (float32, eval) matching the tiny tokenizer's vocab."""
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=128,
-    )
-    with torch.random.fork_rng():  # deterministic init without touching the global RNG
-        torch.manual_seed(0)
-        return LlamaForCausalLM(config).eval()
+    return make_tiny_llama(64, dtype=torch.float32)
 
 
 @pytest.fixture
@@ -171,7 +162,7 @@ def test_directory_with_single_gguf_uses_it(fake_gguf):
     path, calls = fake_gguf
     loaded = models.load_model(path.parent, device="cpu")
     assert len(calls) == 1 and calls[0] == path.resolve()
-    assert loaded.context_window == 128
+    assert loaded.context_window == 512
 
 
 def test_get_model_loads_once_under_concurrency(fake_gguf, monkeypatch):
@@ -241,9 +232,9 @@ def test_local_hf_directory_loads(tmp_path):
     assert not loaded.model.training
     ids = torch.tensor([[4, 5, 6]])
     with torch.no_grad():
-        torch.testing.assert_close(loaded.model(ids).logits, model(ids).logits.double())
+        torch.testing.assert_close(loaded.model(ids).logits, model.double()(ids).logits)
     assert loaded.tokenizer("hello world").input_ids == tokenizer("hello world").input_ids
-    assert loaded.context_window == 128
+    assert loaded.context_window == 512
 
 
 def test_eos_token_ids_tiny_tokenizer():

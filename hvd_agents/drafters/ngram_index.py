@@ -31,6 +31,7 @@ NGRAM_SIZES: tuple[int, ...] = (4, 2, 1)  # lookup order: longest first
 SEPARATOR = -1  # never matches a real token; marks span boundaries and evicted tokens
 _MASK = (1 << 64) - 1
 _PRIME = 1_000_003
+_SHORT = 8  # tokens compared before the full match-length check
 
 
 def ngram_key(tokens: Sequence[int]) -> int:
@@ -168,7 +169,18 @@ class NgramIndex:
         return ends
 
     def _match_lengths(self, ends: np.ndarray, tail: np.ndarray) -> np.ndarray:
-        """How many tokens before and at each end equal the end of ``tail``."""
+        """How many tokens before and at each end equal the end of ``tail``.
+
+        Compares a short window first and the full ``len(tail)`` only for the
+        candidates that match all of it (most candidates stop within a few tokens).
+        """
+        lengths = self._compare(ends, tail[-_SHORT:])  # [c]
+        full = lengths == min(_SHORT, len(tail))
+        if full.any() and len(tail) > _SHORT:
+            lengths[full] = self._compare(ends[full], tail)
+        return lengths
+
+    def _compare(self, ends: np.ndarray, tail: np.ndarray) -> np.ndarray:
         depth = np.arange(len(tail))  # [m]
         positions = ends[:, None] - depth[None, :]  # [c, m]
         valid = positions >= 0

@@ -27,6 +27,7 @@ import hashlib
 import json
 import logging
 import os
+import threading
 import zipfile
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -76,6 +77,7 @@ class CacheStore:
         self._next_id = 0
         self._clock = 0
         self.num_tokens = 0
+        self._lock = threading.RLock()  # registration may run beside a decode on another thread
 
     def __len__(self) -> int:
         return len(self._spans)
@@ -97,6 +99,10 @@ class CacheStore:
         if len(tokens) > self.token_budget:
             raise InvalidRequestError(f"span of {len(tokens)} tokens exceeds the store budget {self.token_budget}")
         digest = hashlib.blake2b(np.asarray(tokens, dtype=np.int64).tobytes(), digest_size=16).hexdigest()
+        with self._lock:
+            return self._add(tokens, kind, session_id, digest)
+
+    def _add(self, tokens: list[int], kind: SpanKind, session_id: str | None, digest: str) -> bool:
         self._clock += 1
         existing = self._by_digest.get(digest)
         if existing is not None:
@@ -115,8 +121,9 @@ class CacheStore:
 
     def touch(self, span_id: int) -> None:
         """Mark a span as used (it supplied an accepted draft)."""
-        if span_id in self._spans:
-            self._spans.move_to_end(span_id)
+        with self._lock:
+            if span_id in self._spans:
+                self._spans.move_to_end(span_id)
 
     def span_at(self, position: int) -> StoredSpan | None:
         """The live span holding index position ``position``."""
@@ -130,11 +137,26 @@ class CacheStore:
 
     def lookup(self, query: Sequence[int], max_match: int = 64) -> list[Match]:
         """Longest earlier matches of the suffix of ``query`` in the store (see NgramIndex.lookup)."""
-        return self._index.lookup(query, max_match)
+        with self._lock:
+            return self._index.lookup(query, max_match)
 
-    def continuation(self, end: int, k: int) -> list[int]:
-        """Up to ``k`` tokens after index position ``end``, within its span."""
-        return self._index.continuation(end, k)
+    def continuations(
+        self, query: Sequence[int], k: int, max_match: int = 64, max_candidates: int = 12
+    ) -> tuple[int, list[tuple[list[int], StoredSpan]]]:
+        """The longest match length of ``query``'s suffix and, for its most recent
+        ``max_candidates`` occurrences, up to ``k`` following tokens with their span.
+
+        One consistent snapshot: safe while other threads register spans.
+        """
+        with self._lock:
+            matches = self._index.lookup(query, max_match)
+            out = []
+            for match in matches[:max_candidates]:
+                span = self.span_at(match.end)
+                tokens = self._index.continuation(match.end, k) if span is not None else []
+                if tokens:
+                    out.append((tokens, span))
+            return (matches[0].length if matches else 0), out
 
     @property
     def clock(self) -> int:
@@ -168,8 +190,9 @@ class CacheStore:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the store to ``path`` (.npz holding arrays and a JSON header, no pickle), atomically."""
-        spans = self.spans  # LRU order is kept
-        tokens = self._index.tokens
+        with self._lock:
+            spans = self.spans  # LRU order is kept
+            tokens = self._index.tokens.copy()
         flat = np.concatenate([tokens[s.start : s.start + s.length] for s in spans]) if spans else np.zeros(0)
         header = {
             "format": _FORMAT,

@@ -117,19 +117,19 @@ class SuffixDrafter:
         """Continuations of the longest suffix matches in the context and the store."""
         end = len(context) - 1
         local = state.index.lookup(context, self.max_match, exclude_end=end)
-        shared = self.store.lookup(context, self.max_match) if self.store is not None else []
-        best = max([m.length for m in local[:1] + shared[:1]], default=0)
+        shared_len, shared = 0, []
+        if self.store is not None:
+            shared_len, shared = self.store.continuations(context, k, self.max_match, self.max_candidates)
+        best = max(local[0].length if local else 0, shared_len)
         out: list[_Candidate] = []
         for match in local[: self.max_candidates]:
             if match.length == best:
                 source = match.end + 1
                 kind = state.prompt_kinds[source] if source < state.num_prompt else SpanKind.GENERATED
                 out.append(_Candidate(state.index.continuation(match.end, k), kind, float(end - match.end), False, None))
-        for match in shared[: self.max_candidates]:
-            span = self.store.span_at(match.end) if match.length == best else None
-            if span is not None:
-                distance = float(self.store.clock - span.age)
-                out.append(_Candidate(self.store.continuation(match.end, k), span.kind, distance, True, span.span_id))
+        if shared_len == best:
+            for tokens, span in shared:
+                out.append(_Candidate(tokens, span.kind, float(self.store.clock - span.age), True, span.span_id))
         return [c for c in out if c.tokens], best
 
     def observe(self, outcome: Outcome) -> None:

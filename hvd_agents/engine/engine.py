@@ -158,11 +158,14 @@ class Engine:
         """Run a request to completion; see :meth:`stream` for arguments and errors."""
         tokens: list[int] = []
         texts: list[str] = []
+        finish, stats = "", None
         for event in self.stream(prompt_ids, params, req_id=req_id, structure=structure):
             tokens.extend(event.token_ids)
             texts.append(event.text)
-        assert event.finish_reason is not None and event.stats is not None
-        return GenerationResult(tuple(tokens), "".join(texts), event.finish_reason, event.stats)
+            finish, stats = event.finish_reason or finish, event.stats or stats
+        if stats is None:  # the loop always ends with a final event; guard against a broken drafter
+            raise RuntimeError("generation ended without a final event")
+        return GenerationResult(tuple(tokens), "".join(texts), finish, stats)
 
     def stream(
         self,

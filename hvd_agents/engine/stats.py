@@ -76,6 +76,18 @@ class RequestStats:
         per.drafted += drafted
         per.accepted += accepted
 
+    def summary(self) -> str:
+        """A short human-readable report (what ``hvd-agents generate`` prints)."""
+        lines = [
+            f"prompt {self.prompt_tokens} tok, prefill {self.prefill_s:.2f} s | "
+            f"{self.new_tokens} new tok in {self.decode_s:.2f} s ({self.decode_tokens_per_s:.1f} tok/s)",
+            f"steps {self.steps}, tokens/step {self.tokens_per_step:.2f}, "
+            f"drafted {self.drafted_tokens}, accepted {self.accepted_tokens} ({self.acceptance_rate:.0%})",
+        ]
+        for source, per in sorted(self.per_source.items()):
+            lines.append(f"  {source:<28} {per.steps:>4} steps {per.drafted:>5} drafted {per.accepted:>5} accepted")
+        return "\n".join(lines)
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict, derived figures included."""
         out = asdict(self)

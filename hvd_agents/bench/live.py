@@ -1,11 +1,13 @@
 """Live benchmark: the engine against HF ``generate``, side by side in one run.
 
-For every prompt, four runs on the same model, greedy, same max_new_tokens:
+For every prompt, five runs on the same model, greedy, same max_new_tokens:
 
 * HF ``generate(do_sample=False)``: what a langchain-huggingface user gets;
 * engine ``ar``: our loop without drafts (overhead check, goal within 10% of HF);
 * HF ``generate(prompt_lookup_num_tokens=k)``: the prompt-lookup peer;
-* engine ``pld``: the same algorithm inside our loop (goal: at least equal).
+* engine ``pld``: the same algorithm inside our loop (goal: at least equal);
+* engine ``hvd-cache``: the cache drafter, with the prompt's structure (system
+  prompt, tool schemas, call skeletons, turns) registered in a fresh store per run.
 
 Each configuration runs once to warm up, then the runs are interleaved prompt by
 prompt, in ``rounds`` rounds whose configuration order alternates (forward, then
@@ -18,12 +20,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from hvd_agents.bench.prompts import agent_prompts
+from hvd_agents.bench.prompts import AgentPrompt, agent_prompts
 from hvd_agents.chat import encode_prompt
+from hvd_agents.conversation import prepare
+from hvd_agents.drafters import CacheStore
 from hvd_agents.engine import Engine, GenerationParams
 from hvd_agents.engine.shared import shared_engine
 
@@ -43,12 +47,23 @@ class Tally:
         return self.tokens / self.seconds if self.seconds else 0.0
 
 
-def _hf_runner(engine: Engine, max_new_tokens: int, **extra) -> Callable[[list[int]], tuple[int, ...]]:
+@dataclass(frozen=True)
+class _Item:
+    """One benchmark prompt, rendered once."""
+
+    prompt: AgentPrompt
+    ids: list[int]
+
+
+Runner = Callable[[_Item], tuple[int, ...]]
+
+
+def _hf_runner(engine: Engine, max_new_tokens: int, **extra) -> Runner:
     model = engine.model
     eos = list(engine.eos_token_ids)
 
-    def run(prompt: list[int]) -> tuple[int, ...]:
-        ids = torch.tensor([prompt], device=engine.device)  # [1, n]
+    def run(item: _Item) -> tuple[int, ...]:
+        ids = torch.tensor([item.ids], device=engine.device)  # [1, n]
         with torch.inference_mode():
             out = model.generate(
                 ids,
@@ -59,21 +74,34 @@ def _hf_runner(engine: Engine, max_new_tokens: int, **extra) -> Callable[[list[i
                 pad_token_id=eos[0],
                 **extra,
             )
-        return tuple(out[0, len(prompt) :].tolist())
+        return tuple(out[0, len(item.ids) :].tolist())
 
     return run
 
 
-def _engine_runner(engine: Engine, params: GenerationParams) -> Callable[[list[int]], tuple[int, ...]]:
-    def run(prompt: list[int]) -> tuple[int, ...]:
-        return engine.generate(prompt, params).token_ids
+def _engine_runner(engine: Engine, params: GenerationParams) -> Runner:
+    def run(item: _Item) -> tuple[int, ...]:
+        return engine.generate(item.ids, params).token_ids
 
     return run
 
 
-def _timed(run: Callable[[list[int]], tuple[int, ...]], prompt: list[int], tally: Tally) -> None:
+def _cache_runner(engine: Engine, params: GenerationParams) -> Runner:
+    """The cache drafter with the prompt's structure registered in a FRESH store per run,
+    so no run can copy an earlier run's output of the same prompt."""
+
+    def run(item: _Item) -> tuple[int, ...]:
+        fresh = Engine(engine.model, engine.tokenizer, eos_token_ids=engine.eos_token_ids,
+                       context_window=engine.context_window, cache_store=CacheStore())
+        structure = prepare(fresh, item.prompt.messages, item.prompt.tools)
+        return fresh.generate(structure.prompt_ids, params, structure=structure).token_ids
+
+    return run
+
+
+def _timed(run: Runner, item: _Item, tally: Tally) -> None:
     start = time.perf_counter()
-    out = run(prompt)
+    out = run(item)
     tally.seconds += time.perf_counter() - start
     tally.tokens += len(out)
     tally.outputs.append(out)
@@ -84,25 +112,25 @@ def run_live_benchmark(
 ) -> dict[str, Tally]:
     """Run the benchmark and print its table; returns the tallies by configuration name."""
     engine = shared_engine(model, device=device)
-    prompts = [encode_prompt(engine.tokenizer, p.messages, p.tools) for p in agent_prompts()]
+    items = [_Item(p, encode_prompt(engine.tokenizer, p.messages, p.tools)) for p in agent_prompts()]
+    params = GenerationParams(max_new_tokens=max_new_tokens, num_draft_tokens=k)
     runners = {
         "hf-generate": _hf_runner(engine, max_new_tokens),
-        "engine-ar": _engine_runner(engine, GenerationParams(max_new_tokens=max_new_tokens, method="ar")),
+        "engine-ar": _engine_runner(engine, replace(params, method="ar")),
         "hf-prompt-lookup": _hf_runner(engine, max_new_tokens, prompt_lookup_num_tokens=k),
-        "engine-pld": _engine_runner(
-            engine, GenerationParams(max_new_tokens=max_new_tokens, method="pld", num_draft_tokens=k)
-        ),
+        "engine-pld": _engine_runner(engine, replace(params, method="pld")),
+        "engine-hvd-cache": _cache_runner(engine, replace(params, method="hvd-cache")),
     }
     for run in runners.values():  # warm-up (allocator, kernels)
-        run(prompts[0][:64])
+        run(items[-1])
     tallies = {name: Tally() for name in runners}
     order = list(runners)
     for round_index in range(rounds):
-        for i, prompt in enumerate(prompts):
-            logger.info("round %d, prompt %d/%d (%d tokens)", round_index + 1, i + 1, len(prompts), len(prompt))
+        for i, item in enumerate(items):
+            logger.info("round %d, prompt %d/%d (%d tokens)", round_index + 1, i + 1, len(items), len(item.ids))
             for name in order if round_index % 2 == 0 else reversed(order):
-                _timed(runners[name], prompt, tallies[name])
-    _print_table(tallies, prompts * rounds, max_new_tokens, k, engine.device)
+                _timed(runners[name], item, tallies[name])
+    _print_table(tallies, [item.ids for item in items] * rounds, max_new_tokens, k, engine.device)
     return tallies
 
 
@@ -121,4 +149,6 @@ def _print_table(
               f"{ratio:>15.2f}x{same:>9}/{len(prompts)}")
     ar = tallies["engine-ar"].tokens_per_s / reference.tokens_per_s
     pld = tallies["engine-pld"].tokens_per_s / tallies["hf-prompt-lookup"].tokens_per_s
-    print(f"engine-ar / hf-generate: {ar:.2f}x   engine-pld / hf-prompt-lookup: {pld:.2f}x")
+    cache = tallies["engine-hvd-cache"].tokens_per_s / tallies["hf-prompt-lookup"].tokens_per_s
+    print(f"engine-ar / hf-generate: {ar:.2f}x   engine-pld / hf-prompt-lookup: {pld:.2f}x   "
+          f"engine-hvd-cache / hf-prompt-lookup: {cache:.2f}x")

@@ -5,8 +5,9 @@ from __future__ import annotations
 import threading
 
 from hvd_agents.engine.engine import Engine
+from hvd_agents.models import resolve_device
 
-_engines: dict[tuple[str | None, str | None], Engine] = {}
+_engines: dict[tuple[str | None, str], Engine] = {}
 _lock = threading.Lock()
 
 
@@ -20,8 +21,9 @@ def shared_engine(model: str | None = None, *, device: str | None = None) -> Eng
     Raises:
         ModelNotFoundError: ``model`` cannot be found.
         ModelLoadError: it was found but cannot be loaded.
+        InvalidRequestError: ``device`` is malformed or unavailable.
     """
-    key = (None if model is None else str(model), device)
+    key = (None if model is None else str(model), str(resolve_device(device)[0]))  # None and "cpu" share
     with _lock:
         engine = _engines.get(key)
         if engine is None:

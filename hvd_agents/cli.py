@@ -6,6 +6,7 @@ Subcommands:
 * ``demo``: a short agent turn with a tool call on the embedded model.
 * ``bench``: the live engine benchmark against HF ``generate`` (same run, same prompts).
 * ``bench-drafter``: propose / update cost of the cache drafter at scale (no model).
+* ``analyze``: replay an agent trace through the drafters; estimated speedup per policy (no model).
 
 Errors the user can cause (bad model id, bad parameters) print ``error: ...`` and
 exit with status 2; no traceback.
@@ -116,6 +117,42 @@ def cmd_bench_drafter(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from hvd_agents.trace.analyze import AnalyzeOptions, run_analyze
+
+    run_analyze(AnalyzeOptions(
+        file=args.file, policy=args.policy, k=args.k, verify_cost=args.verify_cost, threshold=args.threshold,
+        json_path=args.json, steps_path=args.steps, html_path=args.html, skip_bad=args.skip_bad,
+        tokenizer=args.tokenizer, limit=args.limit, canonical_tools=args.canonical_tools,
+        system_template=args.system_template, html_conversation=args.html_conversation, quiet=args.quiet,
+    ))
+    return 0
+
+
+def _add_analyze_parser(sub: argparse._SubParsersAction) -> None:
+    from hvd_agents.trace.policies import ALIASES, POLICIES
+
+    ana = sub.add_parser("analyze", help="replay an agent trace through the drafters: estimated speedup (no model)")
+    ana.add_argument("file", help="trace: JSONL (one {id, messages, tools} per line) or a JSON array")
+    ana.add_argument("--policy", default=None,
+                     help=f"comma-separated, from {', '.join([*POLICIES, *ALIASES])} (default: all available)")
+    ana.add_argument("--k", type=int, default=16, help="most draft tokens verified per step")
+    ana.add_argument("--verify-cost", type=float, default=0.02, help="cost of one draft token, in target steps")
+    ana.add_argument("--threshold", type=float, default=None, help="suffix-threshold: min match length (default k)")
+    ana.add_argument("--json", default=None, metavar="FILE", help="write the figures as JSON")
+    ana.add_argument("--steps", default=None, metavar="FILE", help="write one JSON line per step")
+    ana.add_argument("--html", default=None, metavar="FILE", help="write a self-contained HTML report")
+    ana.add_argument("--html-conversation", default=None, metavar="ID", help="conversation shown in --html")
+    ana.add_argument("--skip-bad", action="store_true", help="skip malformed conversations instead of failing")
+    ana.add_argument("--tokenizer", default=None,
+                     help="model name/path, saved tokenizer dir, or tiktoken:<encoding> (default: embedded)")
+    ana.add_argument("--limit", type=int, default=None, help="replay only the first N conversations")
+    ana.add_argument("--canonical-tools", action="store_true", help="canonicalize tool schemas first")
+    ana.add_argument("--system-template", default=None, metavar="NAME", help="prepend a template to system prompts")
+    ana.add_argument("--quiet", action="store_true", help="no progress bar, no timing line")
+    ana.set_defaults(func=cmd_analyze)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hvd-agents", description=__doc__.split("\n\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
@@ -149,6 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     micro.add_argument("--context-tokens", type=int, default=32_000)
     micro.add_argument("--steps", type=int, default=2_000)
     micro.set_defaults(func=cmd_bench_drafter)
+
+    _add_analyze_parser(sub)
     return parser
 
 

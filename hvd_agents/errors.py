@@ -31,3 +31,7 @@ class ContextLengthError(InvalidRequestError):
 
 class StoreFormatError(HVDError, ValueError):
     """A saved cache store file is missing, truncated, corrupt or of another format."""
+
+
+class TraceFormatError(HVDError, ValueError):
+    """An agent trace file (for ``hvd-agents analyze``) is missing or malformed; the message names file and line."""

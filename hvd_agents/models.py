@@ -36,6 +36,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -440,3 +441,52 @@ def get_model(name: str | os.PathLike | None = None, *, device: str | torch.devi
         with _shared_lock:
             _shared[key] = loaded
         return loaded
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def load_tokenizer(name: str | os.PathLike | None = None) -> Any:
+    """Load only a tokenizer (no weights), e.g. for trace replay.
+
+    Args:
+        name: as for :func:`load_model` (None / "embedded" for the embedded
+            SmolLM2, a ``.gguf`` file, an HF model directory, a hub id), or a
+            directory holding just a saved tokenizer (``save_pretrained``), or
+            ``"tiktoken:<encoding>"`` (e.g. ``"tiktoken:o200k_base"``) for a
+            :class:`~hvd_agents.tiktoken_tokenizer.TiktokenTokenizer`.
+            For a GGUF file the tokenizer comes from its validated weight cache
+            when built, else from the GGUF itself (about 10 s; no cache is built).
+
+    Raises:
+        ModelNotFoundError: ``name`` names nothing loadable.
+        ModelLoadError: it exists but its tokenizer cannot be loaded.
+    """
+    if isinstance(name, str) and name.startswith("tiktoken:"):
+        from hvd_agents.tiktoken_tokenizer import TiktokenTokenizer
+
+        return TiktokenTokenizer.from_name(name.removeprefix("tiktoken:"))
+    if name is not None:
+        path = Path(os.fspath(name)).expanduser()
+        tokenizer_only = not (path / "config.json").is_file() and any((path / f).is_file() for f in _TOKENIZER_FILES)
+        if path.is_dir() and tokenizer_only:
+            return _tokenizer_from(str(path), local_files_only=True)
+    kind, location = _resolve_source(name)
+    if kind == "gguf":
+        gguf = Path(location)
+        cached = _gguf_cache_dir(gguf)
+        if cached.exists() and _validate_cache(cached) is None:
+            return _tokenizer_from(str(cached), local_files_only=True)
+        logger.info("reading the tokenizer from %s (no weight cache built yet)", gguf)
+        return _tokenizer_from(str(gguf.parent), gguf_file=gguf.name)
+    return _tokenizer_from(location, local_files_only=kind == "hf_dir" or _hub_offline())
+
+
+def _tokenizer_from(location: str, **kwargs: Any) -> Any:
+    """``AutoTokenizer.from_pretrained`` with load errors as :class:`ModelLoadError` / :class:`ModelNotFoundError`."""
+    try:
+        return AutoTokenizer.from_pretrained(location, **kwargs)
+    except OSError as exc:
+        raise ModelNotFoundError(f"no tokenizer found for {location!r}: {exc}") from exc
+    except Exception as exc:
+        raise ModelLoadError(f"cannot load the tokenizer of {location!r}: {exc}") from exc

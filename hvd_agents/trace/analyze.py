@@ -1,0 +1,124 @@
+"""``hvd-agents analyze``: replay an agent trace through the drafters and report the estimated speedup.
+
+:func:`run_analyze` is the whole command: load the tokenizer and the trace,
+resolve the policies, replay (optionally streaming ``--steps``), print the table
+(and notes) to ``out``, and write ``--json`` / ``--html``. It returns the JSON
+document. Every error a user can cause is an :class:`~hvd_agents.errors.HVDError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from typing import IO, Any
+
+from hvd_agents.errors import InvalidRequestError
+from hvd_agents.trace.loader import TraceFile, load_trace
+from hvd_agents.trace.policies import resolve_policy_names
+from hvd_agents.trace.replay import ReplayConfig, ReplayResult, prepare_conversation, replay_trace
+from hvd_agents.trace.report import StepWriter, format_table, report_json, write_json
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AnalyzeOptions:
+    """The command's options (see ``hvd-agents analyze --help``)."""
+
+    file: str
+    policy: str | None = None
+    k: int = 16
+    verify_cost: float = 0.02
+    threshold: float | None = None
+    json_path: str | None = None
+    steps_path: str | None = None
+    html_path: str | None = None
+    skip_bad: bool = False
+    tokenizer: str | None = None
+    limit: int | None = None
+    canonical_tools: bool = False
+    system_template: str | None = None
+    html_conversation: str | None = None
+    quiet: bool = False
+
+
+def _check(options: AnalyzeOptions) -> None:
+    if options.k < 1:
+        raise InvalidRequestError(f"--k must be >= 1, got {options.k}")
+    if options.verify_cost < 0:
+        raise InvalidRequestError(f"--verify-cost must be >= 0, got {options.verify_cost}")
+    if options.limit is not None and options.limit < 1:
+        raise InvalidRequestError(f"--limit must be >= 1, got {options.limit}")
+
+
+def run_analyze(options: AnalyzeOptions, out: IO[str] | None = None) -> dict[str, Any]:
+    """Run the analysis and print the report to ``out`` (stdout by default).
+
+    Raises:
+        HVDError: bad options, a missing or malformed trace, an unknown policy,
+            template or tokenizer, or an unwritable output file.
+    """
+    out = out or sys.stdout
+    _check(options)
+    names, notes = resolve_policy_names(options.policy)
+    template = None
+    if options.system_template:
+        from hvd_agents.templates import load_template
+
+        template = load_template(options.system_template)
+    trace = load_trace(options.file, skip_bad=options.skip_bad, limit=options.limit)
+    from hvd_agents.models import load_tokenizer
+
+    tokenizer = load_tokenizer(options.tokenizer)
+    config = ReplayConfig(tuple(names), options.k, options.verify_cost, options.threshold,
+                          options.canonical_tools, template, options.html_conversation)
+    start = time.perf_counter()
+    if options.steps_path:
+        with StepWriter(options.steps_path) as writer:
+            result = replay_trace(tokenizer, trace, config, step_sink=writer, progress=not options.quiet)
+    else:
+        result = replay_trace(tokenizer, trace, config, progress=not options.quiet)
+    elapsed = time.perf_counter() - start
+    result.notes.extend(notes)
+    if trace.skipped:
+        result.notes.append(f"{len(trace.skipped)} malformed conversation(s) skipped")
+    meta = _meta(options, tokenizer, names, len(trace.skipped), elapsed)
+    document = report_json(result, options.verify_cost, meta)
+    print(format_table(result, options.verify_cost), file=out)
+    for note in result.notes:
+        print(f"note: {note}", file=out)
+    if not options.quiet:
+        print(f"{result.conversations} conversations, {result.turns} assistant turns, "
+              f"replayed in {elapsed:.1f} s", file=out)
+    if options.json_path:
+        write_json(options.json_path, document)
+    if options.html_path:
+        _write_html(options.html_path, config, result, meta, tokenizer, trace)
+    return document
+
+
+def _meta(options: AnalyzeOptions, tokenizer: Any, names: list[str], skipped: int, elapsed: float) -> dict[str, Any]:
+    return {
+        "file": options.file,
+        "tokenizer": options.tokenizer or f"embedded ({getattr(tokenizer, 'name_or_path', '?')})",
+        "k": options.k,
+        "threshold": options.k if options.threshold is None else options.threshold,
+        "policies": names,
+        "canonical_tools": options.canonical_tools,
+        "system_template": options.system_template,
+        "skipped": skipped,
+        "replay_seconds": round(elapsed, 2),
+    }
+
+
+def _write_html(
+    path: str, config: ReplayConfig, result: ReplayResult, meta: dict[str, Any], tokenizer: Any, trace: TraceFile
+) -> None:
+    from hvd_agents.trace.html_report import render_html, write_html
+
+    conversation = next((c for c in trace.conversations if c.id == result.highlight_id), None)
+    if conversation is not None:  # message indices as replayed (a system template may insert one)
+        conversation = prepare_conversation(conversation, config)
+    write_html(path, render_html(result, config.verify_cost, meta, tokenizer, conversation))

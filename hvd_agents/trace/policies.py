@@ -1,0 +1,209 @@
+"""Drafting policies replayed by ``hvd-agents analyze``: drafters wrapped behind one small protocol.
+
+A :class:`Policy` is what the replay loop (:mod:`hvd_agents.trace.replay`) drives,
+with the engine's lifecycle: ``start(req_id, structure)`` once per assistant turn,
+then per step ``propose(ctx, k, lookahead)`` and ``observe(outcome)``, then
+``stop(req_id)``. ``lookahead`` is the rest of the recorded reply; only the
+``oracle`` policy reads it (it is the upper bound, not a real drafter).
+
+Policies (:data:`POLICIES`; ``hvd-cache`` is an alias of ``suffix``):
+
+* ``ar``: no drafts (plain autoregressive decoding; speedup 1 by definition).
+* ``pld``: HF prompt lookup (:class:`~hvd_agents.drafters.PromptLookupDrafter`, max n-gram 2).
+* ``suffix-local``: the cache drafter over the live context only (``store=None``).
+* ``suffix``: the cache drafter with the cross-request :class:`CacheStore`, every
+  prompt's structure registered before its turn (the engine's ``hvd-cache``).
+* ``suffix-threshold``: ArcticInference's hybrid rule. ArcticInference uses the
+  suffix draft iff its score is ``>=`` the model drafter's number of speculative
+  tokens (``model_runner.propose_draft_token_ids``), else the model drafter's
+  draft. There is no model drafter here, so a draft below the threshold is
+  replaced by no draft; the score is the cache drafter's match length and the
+  threshold defaults to ``k`` (``--threshold``).
+* ``oracle``: the ``suffix`` draft truncated to exactly the tokens that will be
+  accepted: the same steps as ``suffix`` with no wasted verification, i.e. the
+  upper bound of any draft-length rule applied to that drafter.
+* ``arctic``: ArcticInference's ``SuffixDecodingCache`` with its defaults (depth
+  64, draft <= 1x match length, min token probability 0.1); only when
+  ``arctic_inference`` imports, else skipped with a note.
+
+Every policy that uses a store gets its own (shared by all its conversations,
+as one deployment would share it).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from hvd_agents.analyzer import register
+from hvd_agents.drafters import CacheStore, Draft, DraftContext, Drafter, NoDrafter, Outcome, PromptLookupDrafter
+from hvd_agents.drafters import SuffixDrafter
+from hvd_agents.errors import InvalidRequestError
+from hvd_agents.structure import PromptStructure
+
+logger = logging.getLogger(__name__)
+
+POLICIES: tuple[str, ...] = ("ar", "pld", "suffix-local", "suffix", "suffix-threshold", "oracle", "arctic")
+ALIASES = {"hvd-cache": "suffix"}
+ARCTIC_DEPTH = 64
+
+
+class Policy(Protocol):
+    """What the replay loop drives (see the module docstring)."""
+
+    name: str
+
+    def start(self, req_id: str, structure: PromptStructure) -> None:
+        """Begin a turn whose prompt is ``structure.prompt_ids``."""
+
+    def propose(self, ctx: DraftContext, k: int, lookahead: Sequence[int]) -> Draft:
+        """At most ``k`` tokens to follow ``ctx.token_ids``; ``lookahead`` is the rest of the reply."""
+
+    def observe(self, outcome: Outcome) -> None:
+        """The verification outcome of the last proposal."""
+
+    def stop(self, req_id: str) -> None:
+        """End the turn."""
+
+
+@dataclass
+class DrafterPolicy:
+    """A drafter, optionally with a cache store its prompts are registered in."""
+
+    name: str
+    drafter: Drafter
+    store: CacheStore | None = None
+
+    def start(self, req_id: str, structure: PromptStructure) -> None:
+        if self.store is not None:
+            register(self.store, structure)
+        self.drafter.start(req_id, structure.prompt_ids, structure)
+
+    def propose(self, ctx: DraftContext, k: int, lookahead: Sequence[int]) -> Draft:
+        del lookahead
+        return self.drafter.propose(ctx, k)
+
+    def observe(self, outcome: Outcome) -> None:
+        self.drafter.observe(outcome)
+
+    def stop(self, req_id: str) -> None:
+        self.drafter.stop(req_id)
+
+
+@dataclass
+class ThresholdPolicy(DrafterPolicy):
+    """Use the drafter's draft only when its score reaches ``threshold`` (ArcticInference's hybrid rule)."""
+
+    threshold: float = 16.0
+
+    def propose(self, ctx: DraftContext, k: int, lookahead: Sequence[int]) -> Draft:
+        draft = self.drafter.propose(ctx, k)
+        return draft if draft.score >= self.threshold else Draft()
+
+
+@dataclass
+class OraclePolicy(DrafterPolicy):
+    """The drafter's draft cut to its common prefix with the recorded reply (no wasted tokens)."""
+
+    def propose(self, ctx: DraftContext, k: int, lookahead: Sequence[int]) -> Draft:
+        draft = self.drafter.propose(ctx, k)
+        return draft.truncated(common_prefix(draft.token_ids, lookahead))
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class ArcticDrafter:
+    """ArcticInference's ``SuffixDecodingCache`` as a :class:`~hvd_agents.drafters.Drafter` (defaults kept)."""
+
+    source = "arctic"
+
+    def __init__(self) -> None:
+        from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+        self.cache = SuffixDecodingCache(max_tree_depth=ARCTIC_DEPTH)
+
+    def start(self, req_id: str, prompt_ids: Sequence[int], structure: PromptStructure | None = None) -> None:
+        del structure
+        self.cache.start_request(req_id, list(prompt_ids))
+
+    def propose(self, ctx: DraftContext, k: int) -> Draft:
+        pattern = list(ctx.token_ids[-ARCTIC_DEPTH:])
+        result = self.cache.speculate(ctx.req_id, pattern, max_spec_tokens=k)
+        tokens = tuple(int(t) for t in result.token_ids[:k])
+        return Draft(tokens, score=float(result.score), source=self.source) if tokens else Draft()
+
+    def observe(self, outcome: Outcome) -> None:
+        if outcome.new_token_ids:
+            self.cache.add_active_response(outcome.req_id, list(outcome.new_token_ids))
+
+    def stop(self, req_id: str) -> None:
+        if req_id in self.cache.active_requests:
+            self.cache.stop_request(req_id)
+
+
+def arctic_available() -> bool:
+    """Whether ``arctic_inference`` (with its compiled suffix tree) imports."""
+    try:
+        import arctic_inference.suffix_decoding  # noqa: F401
+    except Exception:  # ImportError, or a broken native extension
+        return False
+    return True
+
+
+def resolve_policy_names(spec: str | Sequence[str] | None) -> tuple[list[str], list[str]]:
+    """Policy names from ``"a,b,..."`` (None: all available), and notes on skipped ones.
+
+    Raises:
+        InvalidRequestError: an unknown name (the message lists the known ones).
+    """
+    notes: list[str] = []
+    if spec is None:
+        names = list(POLICIES)
+    else:
+        raw = spec.split(",") if isinstance(spec, str) else list(spec)
+        names = []
+        for item in (s.strip() for s in raw):
+            if not item:
+                continue
+            name = ALIASES.get(item, item)
+            if name not in POLICIES:
+                known = ", ".join([*POLICIES, *ALIASES])
+                raise InvalidRequestError(f"unknown policy {item!r}; choose from {known}")
+            if name not in names:
+                names.append(name)
+        if not names:
+            raise InvalidRequestError("--policy names no policy")
+    if "arctic" in names and not arctic_available():
+        names.remove("arctic")
+        notes.append("arctic skipped: arctic_inference is not installed (pip install arctic-inference)")
+    return names, notes
+
+
+def make_policy(name: str, *, threshold: float, store_tokens: int = 1_000_000) -> Policy:
+    """A fresh policy by (resolved) name; store-based policies get a new store of ``store_tokens``."""
+    if name == "ar":
+        return DrafterPolicy(name, NoDrafter())
+    if name == "pld":
+        return DrafterPolicy(name, PromptLookupDrafter())
+    if name == "suffix-local":
+        return DrafterPolicy(name, SuffixDrafter(None))
+    if name == "arctic":
+        return DrafterPolicy(name, ArcticDrafter())
+    store = CacheStore(store_tokens)
+    if name == "suffix":
+        return DrafterPolicy(name, SuffixDrafter(store), store)
+    if name == "suffix-threshold":
+        return ThresholdPolicy(name, SuffixDrafter(store), store, threshold=threshold)
+    if name == "oracle":
+        return OraclePolicy(name, SuffixDrafter(store), store)
+    raise InvalidRequestError(f"unknown policy {name!r}")

@@ -1,0 +1,662 @@
+"""``ChatHVD``: a LangChain chat model over an hvd-agents engine.
+
+A thin adapter: every call converts the LangChain messages to OpenAI-shape dicts,
+passes them with the bound tool schemas to :func:`hvd_agents.conversation.prepare`
+(which renders the prompt and registers its structure in the engine's cache store
+for the conversation), and streams :meth:`hvd_agents.Engine.stream`. Decoding,
+drafting, stop strings and tool-call parsing all live in hvd-agents.
+
+* One streaming core (:meth:`ChatHVD._stream`); ``_generate`` aggregates it.
+  ``_astream`` / ``_agenerate`` run the same core in a worker thread that feeds an
+  asyncio queue, so the event loop never blocks; cancelling the consuming task
+  sets a flag on which the worker closes the engine's iterator (which ends the
+  request and releases the engine's lock).
+* Tool calls are parsed from the reply (Hermes ``<tool_call>`` blocks). While
+  streaming, text before the first ``<tool_call>`` is streamed, the rest is held
+  back and the calls are emitted as ``tool_call_chunks`` on the last chunk, so the
+  aggregated stream equals the non-streaming message.
+* The engine is injected (``engine=``) or created lazily on the first call with
+  :func:`hvd_agents.engine.shared.shared_engine` (one per model and device per
+  process): constructing a ``ChatHVD`` loads nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from operator import itemgetter
+from typing import Any, Literal
+
+from hvd_agents.conversation import prepare
+from hvd_agents.drafters import available_methods
+from hvd_agents.engine import Engine, GenerationParams, TokenEvent
+from hvd_agents.engine.shared import shared_engine
+from hvd_agents.errors import InvalidRequestError
+from hvd_agents.structure import PromptStructure
+from hvd_agents.toolcalls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, forced_call_prefix, parse_tool_calls
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import LanguageModelInput
+from langchain_core.language_models.chat_models import BaseChatModel, LangSmithParams
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages.ai import UsageMetadata
+from langchain_core.output_parsers import JsonOutputKeyToolsParser, JsonOutputParser, PydanticToolsParser
+from langchain_core.output_parsers.pydantic import PydanticOutputParser
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
+from langchain_core.runnables.config import RunnableConfig, ensure_config
+from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
+from langchain_core.utils.pydantic import is_basemodel_subclass
+from pydantic import ConfigDict, Field, model_validator
+
+from langchain_hvd._convert import (
+    JsonObjectScanner,
+    ToolCallStreamSplitter,
+    normalize_tool_choice,
+    parsed_tool_call_chunks,
+    to_openai_messages,
+)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+PROVIDER = "hvd"
+JSON_INSTRUCTION = "Respond only with a JSON object."
+JSON_KEYS_INSTRUCTION = "Respond only with a JSON object with these keys:"
+JSON_SCHEMA_INSTRUCTION = "Respond only with JSON that matches this JSON schema:"
+
+# Per-call keyword arguments (``invoke(..., **kwargs)`` / ``bind``) that a call understands.
+_CALL_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "method", "num_draft_tokens")
+_CALL_KWARGS = frozenset({*_CALL_FIELDS, "tools", "tool_choice", "response_format", "model", "session_id"})
+# Passed by LangChain itself on some paths; they carry nothing for this backend.
+_IGNORED_KWARGS = frozenset({"ls_structured_output_format", "stream"})
+
+
+@dataclass
+class _Request:
+    """One prepared engine request and how to read its output (adapter-internal)."""
+
+    engine: Engine
+    structure: PromptStructure
+    params: GenerationParams
+    model_name: str
+    prefix: str  # forced start of the reply (tool-call opening or "{")
+    parse_tools: bool  # tools were bound: split out <tool_call> blocks
+    forced_call: bool  # the prefix opens a tool call; "</tool_call>" is a stop string
+    json_mode: bool  # response_format: the reply is the first JSON object
+
+
+class ChatHVD(BaseChatModel):
+    """Chat model running locally on hvd-agents (lossless speculative decoding).
+
+    Example:
+        ```python
+        from langchain_hvd import ChatHVD
+
+        llm = ChatHVD(max_tokens=128)          # embedded SmolLM2-135M-Instruct, loaded on first use
+        llm.invoke("Name three primes.").content
+        llm.bind_tools([get_weather], tool_choice="required").invoke("Weather in Paris?").tool_calls
+        ```
+
+    Greedy output (``temperature=0``, the default) is token for token the model's
+    plain greedy output, whatever the ``method``; sampled output keeps the model's
+    distribution. ``response_metadata["hvd_stats"]`` reports what drafting did.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, populate_by_name=True)
+
+    model: str | None = None
+    """Hub id, local model directory or ``.gguf`` file; None = the embedded SmolLM2-135M-Instruct."""
+    method: str = "hvd-cache"
+    """Decoding method: a name in ``hvd_agents.drafters.available_methods()`` (``ar``, ``pld``, ``hvd-cache``)."""
+    max_tokens: int = 256
+    """Most tokens generated per call."""
+    temperature: float = 0.0
+    """0 = greedy."""
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    num_draft_tokens: int | None = None
+    """Most draft tokens verified per step (K); None = the engine's default."""
+    device: str | None = None
+    """``"cpu"``, ``"cuda"``, ...; None picks CUDA when available. Used when the engine is created here."""
+    stop: list[str] | None = Field(default=None, alias="stop_sequences")
+    """Stop strings for every call (merged with a call's own ``stop``)."""
+    engine: Engine | None = Field(default=None, exclude=True, repr=False)
+    """An engine to use instead of ``shared_engine(model, device=device)``."""
+
+    @model_validator(mode="after")
+    def _check_method(self) -> ChatHVD:
+        if self.method not in available_methods():
+            if self.engine is None:
+                raise InvalidRequestError(
+                    f"unknown decoding method {self.method!r}; choose one of {', '.join(available_methods())}"
+                )
+            self.engine.drafter(self.method)  # a drafter added with engine.add_drafter(), or InvalidRequestError
+        return self
+
+    # ---------------------------------------------------------------- LangChain metadata
+
+    @property
+    def _llm_type(self) -> str:
+        return "hvd"
+
+    @property
+    def model_name(self) -> str:
+        """The model's name in metadata: ``model`` or the embedded model's name."""
+        return self.model if self.model is not None else DEFAULT_MODEL_NAME
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {
+            "model": self.model_name,
+            "method": self.method,
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "seed": self.seed,
+            "num_draft_tokens": self.num_draft_tokens,
+            "device": self.device,
+            "stop": self.stop,
+        }
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        model = kwargs.get("model")
+        params = LangSmithParams(
+            ls_provider=PROVIDER,
+            ls_model_name=model if isinstance(model, str) else self.model_name,
+            ls_model_type="chat",
+            ls_temperature=kwargs.get("temperature", self.temperature),
+            ls_max_tokens=kwargs.get("max_tokens", self.max_tokens),
+        )
+        if merged := _merge_stops(self.stop, stop):
+            params["ls_stop"] = merged
+        return params
+
+    # ---------------------------------------------------------------- tools and structured output
+
+    def bind_tools(
+        self,
+        tools: Sequence[Mapping[str, Any] | type | Callable | BaseTool],
+        *,
+        tool_choice: Any = None,
+        strict: bool | None = None,
+        parallel_tool_calls: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """Bind tools (anything ``convert_to_openai_tool`` takes) to the model.
+
+        Args:
+            tools: the tools.
+            tool_choice: ``None`` / ``"auto"`` (the model decides), ``"none"`` (no call:
+                generation stops at ``<tool_call>``), ``"any"`` / ``"required"`` / ``True``
+                (some call), a tool name or ``{"type": "function", "function": {"name": ...}}``
+                (that tool). A forced choice pre-fills the start of the call.
+            strict: accepted for API compatibility; the backend does not constrain
+                decoding to the schema, so arguments are parsed, not guaranteed.
+            parallel_tool_calls: accepted for API compatibility; a forced choice
+                yields one call, otherwise the model may write several.
+            **kwargs: further call arguments to bind.
+
+        Raises:
+            InvalidRequestError: an unsupported ``tool_choice`` or one naming no bound tool.
+        """
+        formatted = [convert_to_openai_tool(tool) for tool in tools]
+        choice = normalize_tool_choice(tool_choice)
+        if choice is not None and choice != "none":
+            if not formatted:
+                raise InvalidRequestError(f"tool_choice {tool_choice!r} needs at least one tool")
+            forced_call_prefix(choice, formatted)  # validates a named choice now
+        return super().bind(tools=formatted, tool_choice=choice, **kwargs)
+
+    def with_structured_output(
+        self,
+        schema: Mapping[str, Any] | type | None = None,
+        *,
+        method: Literal["function_calling", "json_schema", "json_mode"] = "json_schema",
+        include_raw: bool = False,
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, Mapping[str, Any] | Any]:
+        """A runnable that returns output shaped like ``schema``.
+
+        Args:
+            schema: a Pydantic class (v2 or v1; the output is an instance), a TypedDict,
+                a JSON schema or an OpenAI tool schema (the output is a dict).
+            method: ``"json_schema"`` (default): the expected object (each key with its
+                description) is asked for at the end of the last user message, the
+                reply is pre-filled with ``{`` and its first JSON object is parsed;
+                ``"function_calling"``: the schema is bound as the only tool and the
+                call is forced by name (``tool_choice=<name>``), its arguments are
+                the output; ``"json_mode"``: like ``json_schema`` without the schema
+                (describe the format in the prompt). ``json_schema`` is the default
+                because small models follow it far more often than a forced call.
+            include_raw: return ``{"raw": AIMessage, "parsed": ..., "parsing_error": ...}``
+                instead of raising on a parsing error.
+            strict: accepted for API compatibility (decoding is not constrained to
+                the schema; the output is parsed and validated, not guaranteed).
+
+        Raises:
+            ValueError: an unknown ``method`` or argument, or no ``schema`` where one is needed.
+        """
+        if kwargs:
+            raise ValueError(f"Received unsupported arguments {kwargs}")
+        if method not in ("function_calling", "json_schema", "json_mode"):
+            raise ValueError(f"unknown method {method!r}: use 'function_calling', 'json_schema' or 'json_mode'")
+        if schema is None and method != "json_mode":
+            raise ValueError(f"schema must be given for method={method!r}")
+        is_pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
+        ls_format = {"kwargs": {"method": method, "strict": strict}, "schema": schema}
+        output_parser: Runnable
+        if method == "function_calling":
+            tool_name = convert_to_openai_tool(schema)["function"]["name"]
+            llm = self.bind_tools([schema], tool_choice=tool_name, ls_structured_output_format=ls_format)
+            if is_pydantic:
+                output_parser = PydanticToolsParser(tools=[schema], first_tool_only=True)
+            else:
+                output_parser = JsonOutputKeyToolsParser(key_name=tool_name, first_tool_only=True)
+        else:
+            response_format = convert_to_json_schema(schema) if method == "json_schema" else "json"
+            llm = self.bind(response_format=response_format, ls_structured_output_format=ls_format)
+            output_parser = PydanticOutputParser(pydantic_object=schema) if is_pydantic else JsonOutputParser()
+        if include_raw:
+            parser_assign = RunnablePassthrough.assign(
+                parsed=itemgetter("raw") | output_parser, parsing_error=lambda _: None
+            )
+            parser_none = RunnablePassthrough.assign(parsed=lambda _: None)
+            parser_with_fallback = parser_assign.with_fallbacks([parser_none], exception_key="parsing_error")
+            return RunnableMap(raw=llm) | parser_with_fallback
+        return llm | output_parser
+
+    # ---------------------------------------------------------------- entry points
+    # The public entry points only add the conversation key: a direct call's
+    # ``config={"configurable": {"thread_id": ...}}`` does not reach ``_stream``
+    # otherwise (inside chains and LangGraph nodes it is read from the context).
+
+    def invoke(
+        self, input: LanguageModelInput, config: RunnableConfig | None = None, *, stop: list[str] | None = None,
+        **kwargs: Any,
+    ) -> AIMessage:
+        return super().invoke(input, config, stop=stop, **_with_thread_session(config, kwargs))
+
+    async def ainvoke(
+        self, input: LanguageModelInput, config: RunnableConfig | None = None, *, stop: list[str] | None = None,
+        **kwargs: Any,
+    ) -> AIMessage:
+        return await super().ainvoke(input, config, stop=stop, **_with_thread_session(config, kwargs))
+
+    def stream(
+        self, input: LanguageModelInput, config: RunnableConfig | None = None, *, stop: list[str] | None = None,
+        **kwargs: Any,
+    ) -> Iterator[AIMessageChunk]:
+        return super().stream(input, config, stop=stop, **_with_thread_session(config, kwargs))
+
+    def astream(
+        self, input: LanguageModelInput, config: RunnableConfig | None = None, *, stop: list[str] | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[AIMessageChunk]:
+        return super().astream(input, config, stop=stop, **_with_thread_session(config, kwargs))
+
+    # ---------------------------------------------------------------- generation
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        return _aggregate(self._stream(messages, stop=stop, run_manager=run_manager, **kwargs))
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        # LangChain reports each chunk to the callbacks (on_llm_new_token) itself.
+        session_id = kwargs.pop("session_id", None) or _thread_id(run_manager)
+        request = self._prepare_request(messages, stop, session_id, kwargs)
+        yield from self._run(request)
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        chunks = [chunk async for chunk in self._astream(messages, stop=stop, run_manager=run_manager, **kwargs)]
+        return _aggregate(chunks)
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        """The streaming core in a worker thread; chunks arrive through an asyncio queue.
+
+        The worker prepares the request (tokenization, model loading on first use)
+        and runs the engine; the loop only awaits the queue. When the consuming
+        task is cancelled (or stops iterating), the worker sees the flag after the
+        current decode step, closes the engine iterator and exits; this coroutine
+        waits for that, so the engine's lock is free when it returns.
+        """
+        session_id = kwargs.pop("session_id", None) or _thread_id(run_manager)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        cancelled = threading.Event()
+
+        def put(kind: str, item: Any) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, (kind, item))
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                cancelled.set()
+
+        def work() -> None:
+            chunks: Iterator[ChatGenerationChunk] | None = None
+            try:
+                request = self._prepare_request(messages, stop, session_id, kwargs)
+                chunks = self._run(request, cancelled)  # checks the flag after every decode step
+                for chunk in chunks:
+                    put("chunk", chunk)
+            except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which re-raises it
+                put("error", exc)
+            else:
+                put("done", None)
+            finally:
+                if chunks is not None:
+                    chunks.close()  # closes the engine iterator: ends the request, releases the lock
+
+        context = contextvars.copy_context()
+        worker = loop.run_in_executor(None, context.run, work)
+        try:
+            while True:
+                kind, item = await queue.get()
+                if kind == "done":
+                    break
+                if kind == "error":
+                    raise item
+                yield item
+        finally:
+            cancelled.set()
+            await asyncio.shield(worker)
+
+    # ---------------------------------------------------------------- the core
+
+    def _resolve_engine(self, model: str | None) -> tuple[Engine, str]:
+        """The engine for a call (a per-call ``model`` selects another shared engine)."""
+        if model is not None and model != self.model:
+            return shared_engine(model, device=self.device), model
+        if self.engine is not None:
+            return self.engine, self.model_name
+        return shared_engine(self.model, device=self.device), self.model_name
+
+    def _prepare_request(
+        self,
+        messages: Sequence[BaseMessage],
+        stop: list[str] | None,
+        session_id: str | None,
+        kwargs: dict[str, Any],
+    ) -> _Request:
+        """Messages and call arguments to a prepared engine request (see ``prepare``)."""
+        call = {key: value for key, value in kwargs.items() if key not in _IGNORED_KWARGS}
+        unknown = sorted(set(call) - _CALL_KWARGS)
+        if unknown:
+            raise InvalidRequestError(f"unsupported call arguments for ChatHVD: {unknown}")
+        tools = call.get("tools") or None
+        choice = normalize_tool_choice(call.get("tool_choice"))
+        response_format = call.get("response_format")
+        engine, model_name = self._resolve_engine(call.get("model"))
+
+        oai_messages = to_openai_messages(messages)
+        if response_format is not None:
+            oai_messages = _with_json_instruction(oai_messages, response_format)
+        stops = _merge_stops(self.stop, stop) or []
+        prefix, forced = "", False
+        if tools and choice not in (None, "none"):
+            prefix, forced = forced_call_prefix(choice, tools), True
+            stops = _merge_stops(stops, [TOOL_CALL_CLOSE]) or []
+        elif tools and choice == "none":
+            stops = _merge_stops(stops, [TOOL_CALL_OPEN]) or []
+        elif response_format is not None:
+            prefix = _json_prefix(response_format)
+        structure = prepare(engine, oai_messages, tools, session_id=session_id, assistant_prefix=prefix)
+
+        values = {field: call.get(field, getattr(self, field)) for field in _CALL_FIELDS}
+        optional = {
+            name: values[name] for name in ("top_p", "top_k", "num_draft_tokens") if values[name] is not None
+        }
+        params = GenerationParams(
+            max_new_tokens=values["max_tokens"],
+            temperature=values["temperature"],
+            seed=values["seed"],
+            method=values["method"],
+            stop=tuple(stops),
+            **optional,
+        )
+        return _Request(
+            engine=engine,
+            structure=structure,
+            params=params,
+            model_name=model_name,
+            prefix=prefix,
+            parse_tools=bool(tools),
+            forced_call=forced,
+            json_mode=prefix == "{" and not forced,
+        )
+
+    def _run(self, request: _Request, cancelled: threading.Event | None = None) -> Iterator[ChatGenerationChunk]:
+        """Stream one prepared request as chunks; the last one carries calls, usage and metadata.
+
+        Closing this generator, or setting ``cancelled`` (checked after every engine
+        event, also while tool-call text is held back), closes the engine's iterator.
+        """
+        events = request.engine.stream(request.structure.prompt_ids, request.params, structure=request.structure)
+        try:
+            for chunk in _chunks(request, events, cancelled):
+                yield chunk
+        finally:
+            events.close()
+
+
+# -------------------------------------------------------------------- helpers
+
+
+def _chunks(
+    request: _Request, events: Iterator[TokenEvent], cancelled: threading.Event | None
+) -> Iterator[ChatGenerationChunk]:
+    splitter = ToolCallStreamSplitter(request.prefix) if request.parse_tools else None
+    scanner = JsonObjectScanner() if request.json_mode else None
+    text = ""  # the reply so far (prefix included) when not splitting tool calls
+    shown = 0  # characters of ``text`` emitted as content
+    pending = request.prefix if splitter is None else ""
+    for event in events:
+        if cancelled is not None and cancelled.is_set():
+            return
+        if splitter is not None:
+            delta = splitter.push(event.text)
+        else:
+            new, pending = pending + event.text, ""
+            text += new
+            end = scanner.push(new) if scanner is not None else None
+            visible = text if end is None else text[:end]
+            delta, shown = visible[shown:], len(visible)
+        if event.finish_reason is None:
+            if delta:
+                yield ChatGenerationChunk(message=AIMessageChunk(content=delta))
+            continue
+        yield _last_chunk(request, event, splitter, delta)
+        return
+
+
+def _last_chunk(
+    request: _Request, event: TokenEvent, splitter: ToolCallStreamSplitter | None, delta: str
+) -> ChatGenerationChunk:
+    finish = event.finish_reason or "stop"
+    tool_call_chunks, errors = [], {}
+    if splitter is not None:
+        reply = splitter.text
+        if request.forced_call and finish == "stop" and reply.rfind(TOOL_CALL_OPEN) > reply.rfind(TOOL_CALL_CLOSE):
+            splitter.push(TOOL_CALL_CLOSE)  # generation stopped at the stop string "</tool_call>"
+        parsed = parse_tool_calls(splitter.text)
+        delta += splitter.finish(parsed)
+        tool_call_chunks = parsed_tool_call_chunks(parsed)
+        errors = {bad.id: bad.error for bad in parsed.invalid_tool_calls}
+    stats = event.stats
+    input_tokens = len(request.structure.prompt_ids)
+    output_tokens = stats.new_tokens if stats is not None else 0
+    usage = UsageMetadata(
+        input_tokens=input_tokens, output_tokens=output_tokens, total_tokens=input_tokens + output_tokens
+    )
+    metadata = {
+        "model_name": request.model_name,
+        "model_provider": PROVIDER,
+        "finish_reason": finish,
+        "method": request.params.method,
+        "hvd_stats": stats.to_dict() if stats is not None else {},
+    }
+    if errors:  # by call id; chunk aggregation cannot carry InvalidToolCall.error
+        metadata["invalid_tool_call_errors"] = errors
+    message = AIMessageChunk(
+        content=delta,
+        tool_call_chunks=tool_call_chunks,
+        usage_metadata=usage,
+        response_metadata=metadata,
+        chunk_position="last",
+    )
+    return ChatGenerationChunk(message=message, generation_info={"finish_reason": finish})
+
+
+def _aggregate(chunks: Iterator[ChatGenerationChunk] | list[ChatGenerationChunk]) -> ChatResult:
+    """The non-streaming result: the sum of the chunks, as an ``AIMessage``.
+
+    The one difference from summing the chunks yourself: invalid tool calls carry
+    their parse error (chunk aggregation re-derives them without one; the errors are
+    also in ``response_metadata["invalid_tool_call_errors"]``).
+    """
+    total: ChatGenerationChunk | None = None
+    for chunk in chunks:
+        total = chunk if total is None else total + chunk
+    if total is None:  # the core always yields a last chunk
+        raise RuntimeError("generation produced no output")
+    chunk_message = total.message
+    errors = chunk_message.response_metadata.get("invalid_tool_call_errors", {})
+    invalid = [
+        {**bad, "error": errors.get(bad.get("id"), bad.get("error"))} for bad in chunk_message.invalid_tool_calls
+    ]
+    message = AIMessage(
+        content=chunk_message.content,
+        additional_kwargs=chunk_message.additional_kwargs,
+        response_metadata=chunk_message.response_metadata,
+        usage_metadata=chunk_message.usage_metadata,
+        tool_calls=chunk_message.tool_calls,
+        invalid_tool_calls=invalid,
+        id=chunk_message.id,
+    )
+    return ChatResult(generations=[ChatGeneration(message=message, generation_info=total.generation_info)])
+
+
+def _merge_stops(*lists: Sequence[str] | None) -> list[str] | None:
+    """Stop strings of the model and the call, in order, without duplicates."""
+    merged: list[str] = []
+    for stops in lists:
+        for stop in stops or ():
+            if stop not in merged:
+                merged.append(stop)
+    return merged or None
+
+
+def _with_thread_session(config: RunnableConfig | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` plus ``session_id`` from ``config["configurable"]["thread_id"]``, when given."""
+    thread = ((config or {}).get("configurable") or {}).get("thread_id")
+    if thread is None or kwargs.get("session_id") is not None:
+        return kwargs
+    return {**kwargs, "session_id": str(thread)}
+
+
+def _thread_id(run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None) -> str | None:
+    """The conversation key: ``configurable.thread_id`` of the current run (LangGraph), if any.
+
+    Read from the runnable config in context (set inside chains and LangGraph
+    nodes), else from the run's metadata (where LangGraph also copies it).
+    """
+    thread = ensure_config().get("configurable", {}).get("thread_id")
+    if thread is None and run_manager is not None:
+        thread = (run_manager.metadata or {}).get("thread_id")
+    return None if thread is None else str(thread)
+
+
+def _unwrap_response_format(response_format: Any) -> Mapping[str, Any] | None:
+    """The JSON schema of a ``response_format``, or None for plain JSON mode.
+
+    Accepts ``"json"``, ``{"type": "json_object"}``, a JSON schema, and OpenAI's
+    ``{"type": "json_schema", "json_schema": {"schema": ...}}``.
+
+    Raises:
+        InvalidRequestError: anything else.
+    """
+    if response_format == "json":
+        return None
+    if isinstance(response_format, Mapping) and response_format.get("type") == "json_object":
+        return None
+    if isinstance(response_format, Mapping) and response_format.get("type") == "json_schema":
+        inner = response_format.get("json_schema")
+        if isinstance(inner, Mapping) and isinstance(inner.get("schema"), Mapping):
+            return inner["schema"]
+    if isinstance(response_format, Mapping) and response_format:
+        return response_format
+    raise InvalidRequestError(f"response_format must be 'json' or a JSON schema, got {response_format!r}")
+
+
+def json_instruction(response_format: Any) -> str:
+    """The instruction asking for a JSON reply.
+
+    For an object schema with properties it shows the expected object, each key
+    with its description (or type), which small models follow far better than a
+    raw JSON schema (they tend to echo the schema); other schemas are shown whole.
+    """
+    schema = _unwrap_response_format(response_format)
+    if schema is None:
+        return JSON_INSTRUCTION
+    properties = schema.get("properties")
+    if schema.get("type", "object") == "object" and isinstance(properties, Mapping) and properties:
+        shape = {key: _describe(value) for key, value in properties.items()}
+        return f"{JSON_KEYS_INSTRUCTION} {json.dumps(shape, ensure_ascii=False)}"
+    return f"{JSON_SCHEMA_INSTRUCTION} {json.dumps(schema, ensure_ascii=False)}"
+
+
+def _describe(prop: Any) -> str:
+    if not isinstance(prop, Mapping):
+        return "value"
+    for key in ("description", "type", "title"):
+        if isinstance(prop.get(key), str) and prop[key]:
+            return prop[key]
+    return "value"
+
+
+def _json_prefix(response_format: Any) -> str:
+    """``{`` when the reply must be a JSON object (pre-filled), else nothing."""
+    schema = _unwrap_response_format(response_format)
+    return "{" if schema is None or schema.get("type", "object") == "object" else ""
+
+
+def _with_json_instruction(messages: list[dict[str, Any]], response_format: Any) -> list[dict[str, Any]]:
+    """Ask for a JSON reply at the end of the last user message (or in a closing system message)."""
+    instruction = json_instruction(response_format)
+    out = [dict(message) for message in messages]
+    if out and out[-1]["role"] == "user":
+        content = out[-1].get("content") or ""
+        out[-1]["content"] = f"{content}\n\n{instruction}" if content else instruction
+    else:
+        out.append({"role": "system", "content": instruction})
+    return out

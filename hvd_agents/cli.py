@@ -7,6 +7,7 @@ Subcommands:
 * ``bench``: the live engine benchmark against HF ``generate`` (same run, same prompts).
 * ``bench-drafter``: propose / update cost of the cache drafter at scale (no model).
 * ``analyze``: replay an agent trace through the drafters; estimated speedup per policy (no model).
+* ``train-payoff``: fit the payoff predictor on ``analyze --steps`` records (no model).
 
 Errors the user can cause (bad model id, bad parameters) print ``error: ...`` and
 exit with status 2; no traceback.
@@ -30,7 +31,7 @@ logger = logging.getLogger(__name__)
 def _add_generation_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="hub id, local path or .gguf file (default: embedded SmolLM2)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    parser.add_argument("--method", default="pld", choices=available_methods(), help="decoding method")
+    parser.add_argument("--method", default="hvd", choices=available_methods(), help="decoding method")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--num-draft-tokens", type=int, default=10, help="most draft tokens verified per step")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -104,9 +105,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from hvd_agents.bench.live import run_live_benchmark
 
-    run_live_benchmark(
-        model=args.model, device=args.device, max_new_tokens=args.max_new_tokens, k=args.k, rounds=args.rounds
-    )
+    run_live_benchmark(model=args.model, device=args.device, max_new_tokens=args.max_new_tokens, k=args.k,
+                       rounds=args.rounds, hvd_k=args.hvd_k)
     return 0
 
 
@@ -126,6 +126,19 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         tokenizer=args.tokenizer, limit=args.limit, canonical_tools=args.canonical_tools,
         system_template=args.system_template, html_conversation=args.html_conversation, quiet=args.quiet,
     ))
+    return 0
+
+
+def cmd_train_payoff(args: argparse.Namespace) -> int:
+    from hvd_agents.policy.train import train_payoff
+
+    weights, evaluation = train_payoff(args.steps, args.output, held_out=args.held_out, l2=args.l2)
+    meta = weights.meta
+    print(f"trained on {meta['train_drafts']} drafts, evaluated on {meta['held_out_drafts']} held-out drafts")
+    print(f"{'predictor':<24}{'MAE accepted len':>18}{'Spearman':>10}")
+    print(f"{'payoff (features)':<24}{evaluation.mae:>18.3f}{evaluation.spearman:>10.3f}")
+    print(f"{'per-position rates':<24}{evaluation.baseline_mae:>18.3f}{evaluation.baseline_spearman:>10.3f}")
+    print(f"weights written to {args.output}")
     return 0
 
 
@@ -170,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="an agent turn with a tool call on the embedded model")
     demo.add_argument("--model", default=None)
     demo.add_argument("--device", default=None)
-    demo.add_argument("--method", default="hvd-cache", choices=available_methods())
+    demo.add_argument("--method", default="hvd", choices=available_methods())
     demo.set_defaults(func=cmd_demo)
 
     bench = sub.add_parser("bench", help="engine vs HF generate, side by side in one run")
@@ -179,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--k", type=int, default=10, help="draft tokens per step (prompt_lookup_num_tokens)")
     bench.add_argument("--rounds", type=int, default=2, help="passes over the prompts (order alternates)")
+    bench.add_argument("--hvd-k", type=int, default=None, help="most draft tokens hvd may verify (default: --k)")
     bench.set_defaults(func=cmd_bench)
 
     micro = sub.add_parser("bench-drafter", help="cache drafter propose/update cost at scale (no model)")
@@ -188,6 +202,13 @@ def build_parser() -> argparse.ArgumentParser:
     micro.set_defaults(func=cmd_bench_drafter)
 
     _add_analyze_parser(sub)
+
+    train = sub.add_parser("train-payoff", help="fit the payoff predictor on analyze --steps records (no model)")
+    train.add_argument("steps", nargs="+", help="JSONL step records (hvd-agents analyze --policy suffix --steps F)")
+    train.add_argument("-o", "--output", required=True, help="where to write the weights (JSON)")
+    train.add_argument("--held-out", type=float, default=0.2, help="share of conversations held out for evaluation")
+    train.add_argument("--l2", type=float, default=1.0, help="ridge penalty of the fit")
+    train.set_defaults(func=cmd_train_payoff)
     return parser
 
 

@@ -54,7 +54,7 @@ def _print_turn(title: str, text: str, stats: RequestStats) -> None:
     print(f"== {title}\n{text}\n{stats.summary()}\n")
 
 
-def run_demo(model: str | None = None, device: str | None = None, method: str = "hvd-cache") -> None:
+def run_demo(model: str | None = None, device: str | None = None, method: str = "hvd") -> None:
     """Run the demo and print each generation."""
     engine = shared_engine(model, device=device)
     tools = [WEATHER_TOOL]

@@ -10,12 +10,16 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hvd_agents import Engine, GenerationParams
+from hvd_agents.drafters import HybridDrafter, SuffixDrafter
+from hvd_agents.policy import CostModel, PayoffPredictor, PayoffWeights
+from hvd_agents.policy.features import FEATURE_NAMES, NUM_FEATURES
 from tests.drafters_for_tests import FixedDrafter, OracleDrafter, RandomQDrafter, ScriptedDrafter
 from tests.tiny import make_tiny_llama
 
@@ -60,7 +64,31 @@ def test_greedy_equality_under_adversarial_drafts(engine: Engine, prompt, max_ne
     assert drafter.stopped, "drafter.stop must be called at the end of every request"
 
 
-@pytest.mark.parametrize("method", ["pld", "hvd-cache"])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    prompt=st.lists(st.integers(0, 7), min_size=1, max_size=30),
+    max_new=st.integers(1, 30),
+    k=st.integers(1, 16),
+    seed=st.integers(0, 10_000),
+    hazard_logit=st.floats(-6.0, 6.0),
+    verify_cost=st.sampled_from([0.0, 0.02, 0.3, 2.0]),
+)
+def test_hvd_greedy_equality_with_adversarial_model_drafts(
+    engine: Engine, prompt, max_new, k, seed, hazard_logit, verify_cost
+) -> None:
+    # the hybrid picks between real cache drafts and adversarial "model" drafts under any
+    # predictor (constant hazard from always-reject to always-accept) and any cost model
+    reference = engine.generate(prompt, GenerationParams(max_new_tokens=max_new, method="ar"))
+    weights = np.zeros(NUM_FEATURES)
+    weights[FEATURE_NAMES.index("bias")] = hazard_logit
+    hybrid = HybridDrafter(SuffixDrafter(engine.cache_store), PayoffPredictor(PayoffWeights(weights)),
+                           CostModel.linear(verify_cost), model=ScriptedDrafter(reference.token_ids, VOCAB, seed))
+    engine.add_drafter("hvd-adversarial", hybrid)
+    params = GenerationParams(max_new_tokens=max_new, method="hvd-adversarial", num_draft_tokens=k)
+    assert engine.generate(prompt, params).token_ids == reference.token_ids
+
+
+@pytest.mark.parametrize("method", ["pld", "hvd-cache", "hvd"])
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     prompt=st.lists(st.integers(0, 7), min_size=1, max_size=40),
@@ -163,6 +191,8 @@ def chi_square(observed: Counter, expected: dict, n: int) -> tuple[float, int]:
         ("q", 1.0, 0, 1.0),  # drafts sampled from a q that differs from p
         ("fixed", 0.7, 5, 0.9),  # warped target: temperature, top-k and top-p together
         ("q", 0.7, 5, 0.9),
+        ("hvd-q", 1.0, 0, 1.0),  # the hybrid: cache drafts and q-carrying model drafts mixed
+        ("hvd-q", 0.7, 5, 0.9),
     ],
 )
 def test_speculative_sampling_matches_target_distribution(drafter_kind, temperature, top_k, top_p) -> None:
@@ -172,7 +202,9 @@ def test_speculative_sampling_matches_target_distribution(drafter_kind, temperat
     engine = Engine(model, eos_token_ids=())
     engine.add_drafter("fixed", FixedDrafter([2, 2, 5]))
     engine.add_drafter("q", RandomQDrafter(SMALL_VOCAB, seed=5))
-    prompt = [1, 4, 2, 7]
+    engine.add_drafter("hvd-q", HybridDrafter(SuffixDrafter(engine.cache_store), cost=CostModel.linear(0.1),
+                                              model=RandomQDrafter(SMALL_VOCAB, seed=6)))
+    prompt = [1, 4, 2, 7, 1, 4]  # "1 4" repeats: the cache drafter proposes [2, 7, ...]
     params = GenerationParams(max_new_tokens=2, temperature=temperature, top_k=top_k, top_p=top_p,
                               method=drafter_kind, num_draft_tokens=3, seed=0)
     expected = exact_two_token_distribution(model, prompt, params)

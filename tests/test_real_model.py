@@ -31,25 +31,29 @@ def hf_generate(engine, prompt, **extra):
 
 
 @pytest.mark.parametrize("name", [p.name for p in agent_prompts()])
-def test_pld_and_ar_equal_hf_greedy(real_engine, prompts, name) -> None:
+def test_every_method_equals_hf_greedy(real_engine, prompts, name) -> None:
     prompt = prompts[name]
     expected = hf_generate(real_engine, prompt)
-    for method in ("ar", "pld", "hvd-cache"):
+    for method in ("ar", "pld", "hvd-cache", "hvd"):
         got = real_engine.generate(prompt, GenerationParams(max_new_tokens=MAX_NEW, method=method)).token_ids
         assert got == expected, method
 
 
-def test_hvd_cache_with_registered_structure_is_lossless_and_drafts(real_engine) -> None:
+@pytest.mark.parametrize("method", ["hvd-cache", "hvd"])
+def test_cache_methods_with_registered_structure_are_lossless_and_draft(real_engine, method) -> None:
     from hvd_agents.conversation import prepare
 
     prompt = agent_prompts()[0]
-    structure = prepare(real_engine, prompt.messages, prompt.tools, session_id="test-session")
+    structure = prepare(real_engine, prompt.messages, prompt.tools, session_id=f"test-session-{method}")
     expected = hf_generate(real_engine, list(structure.prompt_ids))
-    params = GenerationParams(max_new_tokens=MAX_NEW, method="hvd-cache")
+    params = GenerationParams(max_new_tokens=MAX_NEW, method=method, record_steps=True)
     result = real_engine.generate(structure.prompt_ids, params, structure=structure)
     assert result.token_ids == expected
     assert result.stats.accepted_tokens > 0
     assert any(source.startswith("suffix:") for source in result.stats.per_source)
+    if method == "hvd":  # the target's signal reached the predictor's features after the first step
+        later = [r.features for r in result.stats.step_records[1:] if r.drafted]
+        assert later and all(f["has_target"] == 1.0 and f["target_entropy"] >= 0.0 for f in later)
 
 
 def test_pld_drafts_are_accepted_on_copy_heavy_prompt(real_engine, prompts) -> None:

@@ -7,7 +7,9 @@ For every prompt, five runs on the same model, greedy, same max_new_tokens:
 * HF ``generate(prompt_lookup_num_tokens=k)``: the prompt-lookup peer;
 * engine ``pld``: the same algorithm inside our loop (goal: at least equal);
 * engine ``hvd-cache``: the cache drafter, with the prompt's structure (system
-  prompt, tool schemas, call skeletons, turns) registered in a fresh store per run.
+  prompt, tool schemas, call skeletons, turns) registered in a fresh store per run;
+* engine ``hvd``: the same cache drafter with the payoff predictor and the measured
+  cost model choosing each step's draft length (fresh store per run too).
 
 Each configuration runs once to warm up, then the runs are interleaved prompt by
 prompt, in ``rounds`` rounds whose configuration order alternates (forward, then
@@ -87,12 +89,13 @@ def _engine_runner(engine: Engine, params: GenerationParams) -> Runner:
 
 
 def _cache_runner(engine: Engine, params: GenerationParams) -> Runner:
-    """The cache drafter with the prompt's structure registered in a FRESH store per run,
-    so no run can copy an earlier run's output of the same prompt."""
+    """A cache method with the prompt's structure registered in a FRESH store (and drafter) per
+    run, so no run can copy an earlier run's output of the same prompt."""
+    cost = engine.cost_model()
 
     def run(item: _Item) -> tuple[int, ...]:
         fresh = Engine(engine.model, engine.tokenizer, eos_token_ids=engine.eos_token_ids,
-                       context_window=engine.context_window, cache_store=CacheStore())
+                       context_window=engine.context_window, cache_store=CacheStore(), cost_model=cost)
         structure = prepare(fresh, item.prompt.messages, item.prompt.tools)
         return fresh.generate(structure.prompt_ids, params, structure=structure).token_ids
 
@@ -108,9 +111,19 @@ def _timed(run: Runner, item: _Item, tally: Tally) -> None:
 
 
 def run_live_benchmark(
-    model: str | None = None, device: str | None = None, max_new_tokens: int = 128, k: int = 10, rounds: int = 2
+    model: str | None = None,
+    device: str | None = None,
+    max_new_tokens: int = 128,
+    k: int = 10,
+    rounds: int = 2,
+    hvd_k: int | None = None,
 ) -> dict[str, Tally]:
-    """Run the benchmark and print its table; returns the tallies by configuration name."""
+    """Run the benchmark and print its table; returns the tallies by configuration name.
+
+    ``k`` is the draft length of the fixed-length methods; ``hvd_k`` the most draft
+    tokens ``hvd`` may verify (its policy picks the length each step; default ``k``).
+    """
+    hvd_k = k if hvd_k is None else hvd_k
     engine = shared_engine(model, device=device)
     items = [_Item(p, encode_prompt(engine.tokenizer, p.messages, p.tools)) for p in agent_prompts()]
     params = GenerationParams(max_new_tokens=max_new_tokens, num_draft_tokens=k)
@@ -120,6 +133,7 @@ def run_live_benchmark(
         "hf-prompt-lookup": _hf_runner(engine, max_new_tokens, prompt_lookup_num_tokens=k),
         "engine-pld": _engine_runner(engine, replace(params, method="pld")),
         "engine-hvd-cache": _cache_runner(engine, replace(params, method="hvd-cache")),
+        "engine-hvd": _cache_runner(engine, replace(params, method="hvd", num_draft_tokens=hvd_k)),
     }
     for run in runners.values():  # warm-up (allocator, kernels)
         run(items[-1])
@@ -150,5 +164,9 @@ def _print_table(
     ar = tallies["engine-ar"].tokens_per_s / reference.tokens_per_s
     pld = tallies["engine-pld"].tokens_per_s / tallies["hf-prompt-lookup"].tokens_per_s
     cache = tallies["engine-hvd-cache"].tokens_per_s / tallies["hf-prompt-lookup"].tokens_per_s
+    hvd = tallies["engine-hvd"].tokens_per_s
     print(f"engine-ar / hf-generate: {ar:.2f}x   engine-pld / hf-prompt-lookup: {pld:.2f}x   "
           f"engine-hvd-cache / hf-prompt-lookup: {cache:.2f}x")
+    print(f"engine-hvd / engine-hvd-cache: {hvd / tallies['engine-hvd-cache'].tokens_per_s:.2f}x   "
+          f"engine-hvd / engine-pld: {hvd / tallies['engine-pld'].tokens_per_s:.2f}x   "
+          f"engine-hvd / hf-generate: {hvd / reference.tokens_per_s:.2f}x")

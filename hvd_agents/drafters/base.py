@@ -90,12 +90,17 @@ class Outcome:
         num_accepted: how many leading draft tokens the target accepted.
         new_token_ids: the tokens appended to the context this step: the accepted
             draft prefix followed by one token from the target (recovered or bonus).
+        target_logprob: the target's log-probability of the last token it emitted
+            this step (from the verification logits; None when not reported).
+        target_entropy: the entropy (nats) of the target's distribution at that token.
     """
 
     req_id: str
     draft: Draft
     num_accepted: int
     new_token_ids: tuple[int, ...]
+    target_logprob: float | None = None
+    target_entropy: float | None = None
 
 
 @runtime_checkable

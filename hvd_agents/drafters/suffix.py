@@ -8,7 +8,9 @@ and walks their continuations token by token choosing the most frequent next
 token (SuffixDecoding's frequency-weighted path, over the candidates of one
 match). The draft carries the features the payoff predictor needs: match length,
 candidate count, per-position branch probabilities, provenance kind of the
-source span, and distance to the source.
+source span, and distance to the source; and the acceptance history of this
+request and of this kind of source in this session
+(:mod:`hvd_agents.drafters.history`).
 
 Worked example (``k = 4``)::
 
@@ -27,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hvd_agents.drafters.base import Draft, DraftContext, Outcome
+from hvd_agents.drafters.history import AcceptanceHistory, KindRates
 from hvd_agents.drafters.ngram_index import NgramIndex
 from hvd_agents.drafters.store import CacheStore
 from hvd_agents.structure import PromptStructure, SpanKind
@@ -48,7 +51,9 @@ class _RequestState:
     prompt_kinds: list[SpanKind]
     session_id: str | None
     last_span: int | None = None
+    last_kind: SpanKind | None = None
     output: list[int] = field(default_factory=list)
+    history: AcceptanceHistory = field(default_factory=AcceptanceHistory)
 
 
 class SuffixDrafter:
@@ -78,6 +83,7 @@ class SuffixDrafter:
         self.register_outputs = register_outputs
         self.source = source
         self._requests: dict[str, _RequestState] = {}
+        self._kind_rates = KindRates()
 
     def start(self, req_id: str, prompt_ids: Sequence[int], structure: PromptStructure | None = None) -> None:
         index = NgramIndex()
@@ -97,6 +103,7 @@ class SuffixDrafter:
         if not tokens:
             return Draft()
         state.last_span = chosen.span_id
+        state.last_kind = chosen.kind
         path_prob = 1.0
         for p in probs:
             path_prob *= p
@@ -109,6 +116,9 @@ class SuffixDrafter:
             "distance": chosen.distance,
             "from_store": float(chosen.from_store),
             f"kind={chosen.kind.value}": 1.0,
+            "pos": float(ctx.num_output_tokens),
+            "kind_rate": self._kind_rates.rate(state.session_id, chosen.kind.value),
+            **state.history.features(),
         }
         features.update({f"prob_{i}": p for i, p in enumerate(probs)})
         return Draft(tuple(tokens), None, float(match_len), f"{self.source}:{chosen.kind.value}", features)
@@ -139,9 +149,14 @@ class SuffixDrafter:
         for token in outcome.new_token_ids:
             state.index.append(token)
         state.output.extend(outcome.new_token_ids)
+        drafted = len(outcome.draft)
+        if drafted and state.last_kind is not None:
+            state.history.record(drafted, outcome.num_accepted)
+            self._kind_rates.record(state.session_id, state.last_kind.value, outcome.num_accepted / drafted)
         if outcome.num_accepted > 0 and state.last_span is not None and self.store is not None:
             self.store.touch(state.last_span)
         state.last_span = None
+        state.last_kind = None
 
     def stop(self, req_id: str) -> None:
         state = self._requests.pop(req_id, None)

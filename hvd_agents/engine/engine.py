@@ -29,15 +29,16 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from hvd_agents.drafters import CacheStore, Draft, DraftContext, Drafter, Outcome, create_drafter
+from hvd_agents.drafters import CacheStore, Draft, DraftContext, Drafter, DrafterResources, Outcome, create_drafter
 from hvd_agents.engine.detok import IncrementalDetokenizer
 from hvd_agents.engine.kv import new_cache, truncate
 from hvd_agents.engine.params import GenerationParams
 from hvd_agents.engine.sampling import SamplingParams, target_probs
 from hvd_agents.engine.stats import RequestStats, StepRecord, TokenEvent
 from hvd_agents.engine.stops import StopStringMatcher
-from hvd_agents.engine.verify import Verification, verify_greedy, verify_sampling
+from hvd_agents.engine.verify import Verification, target_signal, verify_greedy, verify_sampling
 from hvd_agents.errors import ContextLengthError, InvalidRequestError
+from hvd_agents.policy.cost import CostModel
 from hvd_agents.structure import PromptStructure
 
 logger = logging.getLogger(__name__)
@@ -93,6 +94,9 @@ class Engine:
             ``config.max_position_embeddings``.
         cache_store: the cross-request store the cache drafters share; a new
             empty one (1M-token budget) when omitted.
+        cost_model: the target's verification cost model used by the ``hvd``
+            policy; measured on first use (and cached per model and machine)
+            when omitted.
 
     Example:
         >>> engine = Engine.load()                       # embedded SmolLM2-135M  # doctest: +SKIP
@@ -107,6 +111,7 @@ class Engine:
         eos_token_ids: Sequence[int] | None = None,
         context_window: int | None = None,
         cache_store: CacheStore | None = None,
+        cost_model: CostModel | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -115,6 +120,7 @@ class Engine:
         self.context_window = int(context_window or model.config.max_position_embeddings)
         self.eos_token_ids = tuple(eos_token_ids) if eos_token_ids is not None else _default_eos(model, tokenizer)
         self.cache_store = cache_store if cache_store is not None else CacheStore()
+        self._cost_model = cost_model
         self._drafters: dict[str, Drafter] = {}
         self._lock = threading.Lock()
 
@@ -131,10 +137,18 @@ class Engine:
             context_window=loaded.context_window,
         )
 
+    def cost_model(self) -> CostModel:
+        """The target's verification cost profile (measured once per model and machine, then cached)."""
+        if self._cost_model is None:
+            from hvd_agents.policy.cost import cached_cost_model
+
+            self._cost_model = cached_cost_model(self.model)
+        return self._cost_model
+
     def drafter(self, method: str) -> Drafter:
         """The engine's drafter for ``method`` (created once, kept across requests)."""
         if method not in self._drafters:
-            self._drafters[method] = create_drafter(method, self.cache_store)
+            self._drafters[method] = create_drafter(method, DrafterResources(self.cache_store, self.cost_model))
         return self._drafters[method]
 
     def add_drafter(self, method: str, drafter: Drafter) -> None:
@@ -179,7 +193,7 @@ class Engine:
 
         Args:
             prompt_ids: the prompt's token ids (at least one).
-            params: generation parameters (defaults: greedy, 256 tokens, method "pld").
+            params: generation parameters (defaults: greedy, 256 tokens, method "hvd").
             req_id: an id for drafters' bookkeeping; generated when omitted.
             structure: the prompt's typed spans and session (from
                 :func:`hvd_agents.analyzer.analyze`), passed to the drafter.
@@ -232,10 +246,10 @@ class Engine:
         while finish is None:
             room = req.budget - req.num_output  # >= 1
             draft = self._propose(req, drafter, room - 1)
-            verification = self._verify(req, cache, draft)
+            verification, signal = self._verify(req, cache, draft)
             emitted, text, finish = self._emit(req, verification.token_ids)
             self._account(req, draft, verification, len(emitted))
-            drafter.observe(Outcome(req.req_id, draft, verification.num_accepted, emitted))
+            drafter.observe(Outcome(req.req_id, draft, verification.num_accepted, emitted, *signal))
             if finish is None and req.num_output >= req.budget:
                 finish = "length"
             if finish is not None:
@@ -256,8 +270,12 @@ class Engine:
             valid += 1
         return draft.truncated(valid)
 
-    def _verify(self, req: _Request, cache, draft: Draft) -> Verification:
-        """One target forward over ``[last] + draft``; keeps only accepted positions in the KV cache."""
+    def _verify(self, req: _Request, cache, draft: Draft) -> tuple[Verification, tuple[float, float]]:
+        """One target forward over ``[last] + draft``; keeps only accepted positions in the KV cache.
+
+        Returns the verification and the target's signal at its last token
+        (log-probability, entropy), which drafters may use as features.
+        """
         past = cache.get_seq_length()
         logits = self._forward([req.token_ids[-1], *draft.token_ids], cache)  # [d + 1, vocab]
         draft_ids = torch.tensor(draft.token_ids, dtype=torch.long, device=self.device)  # [d]
@@ -268,7 +286,7 @@ class Engine:
             q = None if draft.probs is None else draft.probs.to(device=self.device, dtype=probs.dtype)
             result = verify_sampling(probs, draft_ids, q, req.generator)
         truncate(cache, past + 1 + result.num_accepted)
-        return result
+        return result, target_signal(logits[result.num_accepted], result.token_ids[-1])
 
     def _forward(self, token_ids: Sequence[int], cache, logits_to_keep: int = 0) -> torch.Tensor:
         """Run the target on ``token_ids`` after the cached positions; returns ``[n, vocab]`` logits."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from hvd_agents.engine.sampling import SamplingParams
 from hvd_agents.errors import InvalidRequestError
 
-DEFAULT_METHOD = "pld"
+DEFAULT_METHOD = "hvd"
 
 
 @dataclass(frozen=True)

@@ -110,3 +110,16 @@ def _residual(p: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None) -> torch
     total = residual.sum()
     # total == 0 only if p <= q everywhere, i.e. p == q, where rejection has probability 0.
     return residual / total if total > 0 else p
+
+
+def target_signal(logits: torch.Tensor, token: int) -> tuple[float, float]:
+    """The target's log-probability of ``token`` and the entropy (nats) of its distribution.
+
+    Args:
+        logits: ``[vocab]`` target logits at the position that produced ``token``
+            (untempered: the model's own distribution).
+        token: the token emitted there.
+    """
+    logp = torch.log_softmax(logits.float(), dim=-1)  # [vocab]
+    entropy = -(logp.exp() * logp).sum()
+    return float(logp[token]), float(entropy)

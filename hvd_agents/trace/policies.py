@@ -19,6 +19,10 @@ Policies (:data:`POLICIES`; ``hvd-cache`` is an alias of ``suffix``):
   draft. There is no model drafter here, so a draft below the threshold is
   replaced by no draft; the score is the cache drafter's match length and the
   threshold defaults to ``k`` (``--threshold``).
+* ``hvd``: the engine's ``hvd`` method (:class:`~hvd_agents.drafters.hybrid.HybridDrafter`):
+  the ``suffix`` drafter whose draft length is chosen per step by the payoff
+  predictor (packaged weights, adapted online per conversation) and the cost
+  model ``1 + c * d`` of the replay (``--verify-cost``).
 * ``oracle``: the ``suffix`` draft truncated to exactly the tokens that will be
   accepted: the same steps as ``suffix`` with no wasted verification, i.e. the
   upper bound of any draft-length rule applied to that drafter.
@@ -39,13 +43,14 @@ from typing import Protocol
 
 from hvd_agents.analyzer import register
 from hvd_agents.drafters import CacheStore, Draft, DraftContext, Drafter, NoDrafter, Outcome, PromptLookupDrafter
-from hvd_agents.drafters import SuffixDrafter
+from hvd_agents.drafters import HybridDrafter, SuffixDrafter
 from hvd_agents.errors import InvalidRequestError
+from hvd_agents.policy import CostModel, PayoffPredictor
 from hvd_agents.structure import PromptStructure
 
 logger = logging.getLogger(__name__)
 
-POLICIES: tuple[str, ...] = ("ar", "pld", "suffix-local", "suffix", "suffix-threshold", "oracle", "arctic")
+POLICIES: tuple[str, ...] = ("ar", "pld", "suffix-local", "suffix", "suffix-threshold", "hvd", "oracle", "arctic")
 ALIASES = {"hvd-cache": "suffix"}
 ARCTIC_DEPTH = 64
 
@@ -189,7 +194,7 @@ def resolve_policy_names(spec: str | Sequence[str] | None) -> tuple[list[str], l
     return names, notes
 
 
-def make_policy(name: str, *, threshold: float, store_tokens: int = 1_000_000) -> Policy:
+def make_policy(name: str, *, threshold: float, verify_cost: float = 0.02, store_tokens: int = 1_000_000) -> Policy:
     """A fresh policy by (resolved) name; store-based policies get a new store of ``store_tokens``."""
     if name == "ar":
         return DrafterPolicy(name, NoDrafter())
@@ -204,6 +209,9 @@ def make_policy(name: str, *, threshold: float, store_tokens: int = 1_000_000) -
         return DrafterPolicy(name, SuffixDrafter(store), store)
     if name == "suffix-threshold":
         return ThresholdPolicy(name, SuffixDrafter(store), store, threshold=threshold)
+    if name == "hvd":
+        return DrafterPolicy(name, HybridDrafter(SuffixDrafter(store), PayoffPredictor(), CostModel.linear(verify_cost)),
+                             store)
     if name == "oracle":
         return OraclePolicy(name, SuffixDrafter(store), store)
     raise InvalidRequestError(f"unknown policy {name!r}")

@@ -53,7 +53,7 @@ class ReplayConfig:
     Attributes:
         policies: resolved policy names (see :mod:`hvd_agents.trace.policies`).
         k: most draft tokens verified per step.
-        verify_cost: ``c`` of the cost model (reported, not used by the loop).
+        verify_cost: ``c`` of the cost model (the ``hvd`` policy decides with it).
         threshold: score threshold of ``suffix-threshold`` (None: ``k``).
         canonical_tools: canonicalize each conversation's tool schemas first.
         system_template: put this template at the start of each system prompt.
@@ -225,7 +225,7 @@ def replay_trace(
     if not config.policies:
         raise InvalidRequestError("no policy to replay")
     threshold = float(config.k if config.threshold is None else config.threshold)
-    policies = [make_policy(name, threshold=threshold) for name in config.policies]
+    policies = [make_policy(name, threshold=threshold, verify_cost=config.verify_cost) for name in config.policies]
     result = ReplayResult({p.name: PolicyStats(p.name) for p in policies})
     result.highlight_policy = config.highlight_policy or _default_highlight_policy(config.policies)
 
@@ -254,7 +254,7 @@ def replay_trace(
 
 
 def _default_highlight_policy(names: Sequence[str]) -> str | None:
-    for name in ("suffix", "suffix-threshold", "suffix-local", "pld", "arctic", "oracle"):
+    for name in ("hvd", "suffix", "suffix-threshold", "suffix-local", "pld", "arctic", "oracle"):
         if name in names:
             return name
     return names[0] if names else None

@@ -112,8 +112,8 @@ class ChatHVD(BaseChatModel):
 
     model: str | None = None
     """Hub id, local model directory or ``.gguf`` file; None = the embedded SmolLM2-135M-Instruct."""
-    method: str = "hvd-cache"
-    """Decoding method: a name in ``hvd_agents.drafters.available_methods()`` (``ar``, ``pld``, ``hvd-cache``)."""
+    method: str = "hvd"
+    """Decoding method: a name in ``hvd_agents.drafters.available_methods()`` (``hvd``, ``hvd-cache``, ``pld``, ``ar``)."""
     max_tokens: int = 256
     """Most tokens generated per call."""
     temperature: float = 0.0

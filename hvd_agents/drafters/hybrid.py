@@ -1,0 +1,170 @@
+"""The HVD drafter (method ``hvd``): payoff-guided choice between a cache draft, a model draft or none.
+
+Each step:
+
+1. the cache drafter (:class:`~hvd_agents.drafters.suffix.SuffixDrafter`)
+   proposes up to ``k`` tokens with its features;
+2. the payoff predictor turns the features (plus the target's signal from the
+   previous verification) into survival probabilities ``S_i`` BEFORE any
+   verification, and the selection rule (:mod:`hvd_agents.policy.selection`)
+   picks the length with the best expected tokens per unit of cost;
+3. when a model drafter is configured, its expected value (from its running
+   per-token acceptance rate in this request) is compared first: it only drafts
+   (and costs its own forwards) where it is expected to beat the cache draft;
+4. otherwise no draft: a plain decoding step.
+
+Observation feeds everything back: the cache drafter indexes the new tokens (and
+learns from its own draft's outcome only when that draft was used), the
+predictor takes an online step for the session, the rate estimate ``R`` moves,
+and the model drafter sees every outcome (it must follow the context).
+
+Worked example (cost ``1 + 0.02 d``, ``R = 5``): a draft copied from an earlier
+tool call with ``S = [0.97, 0.95, 0.9, 0.3, 0.08]`` keeps tokens while
+``S_i > 0.1``: the target verifies 4 tokens, not 5 (and not K = 16).
+
+Correctness does not depend on any of this: verification accepts exactly what the
+target would have produced, whatever is drafted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hvd_agents.drafters.base import Draft, DraftContext, Drafter, Outcome
+from hvd_agents.drafters.suffix import SuffixDrafter
+from hvd_agents.policy.cost import CostModel
+from hvd_agents.policy.payoff import PayoffPredictor
+from hvd_agents.policy.selection import Choice, RateEstimate, best_length, no_draft
+from hvd_agents.structure import PromptStructure
+
+MODEL_PRIOR_ACCEPTANCE = 0.5  # per-token acceptance assumed for a model drafter before any outcome
+MODEL_RATE_EMA = 0.2
+
+
+@dataclass
+class _Step:
+    """What was proposed in the current step (for observe)."""
+
+    used: str = "none"  # "cache", "model" or "none"
+    features: dict[str, float] = field(default_factory=dict)
+    cost: float = 1.0
+
+
+@dataclass
+class _RequestState:
+    session_id: str | None
+    model_acceptance: float = MODEL_PRIOR_ACCEPTANCE
+    target: dict[str, float] = field(default_factory=dict)
+    step: _Step = field(default_factory=_Step)
+
+
+class HybridDrafter:
+    """Payoff-guided hybrid drafting (see the module docstring).
+
+    Args:
+        cache: the cache drafter.
+        predictor: the payoff predictor (packaged default weights when None).
+        cost: the target's cost model, or a callable that returns it on first use
+            (measuring a profile takes a few forwards, done lazily).
+        model: an optional model drafter (its drafts carry their probabilities q).
+        model_cost: the cost model when verifying a model draft (its
+            ``draft_cost`` is the drafter's own cost per step); ``cost`` when None.
+    """
+
+    def __init__(
+        self,
+        cache: SuffixDrafter,
+        predictor: PayoffPredictor | None = None,
+        cost: CostModel | Callable[[], CostModel] | None = None,
+        *,
+        model: Drafter | None = None,
+        model_cost: CostModel | None = None,
+    ) -> None:
+        self.cache = cache
+        self.predictor = predictor if predictor is not None else PayoffPredictor()
+        self._cost = cost if cost is not None else CostModel.linear(0.02)
+        self.model = model
+        self._model_cost = model_cost
+        self.rate = RateEstimate()
+        self._requests: dict[str, _RequestState] = {}
+
+    @property
+    def cost(self) -> CostModel:
+        """The target's cost model (resolved on first use when given as a callable)."""
+        if not isinstance(self._cost, CostModel):
+            self._cost = self._cost()
+        return self._cost
+
+    def start(self, req_id: str, prompt_ids: Sequence[int], structure: PromptStructure | None = None) -> None:
+        self.cache.start(req_id, prompt_ids, structure)
+        if self.model is not None:
+            self.model.start(req_id, prompt_ids, structure)
+        self._requests[req_id] = _RequestState(structure.session_id if structure is not None else None)
+
+    def propose(self, ctx: DraftContext, k: int) -> Draft:
+        state = self._requests.get(ctx.req_id)
+        if state is None or k <= 0:
+            return Draft()
+        rate = max(self.rate.rate, 1.0)
+        cost = self.cost
+        best, draft, features = no_draft(cost, rate), Draft(), {}
+        cached = self.cache.propose(ctx, k)
+        if cached.token_ids:
+            features = {**cached.features, **state.target}
+            survival = self.predictor.survival(features, len(cached), state.session_id)
+            choice = best_length(survival, cost, rate)
+            if choice.length > 0 and choice.value > best.value:
+                best, draft = choice, cached.truncated(choice.length)
+        used = "cache" if draft.token_ids else "none"
+        model_choice = self._model_choice(state, k, rate)
+        if model_choice is not None and model_choice.value > best.value:
+            proposed = self.model.propose(ctx, model_choice.length)
+            if proposed.token_ids:
+                best, draft, used = model_choice, proposed, "model"
+        state.step = _Step(used, features, best.cost)
+        if used != "cache":
+            return draft
+        return Draft(draft.token_ids, draft.probs, draft.score, draft.source,
+                     {**features, "full_len": float(len(cached)), "pred_accepted": best.expected_tokens - 1.0,
+                      "rate": rate})
+
+    def _model_choice(self, state: _RequestState, k: int, rate: float) -> Choice | None:
+        if self.model is None:
+            return None
+        survival = np.cumprod(np.full(k, state.model_acceptance))  # [k]
+        choice = best_length(survival, self._model_cost or self.cost, rate)
+        return choice if choice.length > 0 else None
+
+    def observe(self, outcome: Outcome) -> None:
+        state = self._requests.get(outcome.req_id)
+        if state is None:
+            return
+        step, drafted = state.step, len(outcome.draft)
+        from_cache = step.used == "cache"
+        self.cache.observe(outcome if from_cache else Outcome(outcome.req_id, Draft(), 0, outcome.new_token_ids))
+        if self.model is not None:
+            self.model.observe(outcome)
+        if from_cache and drafted:
+            self.predictor.update(step.features, drafted, outcome.num_accepted, state.session_id)
+        if step.used == "model" and drafted:
+            trials = outcome.num_accepted + int(outcome.num_accepted < drafted)  # geometric: tries until a rejection
+            state.model_acceptance += MODEL_RATE_EMA * (outcome.num_accepted / trials - state.model_acceptance)
+        self.rate.observe(len(outcome.new_token_ids), step.cost)
+        state.target = _target_features(outcome)
+        state.step = _Step()
+
+    def stop(self, req_id: str) -> None:
+        self.cache.stop(req_id)
+        if self.model is not None:
+            self.model.stop(req_id)
+        self._requests.pop(req_id, None)
+
+
+def _target_features(outcome: Outcome) -> dict[str, float]:
+    """The target's signal at the last emitted token, when the engine reported it."""
+    if outcome.target_logprob is None or outcome.target_entropy is None:
+        return {}
+    return {"has_target": 1.0, "target_logp": outcome.target_logprob, "target_entropy": outcome.target_entropy}

@@ -1,0 +1,22 @@
+"""The HVD policy: predict a draft's payoff before verifying it, and spend verification where it pays.
+
+* :mod:`~hvd_agents.policy.features`: the feature rows of a draft's positions.
+* :mod:`~hvd_agents.policy.payoff`: the payoff predictor (hazard model, shipped
+  weights, online per-session adaptation).
+* :mod:`~hvd_agents.policy.cost`: the target's cost model (measured per model and
+  machine, cached).
+* :mod:`~hvd_agents.policy.selection`: the choice of draft and length that maximises
+  expected tokens per unit of cost.
+* :mod:`~hvd_agents.policy.train`: offline training and evaluation
+  (``hvd-agents train-payoff``).
+
+The drafter that puts them together is :class:`hvd_agents.drafters.hybrid.HybridDrafter`
+(method ``hvd``).
+"""
+
+from hvd_agents.policy.cost import CostModel
+from hvd_agents.policy.payoff import PayoffPredictor, PayoffWeights, PayoffWeightsError
+from hvd_agents.policy.selection import Choice, RateEstimate, best_length
+
+__all__ = ["Choice", "CostModel", "PayoffPredictor", "PayoffWeights", "PayoffWeightsError", "RateEstimate",
+           "best_length"]

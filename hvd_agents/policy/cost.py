@@ -1,0 +1,189 @@
+"""The cost model of the target: what verifying a draft of ``d`` tokens costs, in target steps.
+
+``CostModel.verify(d)`` is the cost of one verification forward over ``[last] +
+d draft tokens``, in units of a plain decoding step (``verify(0) == 1``), as a
+piecewise-linear curve through measured points (extrapolated linearly past the
+last one). ``CostModel.linear(c)`` is the ``1 + c * d`` model that trace replays
+use. ``draft_cost`` is what producing a draft costs per step (cache drafting is
+a dictionary lookup, about 0; a model drafter costs forwards of its own).
+
+:func:`measure_cost_model` times the target at a few draft lengths on a real
+context (the minimum over repeats, which is robust to other load on the machine)
+and :func:`cached_cost_model` keeps the result per model, device, dtype, thread
+count and torch version under the cache directory, so it is measured once, at
+first use, per machine.
+
+Worked example: points ``[(0, 1.0), (8, 1.16), (16, 1.4)]`` give
+``verify(4) = 1.08``, ``verify(12) = 1.28`` and ``verify(24) = 1.64``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+PROFILE_DRAFT_LENGTHS: tuple[int, ...] = (0, 4, 8, 16, 32)
+PROFILE_CONTEXT = 512  # tokens of context the profile is measured at
+PROFILE_REPEATS = 3
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Verification cost as a function of the number of draft tokens (see the module docstring).
+
+    Attributes:
+        points: ``(draft tokens, cost in target steps)`` pairs, sorted, starting at ``(0, 1.0)``.
+        draft_cost: cost of producing a draft, in target steps (0 for cache drafts).
+        source: where the figures came from (``"linear c=0.02"``, ``"measured ..."``).
+    """
+
+    points: tuple[tuple[int, float], ...]
+    draft_cost: float = 0.0
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.points or self.points[0][0] != 0:
+            raise ValueError("a cost model needs a point at 0 draft tokens")
+        lengths = [d for d, _ in self.points]
+        if lengths != sorted(set(lengths)):
+            raise ValueError(f"cost model points must have increasing lengths, got {lengths}")
+
+    @classmethod
+    def linear(cls, c: float) -> CostModel:
+        """``verify(d) = 1 + c * d``."""
+        if c < 0:
+            raise ValueError(f"verify cost per token must be >= 0, got {c}")
+        return cls(((0, 1.0), (1, 1.0 + c)), source=f"linear c={c:g}")
+
+    def verify(self, draft_tokens: int) -> float:
+        """Cost of verifying ``draft_tokens`` draft tokens in one forward."""
+        return float(self.verify_curve(draft_tokens + 1)[draft_tokens])
+
+    def verify_curve(self, length: int) -> np.ndarray:
+        """``[verify(0), ..., verify(length - 1)]``."""
+        xs = np.array([d for d, _ in self.points], dtype=np.float64)
+        ys = np.array([c for _, c in self.points], dtype=np.float64)
+        d = np.arange(length, dtype=np.float64)
+        curve = np.interp(d, xs, ys)
+        if len(xs) >= 2:
+            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+            beyond = d > xs[-1]
+            curve[beyond] = ys[-1] + slope * (d[beyond] - xs[-1])
+        return curve
+
+    def marginal(self, length: int) -> np.ndarray:
+        """``[verify(i + 1) - verify(i) for i < length]``: what the i-th draft token adds."""
+        return np.diff(self.verify_curve(length + 1))
+
+    @property
+    def per_token(self) -> float:
+        """Mean marginal cost of a draft token over the measured range (``c`` of the linear model)."""
+        (d0, c0), (d1, c1) = self.points[0], self.points[-1]
+        return (c1 - c0) / (d1 - d0) if d1 > d0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {"points": [list(p) for p in self.points], "draft_cost": self.draft_cost, "source": self.source}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CostModel:
+        points = tuple((int(d), float(c)) for d, c in data["points"])
+        return cls(points, float(data.get("draft_cost", 0.0)), str(data.get("source", "")))
+
+
+def measure_cost_model(
+    model: torch.nn.Module,
+    *,
+    lengths: Sequence[int] = PROFILE_DRAFT_LENGTHS,
+    context: int = PROFILE_CONTEXT,
+    repeats: int = PROFILE_REPEATS,
+) -> CostModel:
+    """Time one verification forward of ``1 + d`` tokens after ``context`` cached tokens, per ``d``."""
+    from hvd_agents.engine.kv import new_cache, truncate
+
+    device = next(model.parameters()).device
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    window = int(getattr(model.config, "max_position_embeddings", context + max(lengths) + 1))
+    context = max(1, min(context, window - max(lengths) - 1))
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (1, context + max(lengths) + 1), generator=generator).to(device)  # [1, n]
+    cache = new_cache(model.config)
+    times = {d: float("inf") for d in lengths}
+    with torch.inference_mode():
+        model(input_ids=ids[:, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        for _ in range(repeats):
+            for d in lengths:
+                _sync(device)
+                start = time.perf_counter()
+                model(input_ids=ids[:, context : context + d + 1], past_key_values=cache, use_cache=True)
+                _sync(device)
+                times[d] = min(times[d], time.perf_counter() - start)
+                truncate(cache, context)
+    base = times[lengths[0]]
+    points = [(0, 1.0)]
+    for d in lengths[1:]:
+        points.append((d, max(times[d] / base, points[-1][1])))  # cost never decreases with length
+    return CostModel(tuple(points), source=f"measured at {context} tokens of context, {base * 1e3:.1f} ms per step")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def profile_key(model: torch.nn.Module) -> str:
+    """What a cost profile depends on: the model, device, dtype, threads, torch and the machine."""
+    param = next(model.parameters())
+    parts = [
+        str(getattr(model.config, "_name_or_path", "")),
+        json.dumps(model.config.to_diff_dict(), sort_keys=True, default=str),
+        str(param.device),
+        str(param.dtype),
+        str(torch.get_num_threads()),
+        torch.__version__,
+        platform.machine(),
+        platform.processor(),
+        str(os.cpu_count()),
+    ]
+    if param.device.type == "cuda":
+        parts.append(torch.cuda.get_device_name(param.device))
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+
+
+def cached_cost_model(model: torch.nn.Module, directory: Path | None = None) -> CostModel:
+    """The model's measured cost profile, from the cache or measured now and cached.
+
+    A missing, unreadable or malformed profile file is measured again (and logged).
+    """
+    if directory is None:
+        from hvd_agents.models import cache_root
+
+        directory = cache_root() / "cost-profiles"
+    path = directory / f"{profile_key(model)}.json"
+    try:
+        return CostModel.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        logger.warning("cost profile %s is unreadable (%s); measuring again", path, exc)
+    profile = measure_cost_model(model)
+    logger.info("measured the verification cost profile: %s", profile.to_dict())
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(profile.to_dict()), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        logger.warning("cannot cache the cost profile in %s: %s", directory, exc)
+    return profile

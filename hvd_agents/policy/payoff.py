@@ -1,0 +1,169 @@
+"""The payoff predictor: a cache draft's accepted length, predicted before verification.
+
+Model: a logistic hazard over draft positions. For position ``i`` (0-based),
+``h_i = sigmoid(w . x_i)`` estimates ``P(token i accepted | tokens 0..i-1
+accepted)`` from the feature row ``x_i`` (:mod:`hvd_agents.policy.features`).
+The probability that the first ``i + 1`` tokens are all accepted is the survival
+``S_i = h_0 * ... * h_i``, so the expected accepted length of the draft cut to
+``L`` tokens is ``S_0 + ... + S_{L-1}``: one prediction serves every truncation.
+
+Weights start from offline-trained defaults shipped in the package
+(``weights/default.json``, fitted by ``hvd-agents train-payoff``) and are adapted
+online per session: after each verification, one stochastic-gradient step on the
+positions the outcome labels (accepted positions are 1, the first rejected one 0,
+later ones are unobserved) updates a per-session offset added to the shared
+weights. Sessions are kept in least-recently-used order up to a bound.
+
+Worked example: weights that give ``h = [0.9, 0.5, 0.5]`` predict ``S = [0.9,
+0.45, 0.225]`` and an expected accepted length of 1.575 for the whole draft, 0.9
+for the draft cut to one token.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hvd_agents.errors import HVDError
+from hvd_agents.policy.features import FEATURE_NAMES, NUM_FEATURES, feature_matrix
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_WEIGHTS = "default.json"
+MAX_SESSIONS = 1024  # per-session online offsets kept (least recently used dropped)
+# Online adaptation moves only the intercepts (overall and per provenance kind): a
+# session shifts how often drafts of each kind are accepted, while the shape of the
+# model (how match length, branch probabilities and position matter) stays as trained.
+_ONLINE_MASK = np.array([float(name == "bias" or name.startswith("kind=")) for name in FEATURE_NAMES])  # [F]
+
+
+class PayoffWeightsError(HVDError, ValueError):
+    """A payoff weights file is missing, malformed or made for other features."""
+
+
+@dataclass(frozen=True)
+class PayoffWeights:
+    """Weights of the hazard model, one per feature name, and where they came from."""
+
+    weights: np.ndarray  # [F]
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.weights.shape != (NUM_FEATURES,):
+            raise PayoffWeightsError(f"expected {NUM_FEATURES} weights, got shape {self.weights.shape}")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> PayoffWeights:
+        """Read weights written by :meth:`save`.
+
+        Raises:
+            PayoffWeightsError: the file is missing or unreadable, is not such a
+                JSON document, or names other features than this version uses.
+        """
+        try:
+            document = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise PayoffWeightsError(f"cannot read payoff weights {path}: {exc}") from exc
+        return cls.from_document(document, str(path))
+
+    @classmethod
+    def from_document(cls, document: Any, origin: str = "<document>") -> PayoffWeights:
+        if not isinstance(document, dict) or not isinstance(document.get("weights"), dict):
+            raise PayoffWeightsError(f"{origin}: expected an object with a 'weights' object")
+        named = document["weights"]
+        if set(named) != set(FEATURE_NAMES):
+            missing = sorted(set(FEATURE_NAMES) - set(named))
+            extra = sorted(set(named) - set(FEATURE_NAMES))
+            raise PayoffWeightsError(f"{origin}: features do not match this version (missing {missing}, extra {extra})")
+        try:
+            weights = np.array([float(named[name]) for name in FEATURE_NAMES])
+        except (TypeError, ValueError) as exc:
+            raise PayoffWeightsError(f"{origin}: a weight is not a number: {exc}") from exc
+        if not np.all(np.isfinite(weights)):
+            raise PayoffWeightsError(f"{origin}: weights must be finite")
+        return cls(weights, dict(document.get("meta", {})))
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the weights as JSON (feature name -> weight, plus ``meta``), atomically."""
+        document = {"weights": dict(zip(FEATURE_NAMES, map(float, self.weights))), "meta": dict(self.meta)}
+        target = Path(path)
+        tmp = target.with_name(target.name + ".tmp")
+        tmp.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, target)
+
+    @classmethod
+    def default(cls) -> PayoffWeights:
+        """The weights shipped with the package."""
+        text = resources.files("hvd_agents.policy").joinpath("weights", DEFAULT_WEIGHTS).read_text(encoding="utf-8")
+        return cls.from_document(json.loads(text), f"hvd_agents/policy/weights/{DEFAULT_WEIGHTS}")
+
+
+class PayoffPredictor:
+    """Predicts per-position survival of a draft; learns online per session.
+
+    Args:
+        weights: the shared (offline) weights; the packaged defaults when None.
+        learning_rate: step size of the online update (0 disables it).
+        l2: pull of the per-session offsets back towards 0 at each update.
+
+    Example:
+        >>> predictor = PayoffPredictor()
+        >>> s = predictor.survival({"match_len": 12.0, "kind=tool_schema": 1.0}, 8)
+        >>> s.shape, bool(np.all(np.diff(s) <= 0))
+        ((8,), True)
+    """
+
+    def __init__(self, weights: PayoffWeights | None = None, *, learning_rate: float = 0.05, l2: float = 0.01) -> None:
+        self.weights = weights if weights is not None else PayoffWeights.default()
+        self.learning_rate = learning_rate
+        self.l2 = l2
+        self._offsets: OrderedDict[str, np.ndarray] = OrderedDict()
+
+    def survival(self, features: Mapping[str, float], length: int, session_id: str | None = None) -> np.ndarray:
+        """``S_i`` for ``i < length``: the probability that the first ``i + 1`` tokens are accepted."""
+        if length <= 0:
+            return np.zeros(0)
+        rows = feature_matrix(features, length)  # [L, F]
+        return np.cumprod(_sigmoid(rows @ self._weights_for(session_id)))  # [L]
+
+    def expected_accepted(self, features: Mapping[str, float], length: int, session_id: str | None = None) -> float:
+        """Expected accepted length of the draft cut to ``length`` tokens."""
+        return float(self.survival(features, length, session_id).sum())
+
+    def update(self, features: Mapping[str, float], drafted: int, accepted: int, session_id: str | None) -> None:
+        """One online step from a verified draft of ``drafted`` tokens with ``accepted`` accepted."""
+        if session_id is None or self.learning_rate <= 0 or drafted <= 0:
+            return
+        observed = min(accepted + 1, drafted)  # positions whose outcome is known
+        rows = feature_matrix(features, observed)  # [n, F]
+        labels = (np.arange(observed) < accepted).astype(np.float64)  # [n]
+        offset = self._offsets.pop(session_id, None)
+        if offset is None:
+            offset = np.zeros(NUM_FEATURES)
+        hazard = _sigmoid(rows @ (self.weights.weights + offset))  # [n]
+        gradient = (labels - hazard) @ rows / observed  # [F]
+        offset = (1.0 - self.l2) * offset + self.learning_rate * gradient * _ONLINE_MASK
+        self._offsets[session_id] = offset
+        while len(self._offsets) > MAX_SESSIONS:
+            self._offsets.popitem(last=False)
+
+    def forget(self, session_id: str) -> None:
+        """Drop a session's online offset."""
+        self._offsets.pop(session_id, None)
+
+    def _weights_for(self, session_id: str | None) -> np.ndarray:
+        offset = self._offsets.get(session_id) if session_id is not None else None
+        return self.weights.weights if offset is None else self.weights.weights + offset
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.clip(z, -30.0, 30.0)))

@@ -1,0 +1,198 @@
+"""The hvd policy: cost model, length selection, and the hybrid drafter's choices (hand-made arrays)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from hvd_agents.drafters import CacheStore, Draft, DraftContext, HybridDrafter, Outcome, SuffixDrafter
+from hvd_agents.policy import CostModel, PayoffPredictor, PayoffWeights, RateEstimate, best_length
+from hvd_agents.policy import cost as cost_module
+from hvd_agents.policy.features import FEATURE_NAMES, NUM_FEATURES
+from tests.tiny import make_tiny_llama
+
+
+def constant_predictor(logit: float) -> PayoffPredictor:
+    """Every position has hazard sigmoid(logit), whatever the features."""
+    w = np.zeros(NUM_FEATURES)
+    w[FEATURE_NAMES.index("bias")] = logit
+    return PayoffPredictor(PayoffWeights(w), learning_rate=0.0)
+
+
+# ---------------------------------------------------------------- cost model and selection
+
+
+def test_cost_model_interpolates_and_extrapolates() -> None:
+    model = CostModel(((0, 1.0), (8, 1.16), (16, 1.4)))
+    assert model.verify(0) == 1.0 and model.verify(8) == pytest.approx(1.16)
+    assert model.verify(4) == pytest.approx(1.08) and model.verify(12) == pytest.approx(1.28)
+    assert model.verify(24) == pytest.approx(1.64)  # the last segment's slope continues
+    assert model.marginal(3).tolist() == pytest.approx([0.02, 0.02, 0.02])
+    assert CostModel.linear(0.05).verify(10) == pytest.approx(1.5)
+    assert CostModel.from_dict(model.to_dict()) == model
+    with pytest.raises(ValueError, match="point at 0"):
+        CostModel(((1, 1.0),))
+    with pytest.raises(ValueError, match="increasing"):
+        CostModel(((0, 1.0), (8, 1.2), (4, 1.1)))
+    with pytest.raises(ValueError, match=">= 0"):
+        CostModel.linear(-0.1)
+
+
+def test_best_length_worked_example() -> None:
+    # cost 1 + 0.1 d at rate R = 2: token i is worth verifying iff S_i > 0.2
+    choice = best_length(np.array([0.9, 0.5, 0.15]), CostModel.linear(0.1), rate=2.0)
+    assert choice.length == 2
+    assert choice.expected_tokens == pytest.approx(2.4) and choice.cost == pytest.approx(1.2)
+    assert choice.value == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize(
+    ("survival", "c", "rate", "length"),
+    [
+        ([0.01, 0.001], 0.02, 1.0, 0),  # hopeless: no draft
+        ([0.99] * 16, 0.02, 5.0, 16),  # near-certain: everything
+        ([0.9, 0.8, 0.5, 0.3, 0.2, 0.1], 0.02, 1.0, 6),  # cheap verification: keep all above 0.02
+        ([0.9, 0.8, 0.5, 0.3, 0.2, 0.1], 0.02, 12.0, 4),  # high rate: keep only S_i > 0.24
+        ([0.9, 0.8, 0.5, 0.3, 0.2, 0.1], 1.0, 1.0, 0),  # verification as dear as a step: never pays
+    ],
+)
+def test_best_length_table(survival, c, rate, length) -> None:
+    assert best_length(np.array(survival), CostModel.linear(c), rate).length == length
+
+
+def test_rate_estimate_moves_towards_observed_rate() -> None:
+    rate = RateEstimate()
+    for _ in range(100):
+        rate.observe(tokens=6, cost=1.2)
+    assert rate.rate == pytest.approx(5.0, rel=1e-3)
+
+
+def test_measured_and_cached_cost_profile(tmp_path, monkeypatch, caplog) -> None:
+    model = make_tiny_llama(64, dtype=torch.float32)
+    profile = cost_module.cached_cost_model(model, tmp_path)
+    assert profile.points[0] == (0, 1.0) and [d for d, _ in profile.points] == [0, 4, 8, 16, 32]
+    assert all(b[1] >= a[1] for a, b in zip(profile.points, profile.points[1:]))
+    assert profile.source.startswith("measured")
+    files = list(tmp_path.glob("*.json"))
+    assert len(files) == 1
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the cached profile must be reused")
+
+    monkeypatch.setattr(cost_module, "measure_cost_model", refuse)
+    assert cost_module.cached_cost_model(model, tmp_path) == profile
+
+    files[0].write_text("{broken")
+    monkeypatch.setattr(cost_module, "measure_cost_model", lambda m: CostModel.linear(0.5))
+    with caplog.at_level(logging.WARNING):
+        assert cost_module.cached_cost_model(model, tmp_path) == CostModel.linear(0.5)
+    assert "unreadable" in caplog.text
+    assert json.loads(files[0].read_text())["source"] == "linear c=0.5"  # rewritten
+
+
+# ---------------------------------------------------------------- the hybrid drafter
+
+
+def start(drafter: HybridDrafter, prompt: list[int]) -> DraftContext:
+    drafter.start("r", prompt)
+    return DraftContext("r", list(prompt), len(prompt))
+
+
+def test_confident_cache_draft_is_verified_whole() -> None:
+    # "10 11" occurred before, followed by 12 13 20 21
+    prompt = [10, 11, 12, 13, 20, 21, 5, 10, 11]
+    drafter = HybridDrafter(SuffixDrafter(None), constant_predictor(6.0), CostModel.linear(0.02))
+    draft = drafter.propose(start(drafter, prompt), 4)
+    assert draft.token_ids == (12, 13, 20, 21)
+    assert draft.source.startswith("suffix:") and draft.features["full_len"] == 4.0
+    assert 3.5 < draft.features["pred_accepted"] <= 4.0
+
+
+def test_doubtful_cache_draft_is_cut_or_dropped() -> None:
+    prompt = [10, 11, 12, 13, 20, 21, 5, 10, 11]
+    # hazard 0.5 at rate 1 and c = 0.2: S = 0.5, 0.25, 0.125 ... keep while S_i > 0.2 -> 2 tokens
+    cut = HybridDrafter(SuffixDrafter(None), constant_predictor(0.0), CostModel.linear(0.2))
+    assert cut.propose(start(cut, prompt), 4).token_ids == (12, 13)
+    dropped = HybridDrafter(SuffixDrafter(None), constant_predictor(-4.0), CostModel.linear(0.2))
+    assert dropped.propose(start(dropped, prompt), 4) == Draft()
+
+
+class CountingModelDrafter:
+    """A model drafter stand-in: proposes [7, 7, ...] with a q and counts its calls."""
+
+    def __init__(self) -> None:
+        self.proposed = 0
+        self.observed: list[Outcome] = []
+
+    def start(self, req_id, prompt_ids, structure=None) -> None:
+        pass
+
+    def propose(self, ctx: DraftContext, k: int) -> Draft:
+        self.proposed += 1
+        probs = torch.zeros(k, 16)  # [k, vocab]
+        probs[:, 7] = 1.0
+        return Draft((7,) * k, probs, source="model")
+
+    def observe(self, outcome: Outcome) -> None:
+        self.observed.append(outcome)
+
+    def stop(self, req_id) -> None:
+        pass
+
+
+def test_model_draft_where_the_cache_has_nothing_and_not_where_it_is_confident() -> None:
+    model = CountingModelDrafter()
+    drafter = HybridDrafter(SuffixDrafter(None), constant_predictor(6.0), CostModel.linear(0.02), model=model)
+    ctx = start(drafter, [1, 2, 3, 4])  # no repeat: the cache has no draft
+    draft = drafter.propose(ctx, 4)
+    assert draft.source == "model" and model.proposed == 1
+    drafter.observe(Outcome("r", draft, 0, (9,)))  # rejected at once
+    assert model.observed[-1].draft is draft
+
+    confident = HybridDrafter(SuffixDrafter(None), constant_predictor(6.0), CostModel.linear(0.02), model=model)
+    ctx = start(confident, [10, 11, 12, 13, 20, 21, 5, 10, 11])
+    assert confident.propose(ctx, 4).source.startswith("suffix:")
+    assert model.proposed == 1  # the model drafter was not even run
+
+
+def test_model_rejections_make_the_model_drafter_give_way() -> None:
+    model = CountingModelDrafter()
+    drafter = HybridDrafter(SuffixDrafter(None), constant_predictor(6.0), CostModel.linear(0.3), model=model)
+    ctx = start(drafter, [1, 2, 3, 4])
+    for step in range(12):
+        draft = drafter.propose(ctx, 4)
+        token = 50 + step
+        drafter.observe(Outcome("r", draft, 0, (token,)))
+        ctx.token_ids.append(token)
+    assert model.proposed < 12  # after repeated rejections, plain steps are cheaper
+
+
+def test_cache_history_only_learns_from_its_own_drafts() -> None:
+    cache = SuffixDrafter(None)
+    model = CountingModelDrafter()
+    drafter = HybridDrafter(cache, constant_predictor(6.0), CostModel.linear(0.02), model=model)
+    ctx = start(drafter, [1, 2, 3, 4])
+    draft = drafter.propose(ctx, 4)
+    assert draft.source == "model"
+    drafter.observe(Outcome("r", draft, 0, (9,)))
+    state = cache._requests["r"]
+    assert state.history.drafts == 0  # the model's rejection is not the cache's
+    assert state.index.tokens.tolist()[-1] == 9  # but the cache follows the context
+
+
+def test_store_drafts_and_stop_release_state() -> None:
+    store = CacheStore()
+    first = HybridDrafter(SuffixDrafter(store), constant_predictor(6.0), CostModel.linear(0.02))
+    ctx = start(first, [1, 2, 3])
+    out = [40, 41, 42, 43, 44, 45]
+    for token in out:
+        first.observe(Outcome("r", Draft(), 0, (token,)))
+        ctx.token_ids.append(token)
+    first.stop("r")
+    assert first._requests == {}
+    ctx = start(first, [9, 9, 40, 41])  # the earlier output is in the store now
+    assert first.propose(ctx, 3).token_ids == (42, 43, 44)

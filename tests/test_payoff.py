@@ -1,0 +1,172 @@
+"""The payoff predictor: features, survival, weights files, online adaptation, offline training."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from hvd_agents.cli import main
+from hvd_agents.policy.features import FEATURE_NAMES, NUM_FEATURES, feature_matrix
+from hvd_agents.policy.payoff import PayoffPredictor, PayoffWeights, PayoffWeightsError
+from hvd_agents.policy.train import DraftSample, evaluate, fit, read_samples, spearman, split
+
+
+def weights_with(**named: float) -> PayoffWeights:
+    w = np.zeros(NUM_FEATURES)
+    for name, value in named.items():
+        w[FEATURE_NAMES.index(name)] = value
+    return PayoffWeights(w)
+
+
+def test_feature_rows_worked_example() -> None:
+    rows = feature_matrix({"match_len": 3.0, "prob_0": 1.0, "prob_1": 0.5, "kind=tool_schema": 1.0}, 2)
+    col = {name: rows[:, i] for i, name in enumerate(FEATURE_NAMES)}
+    assert rows.shape == (2, NUM_FEATURES)
+    assert col["log_pos"].tolist() == pytest.approx([0.0, math.log(2)])
+    assert col["prob"].tolist() == [1.0, 0.5]
+    assert col["log_path"].tolist() == pytest.approx([0.0, math.log(0.5)])
+    assert col["beyond_match"].tolist() == [0.0, 0.0]  # both positions lie within the match length
+    assert col["kind=tool_schema"].tolist() == [1.0, 1.0] and col["kind=tool_output"].tolist() == [0.0, 0.0]
+    assert col["bias"].tolist() == [1.0, 1.0] and col["no_history"].tolist() == [1.0, 1.0]
+    far = feature_matrix({"match_len": 1.0}, 8)
+    assert far[7, FEATURE_NAMES.index("beyond_match")] == pytest.approx(math.log(8) - math.log(2))
+
+
+def test_survival_is_the_cumulative_product_of_hazards() -> None:
+    # bias 0 -> h = 0.5 where prob = 1; the prob weight lowers h where the branch is uncertain
+    predictor = PayoffPredictor(weights_with(prob=2.0, bias=-2.0), learning_rate=0.0)
+    s = predictor.survival({"prob_0": 1.0, "prob_1": 1.0, "prob_2": 0.0}, 3)
+    assert s.tolist() == pytest.approx([0.5, 0.25, 0.25 / (1 + math.exp(2.0))])
+    assert predictor.expected_accepted({}, 2) == pytest.approx(0.75)
+    assert predictor.survival({}, 0).shape == (0,)
+
+
+def test_packaged_weights_rank_a_long_schema_match_above_a_one_token_guess() -> None:
+    predictor = PayoffPredictor()
+    strong = {"match_len": 24.0, "num_candidates": 1.0, "kind=assistant_tool_call": 1.0, "hist_drafts": 3.0,
+              "last_frac": 1.0, "last_full": 1.0, "ema_frac": 0.9, "kind_rate": 0.9}
+    weak = {"match_len": 1.0, "num_candidates": 20.0, "prob_0": 0.1, "kind=template": 1.0, "hist_drafts": 3.0,
+            "last_frac": 0.0, "ema_frac": 0.1, "kind_rate": 0.1}
+    assert predictor.expected_accepted(strong, 16) > 4 * predictor.expected_accepted(weak, 16)
+    assert np.all(np.diff(predictor.survival(strong, 16)) <= 0)
+
+
+def test_weights_round_trip_and_bad_files(tmp_path) -> None:
+    w = weights_with(bias=-1.5, prob=3.0)
+    path = tmp_path / "w.json"
+    PayoffWeights(w.weights, {"note": "x"}).save(path)
+    loaded = PayoffWeights.load(path)
+    assert np.array_equal(loaded.weights, w.weights) and loaded.meta == {"note": "x"}
+
+    with pytest.raises(PayoffWeightsError, match="cannot read payoff weights"):
+        PayoffWeights.load(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(PayoffWeightsError, match="cannot read payoff weights"):
+        PayoffWeights.load(tmp_path / "bad.json")
+    document = json.loads(path.read_text())
+    del document["weights"]["prob"]
+    document["weights"]["warp"] = 1.0
+    (tmp_path / "other.json").write_text(json.dumps(document))
+    with pytest.raises(PayoffWeightsError, match=r"missing \['prob'\], extra \['warp'\]"):
+        PayoffWeights.load(tmp_path / "other.json")
+    document = json.loads(path.read_text())
+    document["weights"]["bias"] = "high"
+    (tmp_path / "nan.json").write_text(json.dumps(document))
+    with pytest.raises(PayoffWeightsError, match="not a number"):
+        PayoffWeights.load(tmp_path / "nan.json")
+    with pytest.raises(PayoffWeightsError, match="expected an object"):
+        PayoffWeights.from_document([1, 2])
+
+
+def test_online_update_learns_a_session_and_leaves_others_alone() -> None:
+    predictor = PayoffPredictor(weights_with(bias=0.0), learning_rate=0.5)
+    features = {"match_len": 4.0}
+    before = predictor.expected_accepted(features, 8, "s1")
+    for _ in range(20):  # this session's drafts are always accepted whole
+        predictor.update(features, drafted=8, accepted=8, session_id="s1")
+    for _ in range(20):  # this one's are always rejected at the first token
+        predictor.update(features, drafted=8, accepted=0, session_id="s2")
+    assert predictor.expected_accepted(features, 8, "s1") > before + 2
+    assert predictor.expected_accepted(features, 8, "s2") < before / 2
+    assert predictor.expected_accepted(features, 8, "s3") == pytest.approx(before)  # untouched
+    predictor.forget("s1")
+    assert predictor.expected_accepted(features, 8, "s1") == pytest.approx(before)
+
+
+def synthetic_samples(true_w: np.ndarray, n: int, seed: int) -> list[DraftSample]:
+    """Drafts whose accepted lengths follow the hazard model with weights ``true_w``."""
+    rng = np.random.default_rng(seed)
+    samples = []
+    for i in range(n):
+        features = {"match_len": float(rng.integers(1, 30)), "prob_0": float(rng.uniform(0.2, 1.0)),
+                    "kind=tool_output" if i % 2 else "kind=assistant_tool_call": 1.0}
+        drafted = int(rng.integers(1, 17))
+        hazard = 1 / (1 + np.exp(-(feature_matrix(features, drafted) @ true_w)))
+        accepted = 0
+        while accepted < drafted and rng.random() < hazard[accepted]:
+            accepted += 1
+        samples.append(DraftSample(features, drafted, accepted, f"c{i % 50}"))
+    return samples
+
+
+def test_fit_recovers_a_known_hazard_model() -> None:
+    true = weights_with(bias=-1.0, log_match=1.2, prob=1.5, log_pos=-0.5, **{"kind=tool_output": -1.0}).weights
+    train = synthetic_samples(true, 3000, seed=1)
+    test = synthetic_samples(true, 600, seed=2)
+    fitted = PayoffPredictor(PayoffWeights(fit(train, l2=0.1)), learning_rate=0.0)
+    truth = PayoffPredictor(PayoffWeights(true), learning_rate=0.0)
+    predicted = [fitted.expected_accepted(s.features, s.drafted) for s in test]
+    exact = [truth.expected_accepted(s.features, s.drafted) for s in test]
+    assert np.max(np.abs(np.array(predicted) - np.array(exact))) < 0.5
+    evaluation = evaluate(fitted, test, train)
+    assert evaluation.mae < evaluation.baseline_mae  # the features carry signal the rates miss
+    assert evaluation.spearman > evaluation.baseline_spearman
+
+
+def test_spearman_and_split() -> None:
+    assert spearman(np.array([1.0, 2, 3, 4]), np.array([10.0, 20, 30, 40])) == pytest.approx(1.0)
+    assert spearman(np.array([1.0, 2, 3, 4]), np.array([4.0, 3, 2, 1])) == pytest.approx(-1.0)
+    assert spearman(np.array([1.0, 1, 2]), np.array([5.0, 5, 9])) == pytest.approx(1.0)  # ties share a rank
+    assert math.isnan(spearman(np.array([1.0, 1]), np.array([1.0, 2])))
+    samples = [DraftSample({}, 4, 1, f"conv{i}") for i in range(200)]
+    train, test = split(samples, 0.25)
+    assert 20 < len(test) < 80 and len(train) + len(test) == 200
+    assert {s.group for s in train}.isdisjoint({s.group for s in test})
+    assert split(samples, 0.25)[1] == test  # stable
+
+
+def test_read_samples_names_a_bad_line(tmp_path) -> None:
+    path = tmp_path / "steps.jsonl"
+    good = {"policy": "suffix", "conversation": "c", "drafted": 4, "accepted": 2, "features": {"match_len": 3}}
+    path.write_text(json.dumps(good) + "\n" + json.dumps({**good, "drafted": 0}) + "\n\n" + "[1, 2]\n")
+    with pytest.raises(Exception, match=r"steps.jsonl:4: not a step record"):
+        read_samples([path])
+    path.write_text(json.dumps({**good, "accepted": 9}) + "\n")
+    with pytest.raises(Exception, match=r"steps.jsonl:1: accepted=9 outside"):
+        read_samples([path])
+    path.write_text(json.dumps(good) + "\n" + json.dumps({**good, "drafted": 0}) + "\n")
+    assert [s.accepted for s in read_samples([path])] == [2]  # undrafted steps carry no label
+
+
+def test_train_payoff_command_on_replayed_steps(tmp_path, capsys) -> None:
+    from tests.helpers import make_byte_tokenizer
+    from tests.trace_data import conversations, write_jsonl
+
+    tokenizer = tmp_path / "tok"
+    make_byte_tokenizer().save_pretrained(tokenizer)
+    trace = write_jsonl(tmp_path / "agent.jsonl", conversations() * 4)
+    steps, weights = tmp_path / "steps.jsonl", tmp_path / "w.json"
+    assert main(["analyze", str(trace), "--policy", "suffix", "--k", "16", "--tokenizer", str(tokenizer),
+                 "--steps", str(steps), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["train-payoff", str(steps), "-o", str(weights), "--held-out", "0.3"]) == 0
+    printed = capsys.readouterr().out
+    assert "payoff (features)" in printed and "per-position rates" in printed
+    loaded = PayoffWeights.load(weights)
+    assert loaded.meta["train_drafts"] > 0 and loaded.meta["sources"] == ["steps.jsonl"]
+    assert set(loaded.meta["held_out"]) >= {"mae", "spearman", "baseline_mae"}
+    assert main(["train-payoff", str(tmp_path / "none.jsonl"), "-o", str(weights)]) == 2
+    assert "cannot read step records" in capsys.readouterr().err

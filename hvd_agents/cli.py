@@ -150,7 +150,8 @@ def _add_analyze_parser(sub: argparse._SubParsersAction) -> None:
     ana.add_argument("--policy", default=None,
                      help=f"comma-separated, from {', '.join([*POLICIES, *ALIASES])} (default: all available)")
     ana.add_argument("--k", type=int, default=16, help="most draft tokens verified per step")
-    ana.add_argument("--verify-cost", type=float, default=0.02, help="cost of one draft token, in target steps")
+    ana.add_argument("--verify-cost", type=float, default=None,
+                     help="cost of one draft token, in target steps (default: measured for the model on this machine)")
     ana.add_argument("--threshold", type=float, default=None, help="suffix-threshold: min match length (default k)")
     ana.add_argument("--json", default=None, metavar="FILE", help="write the figures as JSON")
     ana.add_argument("--steps", default=None, metavar="FILE", help="write one JSON line per step")

@@ -99,7 +99,7 @@ class SuffixDrafter:
         candidates, match_len = self._candidates(state, ctx.token_ids, k)
         if not candidates:
             return Draft()
-        tokens, probs, chosen = _frequent_path(candidates, k)
+        tokens, probs, support, chosen = _frequent_path(candidates, k)
         if not tokens:
             return Draft()
         state.last_span = chosen.span_id
@@ -117,10 +117,12 @@ class SuffixDrafter:
             "from_store": float(chosen.from_store),
             f"kind={chosen.kind.value}": 1.0,
             "pos": float(ctx.num_output_tokens),
+            "covers_output": float(match_len >= ctx.num_output_tokens),
             "kind_rate": self._kind_rates.rate(state.session_id, chosen.kind.value),
             **state.history.features(),
         }
         features.update({f"prob_{i}": p for i, p in enumerate(probs)})
+        features.update({f"support_{i}": float(n) for i, n in enumerate(support)})
         return Draft(tuple(tokens), None, float(match_len), f"{self.source}:{chosen.kind.value}", features)
 
     def _candidates(self, state: _RequestState, context: Sequence[int], k: int) -> tuple[list[_Candidate], int]:
@@ -174,12 +176,13 @@ def _prompt_kinds(length: int, structure: PromptStructure | None) -> list[SpanKi
     return kinds
 
 
-def _frequent_path(candidates: list[_Candidate], k: int) -> tuple[list[int], list[float], _Candidate]:
+def _frequent_path(candidates: list[_Candidate], k: int) -> tuple[list[int], list[float], list[int], _Candidate]:
     """Walk the candidates' continuations, taking the most frequent next token at each depth.
 
     Returns the path, the branch probability of each step (share of the still
-    agreeing candidates that continue with the chosen token), and the first
-    candidate that follows the whole path (its provenance is reported).
+    agreeing candidates that continue with the chosen token), the support of each
+    step (how many candidates continue with it), and the first candidate that
+    follows the whole path (its provenance is reported).
     Identical continuations are grouped first, so the walk is over a few groups.
     """
     groups: dict[tuple[int, ...], list[_Candidate]] = {}
@@ -187,10 +190,12 @@ def _frequent_path(candidates: list[_Candidate], k: int) -> tuple[list[int], lis
         groups.setdefault(tuple(candidate.tokens), []).append(candidate)
     if len(groups) == 1:  # all candidates agree: the common case
         tokens, members = next(iter(groups.items()))
-        return list(tokens[:k]), [1.0] * min(k, len(tokens)), members[0]
+        n = min(k, len(tokens))
+        return list(tokens[:k]), [1.0] * n, [len(members)] * n, members[0]
     alive = [(tokens, len(members), members[0]) for tokens, members in groups.items()]  # first seen = most recent
     path: list[int] = []
     probs: list[float] = []
+    support: list[int] = []
     for depth in range(k):
         total = sum(weight for _, weight, _ in alive)
         counts: dict[int, int] = {}
@@ -202,5 +207,6 @@ def _frequent_path(candidates: list[_Candidate], k: int) -> tuple[list[int], lis
         token = max(counts, key=counts.__getitem__)  # ties: the first seen, i.e. the most recent
         path.append(token)
         probs.append(counts[token] / total)
+        support.append(counts[token])
         alive = [group for group in alive if len(group[0]) > depth and group[0][depth] == token]
-    return path, probs, alive[0][2]
+    return path, probs, support, alive[0][2]

@@ -5,8 +5,9 @@ estimates ``h_i = P(token i accepted | tokens 0..i-1 accepted)``. Its input is o
 row of :data:`FEATURE_NAMES` per position, built from
 
 * the draft's own features (:class:`~hvd_agents.drafters.suffix.SuffixDrafter`):
-  match length, candidate count, branch probability at each position, provenance
-  kind, distance, store or live context;
+  match length (and whether it covers the whole output so far), candidate count,
+  branch probability and support at each position, provenance kind, distance,
+  store or live context;
 * the decoding state: position in the output, this request's acceptance history,
   this session's acceptance rate for the draft's provenance kind
   (:mod:`hvd_agents.drafters.history`);
@@ -31,13 +32,14 @@ import numpy as np
 from hvd_agents.structure import SPAN_KINDS
 
 # Columns that vary with the position in the draft (filled per row).
-POSITION_FEATURES: tuple[str, ...] = ("log_pos", "prob", "log_path", "beyond_match")
+POSITION_FEATURES: tuple[str, ...] = ("log_pos", "prob", "log_path", "beyond_match", "log_support")
 # Columns shared by every row of a draft.
 DRAFT_FEATURES: tuple[str, ...] = (
     "bias",
     "log_match",
     "log_candidates",
     "from_store",
+    "covers_output",
     "log_distance",
     "log_out_pos",
     "no_history",
@@ -61,11 +63,12 @@ def draft_row(features: Mapping[str, float]) -> np.ndarray:
     row = np.zeros(NUM_FEATURES)  # [F]
     get = features.get
     drafts = get("hist_drafts", 0.0)
-    row[_FIRST_DRAFT_COLUMN:_FIRST_DRAFT_COLUMN + 14] = (
+    values = (
         1.0,
         math.log1p(get("match_len", 0.0)),
         math.log1p(get("num_candidates", 1.0)),
         get("from_store", 0.0),
+        get("covers_output", 0.0),
         math.log1p(max(get("distance", 0.0), 0.0)),
         math.log1p(get("pos", 0.0)),
         float(drafts == 0),
@@ -77,6 +80,7 @@ def draft_row(features: Mapping[str, float]) -> np.ndarray:
         get("target_logp", 0.0),
         get("target_entropy", 0.0),
     )
+    row[_FIRST_DRAFT_COLUMN : _FIRST_DRAFT_COLUMN + len(values)] = values  # the numeric draft columns, in order
     for name, value in features.items():
         if name.startswith("kind="):
             column = _KIND_COLUMNS.get(name)
@@ -88,14 +92,18 @@ def draft_row(features: Mapping[str, float]) -> np.ndarray:
 def feature_matrix(features: Mapping[str, float], length: int) -> np.ndarray:
     """The ``[length, NUM_FEATURES]`` rows of a draft's first ``length`` positions.
 
-    ``prob_<i>`` features (branch probabilities) default to 1 where absent.
+    ``prob_<i>`` features (branch probabilities) default to 1 where absent,
+    ``support_<i>`` (candidates agreeing at ``i``) to ``num_candidates``.
     """
     rows = np.tile(draft_row(features), (length, 1))  # [L, F]
     positions = np.arange(length, dtype=np.float64)  # [L]
     probs = np.array([features.get(f"prob_{i}", 1.0) for i in range(length)], dtype=np.float64)  # [L]
+    candidates = features.get("num_candidates", 1.0)
+    support = np.array([features.get(f"support_{i}", candidates) for i in range(length)], dtype=np.float64)  # [L]
     log_match = math.log1p(features.get("match_len", 0.0))
     rows[:, 0] = np.log1p(positions)
     rows[:, 1] = probs
     rows[:, 2] = np.cumsum(np.log(np.clip(probs, 1e-6, 1.0)))
     rows[:, 3] = np.maximum(rows[:, 0] - log_match, 0.0)
+    rows[:, 4] = np.log1p(support)
     return rows

@@ -14,13 +14,16 @@ import time
 from dataclasses import dataclass
 from typing import IO, Any
 
-from hvd_agents.errors import InvalidRequestError
+from hvd_agents.errors import HVDError, InvalidRequestError
 from hvd_agents.trace.loader import TraceFile, load_trace
 from hvd_agents.trace.policies import resolve_policy_names
 from hvd_agents.trace.replay import ReplayConfig, ReplayResult, prepare_conversation, replay_trace
 from hvd_agents.trace.report import StepWriter, format_table, report_json, write_json
 
 logger = logging.getLogger(__name__)
+
+FALLBACK_VERIFY_COST = 0.02
+TIKTOKEN_PREFIX = "tiktoken:"
 
 
 @dataclass(frozen=True)
@@ -30,7 +33,7 @@ class AnalyzeOptions:
     file: str
     policy: str | None = None
     k: int = 16
-    verify_cost: float = 0.02
+    verify_cost: float | None = None  # None: the configured model's measured profile
     threshold: float | None = None
     json_path: str | None = None
     steps_path: str | None = None
@@ -47,7 +50,7 @@ class AnalyzeOptions:
 def _check(options: AnalyzeOptions) -> None:
     if options.k < 1:
         raise InvalidRequestError(f"--k must be >= 1, got {options.k}")
-    if options.verify_cost < 0:
+    if options.verify_cost is not None and options.verify_cost < 0:
         raise InvalidRequestError(f"--verify-cost must be >= 0, got {options.verify_cost}")
     if options.limit is not None and options.limit < 1:
         raise InvalidRequestError(f"--limit must be >= 1, got {options.limit}")
@@ -72,7 +75,10 @@ def run_analyze(options: AnalyzeOptions, out: IO[str] | None = None) -> dict[str
     from hvd_agents.models import load_tokenizer
 
     tokenizer = load_tokenizer(options.tokenizer)
-    config = ReplayConfig(tuple(names), options.k, options.verify_cost, options.threshold,
+    verify_cost = options.verify_cost
+    if verify_cost is None:
+        verify_cost = measured_verify_cost(options.tokenizer, notes)
+    config = ReplayConfig(tuple(names), options.k, verify_cost, options.threshold,
                           options.canonical_tools, template, options.html_conversation)
     start = time.perf_counter()
     if options.steps_path:
@@ -85,8 +91,8 @@ def run_analyze(options: AnalyzeOptions, out: IO[str] | None = None) -> dict[str
     if trace.skipped:
         result.notes.append(f"{len(trace.skipped)} malformed conversation(s) skipped")
     meta = _meta(options, tokenizer, names, len(trace.skipped), elapsed)
-    document = report_json(result, options.verify_cost, meta)
-    print(format_table(result, options.verify_cost), file=out)
+    document = report_json(result, verify_cost, meta)
+    print(format_table(result, verify_cost), file=out)
     for note in result.notes:
         print(f"note: {note}", file=out)
     if not options.quiet:
@@ -97,6 +103,24 @@ def run_analyze(options: AnalyzeOptions, out: IO[str] | None = None) -> dict[str
     if options.html_path:
         _write_html(options.html_path, config, result, meta, tokenizer, trace)
     return document
+
+
+def measured_verify_cost(model: str | None, notes: list[str]) -> float:
+    """``c`` of the configured model's measured cost profile on this machine (mean marginal cost of a
+    draft token over 0..32 tokens); :data:`FALLBACK_VERIFY_COST` with a note when no model loads."""
+    if model is not None and model.startswith(TIKTOKEN_PREFIX):
+        notes.append(f"--verify-cost defaults to {FALLBACK_VERIFY_COST}: a tiktoken tokenizer has no model to measure")
+        return FALLBACK_VERIFY_COST
+    from hvd_agents.engine.shared import shared_engine
+
+    try:
+        profile = shared_engine(model).cost_model()
+    except HVDError as exc:
+        notes.append(f"--verify-cost defaults to {FALLBACK_VERIFY_COST}: no model to measure ({exc})")
+        return FALLBACK_VERIFY_COST
+    c = round(profile.per_token, 4)
+    notes.append(f"--verify-cost {c} from the model's cost profile ({profile.source})")
+    return c
 
 
 def _meta(options: AnalyzeOptions, tokenizer: Any, names: list[str], skipped: int, elapsed: float) -> dict[str, Any]:

@@ -87,6 +87,11 @@ def test_measured_and_cached_cost_profile(tmp_path, monkeypatch, caplog) -> None
     assert cost_module.cached_cost_model(model, tmp_path) == profile
 
     files[0].write_text("{broken")
+    monkeypatch.setattr(cost_module, "measure_cost_model", lambda m: CostModel(((0, 1.0), (4, 6.2))))
+    with caplog.at_level(logging.WARNING):  # disturbed timings: never cached, the linear default is used
+        assert cost_module.cached_cost_model(model, tmp_path) == CostModel.linear(0.02)
+    assert "implausible" in caplog.text and files[0].read_text() == "{broken"
+
     monkeypatch.setattr(cost_module, "measure_cost_model", lambda m: CostModel.linear(0.5))
     with caplog.at_level(logging.WARNING):
         assert cost_module.cached_cost_model(model, tmp_path) == CostModel.linear(0.5)

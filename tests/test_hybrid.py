@@ -34,6 +34,9 @@ def test_cost_model_interpolates_and_extrapolates() -> None:
     assert model.marginal(3).tolist() == pytest.approx([0.02, 0.02, 0.02])
     assert CostModel.linear(0.05).verify(10) == pytest.approx(1.5)
     assert CostModel.from_dict(model.to_dict()) == model
+    drafting = CostModel(((0, 1.0), (8, 1.16)), draft_cost=0.5)  # a model drafter's own forwards
+    assert drafting.verify(0) == 1.0 and drafting.verify(8) == pytest.approx(1.66)
+    assert drafting.verify_curve(300)[299] == pytest.approx(1.5 + 0.02 * 299)  # past the precomputed range
     with pytest.raises(ValueError, match="point at 0"):
         CostModel(((1, 1.0),))
     with pytest.raises(ValueError, match="increasing"):

@@ -4,8 +4,10 @@ Builds a store of ``store_tokens`` tokens (spans of agent-like text: a small
 vocabulary of repeated phrases with random fill, so lookups find real matches),
 starts a request with a ``context_tokens``-token prompt, then times, over
 ``steps`` decode steps: ``propose`` (lookup in context and store + draft walk)
-and ``observe`` per appended token (the incremental index update). Prints medians
-in milliseconds. No model is involved.
+and ``observe`` per appended token (the incremental index update); and, for every
+non-empty draft, the ``hvd`` policy's own work: the payoff prediction with the
+length choice (before verification) and the online update (after). Prints
+medians. No model is involved.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 
 from hvd_agents.drafters import CacheStore, DraftContext, Outcome, SuffixDrafter
 from hvd_agents.drafters.base import Draft
+from hvd_agents.policy import CostModel, PayoffPredictor, best_length
 from hvd_agents.structure import SpanKind
 
 
@@ -48,7 +51,8 @@ def run_drafter_benchmark(
     stream = _agentlike(rng, context_tokens + steps * 4, phrases, vocab).tolist()
     context = stream[:context_tokens]
     drafter.start("bench", context)
-    propose_ms, update_ms, drafted = [], [], 0
+    predictor, cost = PayoffPredictor(), CostModel.linear(0.02)
+    propose_ms, update_ms, predict_us, learn_us, drafted = [], [], [], [], 0
     position = context_tokens
     for _ in range(steps):
         t0 = time.perf_counter()
@@ -60,6 +64,13 @@ def run_drafter_benchmark(
         context.extend(new)
         position += len(new)
         drafted += len(draft)
+        if draft.token_ids:
+            t3 = time.perf_counter()
+            best_length(predictor.survival(draft.features, len(draft), "bench"), cost, rate=4.0)
+            t4 = time.perf_counter()
+            predictor.update(draft.features, len(draft), 2, "bench")
+            predict_us.append((t4 - t3) * 1e6)
+            learn_us.append((time.perf_counter() - t4) * 1e6)
         propose_ms.append((t1 - t0) * 1e3)
         update_ms.append((t2 - t1) * 1e3 / len(new))
     figures = {
@@ -70,10 +81,14 @@ def run_drafter_benchmark(
         "propose_ms_p90": float(np.percentile(propose_ms, 90)),
         "update_ms_per_token_median": statistics.median(update_ms),
         "mean_draft_len": drafted / steps,
+        "payoff_predict_us_median": statistics.median(predict_us) if predict_us else 0.0,
+        "payoff_update_us_median": statistics.median(learn_us) if learn_us else 0.0,
     }
     print(f"store {store.num_tokens:,} tokens (built in {build_s:.1f} s), context {context_tokens:,} tokens, "
           f"{steps} steps, k={k}")
     print(f"propose: median {figures['propose_ms_median']:.3f} ms, p90 {figures['propose_ms_p90']:.3f} ms "
           f"(mean draft {figures['mean_draft_len']:.1f} tokens)")
     print(f"update:  median {figures['update_ms_per_token_median']:.4f} ms per token")
+    print(f"hvd policy per drafted step: predict + choose length {figures['payoff_predict_us_median']:.1f} us, "
+          f"online update {figures['payoff_update_us_median']:.1f} us (median over {len(predict_us)} drafts)")
     return figures

@@ -29,6 +29,7 @@ import platform
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +40,7 @@ logger = logging.getLogger(__name__)
 PROFILE_DRAFT_LENGTHS: tuple[int, ...] = (0, 4, 8, 16, 32)
 PROFILE_CONTEXT = 512  # tokens of context the profile is measured at
 PROFILE_REPEATS = 3
+CURVE_CACHE = 257  # verify costs precomputed for drafts up to 256 tokens
 PROFILE_ATTEMPTS = 3  # measurements tried before giving up on a disturbed machine
 FALLBACK_PER_TOKEN = 0.02  # c used when no plausible profile can be measured
 
@@ -72,11 +74,22 @@ class CostModel:
         return cls(((0, 1.0), (1, 1.0 + c)), source=f"linear c={c:g}")
 
     def verify(self, draft_tokens: int) -> float:
-        """Cost of verifying ``draft_tokens`` draft tokens in one forward."""
+        """Cost of a step verifying ``draft_tokens`` draft tokens in one forward (plus ``draft_cost`` if > 0)."""
         return float(self.verify_curve(draft_tokens + 1)[draft_tokens])
 
     def verify_curve(self, length: int) -> np.ndarray:
-        """``[verify(0), ..., verify(length - 1)]``."""
+        """``[verify(0), ..., verify(length - 1)]`` (a read-only view; computed once up to ``CURVE_CACHE``)."""
+        if length <= CURVE_CACHE:
+            return self._curve[:length]
+        return self._interpolate(length)
+
+    @cached_property
+    def _curve(self) -> np.ndarray:
+        curve = self._interpolate(CURVE_CACHE)
+        curve.flags.writeable = False
+        return curve
+
+    def _interpolate(self, length: int) -> np.ndarray:
         xs = np.array([d for d, _ in self.points], dtype=np.float64)
         ys = np.array([c for _, c in self.points], dtype=np.float64)
         d = np.arange(length, dtype=np.float64)
@@ -85,6 +98,7 @@ class CostModel:
             slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
             beyond = d > xs[-1]
             curve[beyond] = ys[-1] + slope * (d[beyond] - xs[-1])
+        curve[1:] += self.draft_cost  # a step without a draft does not draft
         return curve
 
     def marginal(self, length: int) -> np.ndarray:

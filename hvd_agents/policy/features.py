@@ -62,7 +62,6 @@ def draft_row(features: Mapping[str, float]) -> np.ndarray:
     """The draft-level columns (position columns left 0) as a ``[NUM_FEATURES]`` vector."""
     row = np.zeros(NUM_FEATURES)  # [F]
     get = features.get
-    drafts = get("hist_drafts", 0.0)
     values = (
         1.0,
         math.log1p(get("match_len", 0.0)),
@@ -71,7 +70,7 @@ def draft_row(features: Mapping[str, float]) -> np.ndarray:
         get("covers_output", 0.0),
         math.log1p(max(get("distance", 0.0), 0.0)),
         math.log1p(get("pos", 0.0)),
-        float(drafts == 0),
+        float(get("hist_drafts", 0.0) == 0),
         get("last_frac", 0.5),
         get("last_full", 0.0),
         get("ema_frac", 0.5),
@@ -81,29 +80,42 @@ def draft_row(features: Mapping[str, float]) -> np.ndarray:
         get("target_entropy", 0.0),
     )
     row[_FIRST_DRAFT_COLUMN : _FIRST_DRAFT_COLUMN + len(values)] = values  # the numeric draft columns, in order
-    for name, value in features.items():
-        if name.startswith("kind="):
-            column = _KIND_COLUMNS.get(name)
-            if column is not None:
-                row[column] = value
+    for name, column in _KIND_COLUMNS.items():
+        value = get(name)
+        if value is not None:
+            row[column] = value
     return row
 
 
-def feature_matrix(features: Mapping[str, float], length: int) -> np.ndarray:
-    """The ``[length, NUM_FEATURES]`` rows of a draft's first ``length`` positions.
+def position_columns(features: Mapping[str, float], length: int) -> np.ndarray:
+    """The position-dependent columns of a draft's first ``length`` positions, ``[len(POSITION_FEATURES), L]``.
 
     ``prob_<i>`` features (branch probabilities) default to 1 where absent,
     ``support_<i>`` (candidates agreeing at ``i``) to ``num_candidates``.
     """
+    get = features.get
+    candidates = get("num_candidates", 1.0)
+    columns = np.empty((len(POSITION_FEATURES), length))  # [P, L]
+    columns[0] = _LOG_POSITIONS[:length] if length <= MAX_POSITIONS else np.log1p(np.arange(length))
+    columns[1] = [get(key, 1.0) for key in _keys(_PROB_KEYS, "prob", length)]
+    columns[2] = np.cumsum(np.log(np.clip(columns[1], 1e-6, 1.0)))
+    columns[3] = np.maximum(columns[0] - math.log1p(get("match_len", 0.0)), 0.0)
+    columns[4] = np.log1p([get(key, candidates) for key in _keys(_SUPPORT_KEYS, "support", length)])
+    return columns
+
+
+def feature_matrix(features: Mapping[str, float], length: int) -> np.ndarray:
+    """The ``[length, NUM_FEATURES]`` rows of a draft's first ``length`` positions."""
     rows = np.tile(draft_row(features), (length, 1))  # [L, F]
-    positions = np.arange(length, dtype=np.float64)  # [L]
-    probs = np.array([features.get(f"prob_{i}", 1.0) for i in range(length)], dtype=np.float64)  # [L]
-    candidates = features.get("num_candidates", 1.0)
-    support = np.array([features.get(f"support_{i}", candidates) for i in range(length)], dtype=np.float64)  # [L]
-    log_match = math.log1p(features.get("match_len", 0.0))
-    rows[:, 0] = np.log1p(positions)
-    rows[:, 1] = probs
-    rows[:, 2] = np.cumsum(np.log(np.clip(probs, 1e-6, 1.0)))
-    rows[:, 3] = np.maximum(rows[:, 0] - log_match, 0.0)
-    rows[:, 4] = np.log1p(support)
+    rows[:, :_FIRST_DRAFT_COLUMN] = position_columns(features, length).T
     return rows
+
+
+MAX_POSITIONS = 256  # key names and log-positions precomputed up to here (longer drafts compute them)
+_LOG_POSITIONS = np.log1p(np.arange(MAX_POSITIONS, dtype=np.float64))
+_PROB_KEYS = tuple(f"prob_{i}" for i in range(MAX_POSITIONS))
+_SUPPORT_KEYS = tuple(f"support_{i}" for i in range(MAX_POSITIONS))
+
+
+def _keys(cached: tuple[str, ...], prefix: str, length: int) -> tuple[str, ...] | list[str]:
+    return cached[:length] if length <= MAX_POSITIONS else [f"{prefix}_{i}" for i in range(length)]

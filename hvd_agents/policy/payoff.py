@@ -34,11 +34,12 @@ from typing import Any
 import numpy as np
 
 from hvd_agents.errors import HVDError
-from hvd_agents.policy.features import FEATURE_NAMES, NUM_FEATURES, feature_matrix
+from hvd_agents.policy.features import FEATURE_NAMES, NUM_FEATURES, POSITION_FEATURES, draft_row, position_columns
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_WEIGHTS = "default.json"
+NUM_POSITION_FEATURES = len(POSITION_FEATURES)
 MAX_SESSIONS = 1024  # per-session online offsets kept (least recently used dropped)
 # Online adaptation moves only the intercepts (overall and per provenance kind): a
 # session shifts how often drafts of each kind are accepted, while the shape of the
@@ -132,26 +133,29 @@ class PayoffPredictor:
         """``S_i`` for ``i < length``: the probability that the first ``i + 1`` tokens are accepted."""
         if length <= 0:
             return np.zeros(0)
-        rows = feature_matrix(features, length)  # [L, F]
-        return np.cumprod(_sigmoid(rows @ self._weights_for(session_id)))  # [L]
+        return np.cumprod(_sigmoid(self._logits(features, length, session_id)))  # [L]
 
     def expected_accepted(self, features: Mapping[str, float], length: int, session_id: str | None = None) -> float:
         """Expected accepted length of the draft cut to ``length`` tokens."""
         return float(self.survival(features, length, session_id).sum())
 
     def update(self, features: Mapping[str, float], drafted: int, accepted: int, session_id: str | None) -> None:
-        """One online step from a verified draft of ``drafted`` tokens with ``accepted`` accepted."""
+        """One online step from a verified draft of ``drafted`` tokens with ``accepted`` accepted.
+
+        Only the intercepts move (see ``_ONLINE_MASK``): their gradient is the mean
+        residual over the labelled positions, applied to the overall intercept and
+        to the draft's provenance-kind intercept.
+        """
         if session_id is None or self.learning_rate <= 0 or drafted <= 0:
             return
         observed = min(accepted + 1, drafted)  # positions whose outcome is known
-        rows = feature_matrix(features, observed)  # [n, F]
         labels = (np.arange(observed) < accepted).astype(np.float64)  # [n]
+        residual = float(np.mean(labels - _sigmoid(self._logits(features, observed, session_id))))
         offset = self._offsets.pop(session_id, None)
         if offset is None:
             offset = np.zeros(NUM_FEATURES)
-        hazard = _sigmoid(rows @ (self.weights.weights + offset))  # [n]
-        gradient = (labels - hazard) @ rows / observed  # [F]
-        offset = (1.0 - self.l2) * offset + self.learning_rate * gradient * _ONLINE_MASK
+        offset *= 1.0 - self.l2
+        offset += (self.learning_rate * residual) * draft_row(features) * _ONLINE_MASK
         self._offsets[session_id] = offset
         while len(self._offsets) > MAX_SESSIONS:
             self._offsets.popitem(last=False)
@@ -160,9 +164,14 @@ class PayoffPredictor:
         """Drop a session's online offset."""
         self._offsets.pop(session_id, None)
 
-    def _weights_for(self, session_id: str | None) -> np.ndarray:
+    def _logits(self, features: Mapping[str, float], length: int, session_id: str | None) -> np.ndarray:
+        """``w . x_i`` for ``i < length`` (``[L]``), without building the ``[L, F]`` matrix."""
+        weights = self.weights.weights
         offset = self._offsets.get(session_id) if session_id is not None else None
-        return self.weights.weights if offset is None else self.weights.weights + offset
+        if offset is not None:
+            weights = weights + offset
+        base = float(draft_row(features) @ weights)
+        return base + weights[:NUM_POSITION_FEATURES] @ position_columns(features, length)  # [L]
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:

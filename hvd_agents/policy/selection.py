@@ -42,15 +42,18 @@ class Choice:
 def best_length(survival: np.ndarray, cost: CostModel, rate: float) -> Choice:
     """The length ``L`` (0..len(survival)) maximising ``value(L)`` for a draft with this survival."""
     n = len(survival)
-    curve = cost.verify_curve(n + 1) + cost.draft_cost  # [n + 1]
-    gains = np.concatenate(([1.0], survival))  # [n + 1]
-    values = np.cumsum(gains) - rate * curve  # value(L) for L = 0..n
+    curve = cost.verify_curve(n + 1)  # [n + 1]: step cost at each length, drafting included
+    tokens = np.empty(n + 1)  # [n + 1]: expected tokens at each length
+    tokens[0] = 1.0
+    np.cumsum(survival, out=tokens[1:])
+    tokens[1:] += 1.0
+    values = tokens - rate * curve  # value(L) for L = 0..n
     length = int(np.argmax(values))
-    return Choice(length, float(np.sum(gains[: length + 1])), float(curve[length]), float(values[length]))
+    return Choice(length, float(tokens[length]), float(curve[length]), float(values[length]))
 
 
 def no_draft(cost: CostModel, rate: float) -> Choice:
-    """Plain decoding: one token for one step."""
+    """Plain decoding: one token for one step (``cost.verify(0) == 1``)."""
     return Choice(0, 1.0, 1.0, 1.0 - rate)
 
 

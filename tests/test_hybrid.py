@@ -74,12 +74,18 @@ def test_rate_estimate_moves_towards_observed_rate() -> None:
     assert rate.rate == pytest.approx(5.0, rel=1e-3)
 
 
+def test_robust_fit_ignores_one_disturbed_timing() -> None:
+    # 100 ms per step and 0.5 ms per draft token, but the d=8 timing was hit by other load
+    profile = cost_module._robust_profile([0, 4, 8, 16, 32], [0.100, 0.102, 0.300, 0.108, 0.116], 512)
+    assert profile.verify(8) == pytest.approx(1.04) and profile.verify(32) == pytest.approx(1.16)
+    assert profile.per_token == pytest.approx(0.005)
+
+
 def test_measured_and_cached_cost_profile(tmp_path, monkeypatch, caplog) -> None:
     model = make_tiny_llama(64, dtype=torch.float32)
     profile = cost_module.cached_cost_model(model, tmp_path)
-    assert profile.points[0] == (0, 1.0) and [d for d, _ in profile.points] == [0, 4, 8, 16, 32]
-    assert all(b[1] >= a[1] for a, b in zip(profile.points, profile.points[1:]))
-    assert profile.source.startswith("measured")
+    assert profile.points[0] == (0, 1.0) and profile.points[-1][0] == 32 and profile.points[-1][1] >= 1.0
+    assert profile.plausible and profile.source.startswith("measured")
     files = list(tmp_path.glob("*.json"))
     assert len(files) == 1
 

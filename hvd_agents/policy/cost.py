@@ -3,15 +3,16 @@
 ``CostModel.verify(d)`` is the cost of one verification forward over ``[last] +
 d draft tokens``, in units of a plain decoding step (``verify(0) == 1``), as a
 piecewise-linear curve through measured points (extrapolated linearly past the
-last one). ``CostModel.linear(c)`` is the ``1 + c * d`` model that trace replays
-use. ``draft_cost`` is what producing a draft costs per step (cache drafting is
-a dictionary lookup, about 0; a model drafter costs forwards of its own).
+last one). ``CostModel.linear(c)`` is the ``1 + c * d`` model that trace replays use.
+``draft_cost`` is what producing a draft costs per step (cache drafting is a
+dictionary lookup, about 0; a model drafter costs forwards of its own).
 
 :func:`measure_cost_model` times the target at a few draft lengths on a real
-context (the minimum over repeats, which is robust to other load on the machine)
-and :func:`cached_cost_model` keeps the result per model, device, dtype, thread
-count and torch version under the cache directory, so it is measured once, at
-first use, per machine. A profile that breaks ``verify(d) <= 1 + d`` (timings
+context (the minimum over repeats, which is robust to other load on the
+machine) and fits an affine cost through the timings by Theil-Sen, which one
+disturbed timing cannot bend; :func:`cached_cost_model` keeps the result per
+model, device, dtype, thread count and torch version under the cache
+directory, so it is measured once, at first use, per machine. A profile that breaks ``verify(d) <= 1 + d`` (timings
 disturbed by other load) is measured again; after a few failures the linear
 model with ``c = 0.02`` is used for the process and nothing is cached.
 
@@ -39,7 +40,7 @@ logger = logging.getLogger(__name__)
 
 PROFILE_DRAFT_LENGTHS: tuple[int, ...] = (0, 4, 8, 16, 32)
 PROFILE_CONTEXT = 512  # tokens of context the profile is measured at
-PROFILE_REPEATS = 3
+PROFILE_REPEATS = 5
 CURVE_CACHE = 257  # verify costs precomputed for drafts up to 256 tokens
 PROFILE_ATTEMPTS = 3  # measurements tried before giving up on a disturbed machine
 FALLBACK_PER_TOKEN = 0.02  # c used when no plausible profile can be measured
@@ -154,11 +155,27 @@ def measure_cost_model(
                 _sync(device)
                 times[d] = min(times[d], time.perf_counter() - start)
                 truncate(cache, context)
-    base = times[lengths[0]]
-    points = [(0, 1.0)]
-    for d in lengths[1:]:
-        points.append((d, max(times[d] / base, points[-1][1])))  # cost never decreases with length
-    return CostModel(tuple(points), source=f"measured at {context} tokens of context, {base * 1e3:.1f} ms per step")
+    return _robust_profile(lengths, [times[d] for d in lengths], context)
+
+
+def _robust_profile(lengths: Sequence[int], seconds: Sequence[float], context: int) -> CostModel:
+    """An affine fit ``t(d) = a + b * d`` by Theil-Sen (median of pairwise slopes, median intercept).
+
+    A verification forward's time is close to affine in the number of tokens at
+    these lengths; the robust fit keeps one disturbed timing from bending the
+    curve, where reading the points as measured would not.
+    """
+    xs = np.asarray(lengths, dtype=np.float64)
+    ts = np.asarray(seconds, dtype=np.float64)
+    slopes = [(ts[j] - ts[i]) / (xs[j] - xs[i]) for i in range(len(xs)) for j in range(i + 1, len(xs))]
+    slope = max(float(np.median(slopes)), 0.0) if slopes else 0.0
+    intercept = float(np.median(ts - slope * xs))
+    if intercept <= 0:
+        intercept = float(ts.min())
+    last = int(xs.max())
+    points = ((0, 1.0), (last, 1.0 + slope * last / intercept)) if last > 0 else ((0, 1.0),)
+    return CostModel(points, source=f"measured at {context} tokens of context, {intercept * 1e3:.1f} ms per step, "
+                                    f"{slope / intercept:.4f} per draft token")
 
 
 def _sync(device: torch.device) -> None:

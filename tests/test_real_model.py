@@ -92,3 +92,17 @@ def test_cli_reports_bad_input_cleanly(capsys) -> None:
     assert "max_new_tokens" in capsys.readouterr().err
     assert main(["generate", "--prompt", "x", "--model", "/no/such/model/dir"]) == 2
     assert "/no/such/model/dir" in capsys.readouterr().err
+
+
+def test_analyze_defaults_to_the_measured_cost_profile(real_engine, tmp_path, capsys) -> None:
+    from tests.trace_data import conversations, write_jsonl
+
+    trace = write_jsonl(tmp_path / "agent.jsonl", conversations())
+    out = tmp_path / "o.json"
+    assert main(["analyze", str(trace), "--policy", "suffix,hvd", "--json", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    c = real_engine.cost_model().per_token
+    assert f"--verify-cost {round(c, 4)} from the model's cost profile" in printed
+    document = json.loads(out.read_text())
+    assert document["_meta"]["verify_cost"] == round(c, 4)
+    assert document["hvd"]["output_tokens"] == document["suffix"]["output_tokens"]

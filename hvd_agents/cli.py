@@ -33,7 +33,8 @@ def _add_generation_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     parser.add_argument("--method", default="hvd", choices=available_methods(), help="decoding method")
     parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--num-draft-tokens", type=int, default=10, help="most draft tokens verified per step")
+    parser.add_argument("--num-draft-tokens", type=int, default=None,
+                        help="most draft tokens verified per step (default: 32 for hvd, 10 otherwise)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)
@@ -193,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--k", type=int, default=10, help="draft tokens per step (prompt_lookup_num_tokens)")
     bench.add_argument("--rounds", type=int, default=2, help="passes over the prompts (order alternates)")
-    bench.add_argument("--hvd-k", type=int, default=None, help="most draft tokens hvd may verify (default: --k)")
+    bench.add_argument("--hvd-k", type=int, default=None, help="most draft tokens hvd may verify (default: hvd's own, 32)")
     bench.set_defaults(func=cmd_bench)
 
     micro = sub.add_parser("bench-drafter", help="cache drafter propose/update cost at scale (no model)")

@@ -121,9 +121,8 @@ def run_live_benchmark(
     """Run the benchmark and print its table; returns the tallies by configuration name.
 
     ``k`` is the draft length of the fixed-length methods; ``hvd_k`` the most draft
-    tokens ``hvd`` may verify (its policy picks the length each step; default ``k``).
+    tokens ``hvd`` may verify (its policy picks the length each step; default: its own, 32).
     """
-    hvd_k = k if hvd_k is None else hvd_k
     engine = shared_engine(model, device=device)
     items = [_Item(p, encode_prompt(engine.tokenizer, p.messages, p.tools)) for p in agent_prompts()]
     params = GenerationParams(max_new_tokens=max_new_tokens, num_draft_tokens=k)
@@ -133,7 +132,8 @@ def run_live_benchmark(
         "hf-prompt-lookup": _hf_runner(engine, max_new_tokens, prompt_lookup_num_tokens=k),
         "engine-pld": _engine_runner(engine, replace(params, method="pld")),
         "engine-hvd-cache": _cache_runner(engine, replace(params, method="hvd-cache")),
-        "engine-hvd": _cache_runner(engine, replace(params, method="hvd", num_draft_tokens=hvd_k)),
+        "engine-hvd": _cache_runner(engine, GenerationParams(max_new_tokens=max_new_tokens, method="hvd",
+                                                             num_draft_tokens=hvd_k)),
     }
     for run in runners.values():  # warm-up (allocator, kernels)
         run(items[-1])

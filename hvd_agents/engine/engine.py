@@ -259,7 +259,7 @@ class Engine:
 
     def _propose(self, req: _Request, drafter: Drafter, max_len: int) -> Draft:
         """Ask the drafter for at most ``min(K, max_len)`` in-vocabulary tokens."""
-        k = min(req.params.num_draft_tokens, max_len)
+        k = min(req.params.draft_tokens, max_len)
         if k <= 0:
             return Draft()
         draft = drafter.propose(DraftContext(req.req_id, req.token_ids, req.num_prompt), k)

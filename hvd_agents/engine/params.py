@@ -8,6 +8,11 @@ from hvd_agents.engine.sampling import SamplingParams
 from hvd_agents.errors import InvalidRequestError
 
 DEFAULT_METHOD = "hvd"
+# Most draft tokens verified per step when a request does not say: fixed-length
+# drafters waste what they over-draft, so they keep K small; ``hvd`` chooses each
+# step's length itself, so a large K only adds room for long accepted drafts.
+DEFAULT_DRAFT_TOKENS = 10
+METHOD_DRAFT_TOKENS = {"hvd": 32}
 
 
 @dataclass(frozen=True)
@@ -24,7 +29,9 @@ class GenerationParams:
         stop_token_ids: token ids that end generation; None means the model's
             end-of-sequence / end-of-turn ids.
         method: decoding method, i.e. drafter name (``"ar"``, ``"pld"``, ...).
-        num_draft_tokens: the most draft tokens verified per step (K).
+        num_draft_tokens: the most draft tokens verified per step (K); None means
+            the method's default (:data:`METHOD_DRAFT_TOKENS`, else
+            :data:`DEFAULT_DRAFT_TOKENS`).
         record_steps: keep a :class:`~hvd_agents.engine.stats.StepRecord` per step.
 
     Raises:
@@ -39,7 +46,7 @@ class GenerationParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] | None = None
     method: str = DEFAULT_METHOD
-    num_draft_tokens: int = 10
+    num_draft_tokens: int | None = None
     record_steps: bool = False
 
     def __post_init__(self) -> None:
@@ -47,7 +54,7 @@ class GenerationParams:
             raise InvalidRequestError(f"max_new_tokens must be an int, got {self.max_new_tokens!r}")
         if self.max_new_tokens <= 0:
             raise InvalidRequestError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.num_draft_tokens < 0:
+        if self.num_draft_tokens is not None and self.num_draft_tokens < 0:
             raise InvalidRequestError(f"num_draft_tokens must be >= 0, got {self.num_draft_tokens}")
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
@@ -58,6 +65,13 @@ class GenerationParams:
         if self.stop_token_ids is not None:
             object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
         self.sampling  # validates the sampling fields
+
+    @property
+    def draft_tokens(self) -> int:
+        """K for this request: ``num_draft_tokens``, or the method's default."""
+        if self.num_draft_tokens is not None:
+            return self.num_draft_tokens
+        return METHOD_DRAFT_TOKENS.get(self.method, DEFAULT_DRAFT_TOKENS)
 
     @property
     def sampling(self) -> SamplingParams:

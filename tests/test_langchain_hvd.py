@@ -39,12 +39,14 @@ from langchain_tests.unit_tests import ChatModelUnitTests
 from pydantic import ValidationError
 
 import hvd_agents.toolcalls
-from hvd_agents import Engine, GenerationParams, InvalidRequestError, RequestStats, TokenEvent
+from hvd_agents import Engine, GenerationParams, InvalidRequestError
 from hvd_agents.conversation import prepare
 from hvd_agents.toolcalls import parse_tool_calls
 from langchain_hvd import ChatHVD
-from langchain_hvd._convert import ToolCallStreamSplitter, normalize_tool_choice, to_openai_messages
+from hvd_agents.toolcall_stream import ToolCallStreamSplitter, normalize_tool_choice
+from langchain_hvd._convert import to_openai_messages
 from tests.helpers import make_byte_tokenizer
+from tests.scripted import ScriptedEngine
 from tests.tiny import make_tiny_llama
 
 SYSTEM = "You are a helpful assistant that uses tools to answer questions. Be concise and exact."
@@ -61,40 +63,6 @@ def byte_tokenizer():
 @pytest.fixture(scope="module")
 def tiny_model(byte_tokenizer):
     return make_tiny_llama(len(byte_tokenizer), seed=7)
-
-
-class ScriptedEngine(Engine):
-    """An Engine whose ``stream`` replays ``pieces`` (one event each) and records its calls."""
-
-    def __init__(self, model, tokenizer, pieces, finish: str = "stop", delay: float = 0.0) -> None:
-        super().__init__(model, tokenizer, eos_token_ids=())
-        self.pieces = list(pieces)
-        self.finish = finish
-        self.delay = delay
-        self.requests: list[tuple[list[int], GenerationParams, Any]] = []
-        self.emitted = 0  # events yielded, over all requests
-        self.closed = 0  # event iterators finished or closed
-        self.completed = 0  # event iterators run to their final event
-
-    def stream(self, prompt_ids, params=None, *, req_id=None, structure=None) -> Iterator[TokenEvent]:
-        self.requests.append((list(prompt_ids), params, structure))
-        return self._events(len(prompt_ids))
-
-    def _events(self, prompt_tokens: int) -> Iterator[TokenEvent]:
-        try:
-            total = 0
-            for index, piece in enumerate(self.pieces):
-                if self.delay:
-                    time.sleep(self.delay)
-                ids = tuple(self.tokenizer(piece, add_special_tokens=False).input_ids)
-                total += len(ids)
-                last = index == len(self.pieces) - 1
-                stats = RequestStats(prompt_tokens=prompt_tokens, new_tokens=total, steps=index + 1) if last else None
-                self.emitted += 1
-                yield TokenEvent(ids, piece, self.finish if last else None, stats)
-            self.completed += 1
-        finally:
-            self.closed += 1
 
 
 @pytest.fixture
@@ -116,7 +84,7 @@ def fixed_call_ids(monkeypatch):
         monkeypatch.setattr(hvd_agents.toolcalls, "new_call_id", lambda: f"call_{next(counter)}")
         return parse_tool_calls(text)
 
-    monkeypatch.setattr("langchain_hvd.chat_models.parse_tool_calls", parse)
+    monkeypatch.setattr("hvd_agents.chat_request.parse_tool_calls", parse)
 
 
 WEATHER_SCHEMA = {
@@ -406,7 +374,7 @@ def test_construction_loads_nothing(monkeypatch) -> None:
     def boom(*args, **kwargs):
         raise AssertionError("the engine must not be created before the first call")
 
-    monkeypatch.setattr("langchain_hvd.chat_models.shared_engine", boom)
+    monkeypatch.setattr("hvd_agents.chat_request.shared_engine", boom)
     model = ChatHVD(model="some/hub-model", device="cpu", max_tokens=12)
     model.bind_tools([WEATHER_SCHEMA], tool_choice="get_weather")
     model.with_structured_output({"title": "T", "type": "object", "properties": {"a": {"type": "string"}}})
@@ -764,7 +732,7 @@ def test_langgraph_state_graph_runs_a_two_tool_loop_in_its_thread(real_engine, m
     from langgraph.graph import START, MessagesState, StateGraph
     from langgraph.prebuilt import ToolNode, tools_condition
 
-    import langchain_hvd.chat_models
+    import hvd_agents.chat_request
 
     sessions: list[str | None] = []
 
@@ -772,7 +740,7 @@ def test_langgraph_state_graph_runs_a_two_tool_loop_in_its_thread(real_engine, m
         sessions.append(kwargs.get("session_id"))
         return prepare(engine, messages, tools, **kwargs)
 
-    monkeypatch.setattr(langchain_hvd.chat_models, "prepare", recording_prepare)
+    monkeypatch.setattr(hvd_agents.chat_request, "prepare", recording_prepare)
     llm = ChatHVD(engine=real_engine, max_tokens=64)
 
     def agent(state: MessagesState) -> dict:

@@ -17,7 +17,6 @@ import inspect
 import itertools
 import json
 import time
-from collections.abc import Iterator
 from functools import reduce
 from operator import add
 from typing import Any, Literal
@@ -38,54 +37,14 @@ from langchain_tests.integration_tests import ChatModelIntegrationTests
 from langchain_tests.unit_tests import ChatModelUnitTests
 from pydantic import ValidationError
 
-import hvd_agents.toolcalls
 from hvd_agents import Engine, GenerationParams, InvalidRequestError
 from hvd_agents.conversation import prepare
 from hvd_agents.toolcalls import parse_tool_calls
-from langchain_hvd import ChatHVD
 from hvd_agents.toolcall_stream import ToolCallStreamSplitter, normalize_tool_choice
+from langchain_hvd import ChatHVD
 from langchain_hvd._convert import to_openai_messages
-from tests.helpers import make_byte_tokenizer
-from tests.scripted import ScriptedEngine
-from tests.tiny import make_tiny_llama
 
 SYSTEM = "You are a helpful assistant that uses tools to answer questions. Be concise and exact."
-
-
-# ============================================================== scripted and tiny engines
-
-
-@pytest.fixture(scope="module")
-def byte_tokenizer():
-    return make_byte_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def tiny_model(byte_tokenizer):
-    return make_tiny_llama(len(byte_tokenizer), seed=7)
-
-
-@pytest.fixture
-def scripted(tiny_model, byte_tokenizer):
-    def make(pieces, finish: str = "stop", delay: float = 0.0) -> ScriptedEngine:
-        return ScriptedEngine(tiny_model, byte_tokenizer, pieces, finish, delay)
-
-    return make
-
-
-@pytest.fixture
-def fixed_call_ids(monkeypatch):
-    """Deterministic tool-call ids: each parse numbers its calls from 0."""
-    counters: list[Iterator[int]] = []
-
-    def parse(text: str):
-        counter = itertools.count()
-        counters.append(counter)
-        monkeypatch.setattr(hvd_agents.toolcalls, "new_call_id", lambda: f"call_{next(counter)}")
-        return parse_tool_calls(text)
-
-    monkeypatch.setattr("hvd_agents.chat_request.parse_tool_calls", parse)
-
 
 WEATHER_SCHEMA = {
     "type": "function",

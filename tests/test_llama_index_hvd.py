@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import time
 
@@ -29,51 +28,15 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.tools import FunctionTool
 
-import hvd_agents.toolcalls
 from hvd_agents import Engine, GenerationParams, InvalidRequestError
 from hvd_agents.conversation import prepare
-from hvd_agents.toolcalls import parse_tool_calls
 from llama_index.llms.hvd import HVD
 from llama_index.llms.hvd._convert import to_openai_messages
-from tests.helpers import make_byte_tokenizer
-from tests.scripted import ScriptedEngine
-from tests.tiny import make_tiny_llama
 
 SYSTEM = "You are a helpful assistant that uses tools to answer questions. Be concise and exact."
-WEATHER_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
 
-# ============================================================== scripted and tiny engines
-
-
-@pytest.fixture(scope="module")
-def byte_tokenizer():
-    return make_byte_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def tiny_model(byte_tokenizer):
-    return make_tiny_llama(len(byte_tokenizer), seed=7)
-
-
-@pytest.fixture
-def scripted(tiny_model, byte_tokenizer):
-    def make(pieces, finish: str = "stop", delay: float = 0.0) -> ScriptedEngine:
-        return ScriptedEngine(tiny_model, byte_tokenizer, pieces, finish, delay)
-
-    return make
-
-
-@pytest.fixture
-def fixed_call_ids(monkeypatch):
-    """Deterministic tool-call ids: each parse numbers its calls from 0."""
-
-    def parse(text: str):
-        counter = itertools.count()
-        monkeypatch.setattr(hvd_agents.toolcalls, "new_call_id", lambda: f"call_{next(counter)}")
-        return parse_tool_calls(text)
-
-    monkeypatch.setattr("hvd_agents.chat_request.parse_tool_calls", parse)
+# ============================================================== tools (the engines are fixtures in conftest.py)
 
 
 LOG: list[tuple[str, dict]] = []
@@ -307,3 +270,159 @@ async def test_async_errors_propagate_as_themselves(scripted) -> None:
     with pytest.raises(InvalidRequestError):
         async for _ in await llm.astream_chat([]):
             pass
+
+
+# ============================================================== real model: equality, async, tools, agents
+
+
+real_model_test = pytest.mark.real_model
+
+GREEDY_CASES = [
+    [_user("List three prime numbers.")],
+    [ChatMessage(role="system", content=SYSTEM), _user("What is the capital of France? Answer in one sentence."),
+     ChatMessage(role="assistant", content="The capital of France is Paris."), _user("And of Italy?")],
+]
+
+
+@real_model_test
+@pytest.mark.parametrize("case", range(len(GREEDY_CASES)))
+def test_greedy_chat_and_completion_equal_engine_ar_output(real_engine, case) -> None:
+    messages = GREEDY_CASES[case]
+    structure = prepare(real_engine, to_openai_messages(messages))
+    expected = real_engine.generate(structure.prompt_ids, GenerationParams(method="ar", max_new_tokens=32))
+    llm = HVD(engine=real_engine, method="hvd-cache", max_tokens=32)
+    response = llm.chat(messages)
+    assert response.message.content == expected.text
+    assert response.raw["usage"]["completion_tokens"] == len(expected.token_ids)
+    streamed = list(llm.stream_chat(messages))
+    assert len(streamed) > 1 and "".join(r.delta for r in streamed) == streamed[-1].message.content == expected.text
+    if len(messages) == 1:  # a completion is a chat on one user message
+        assert llm.complete(messages[0].content).text == expected.text
+        assert "".join(r.delta for r in llm.stream_complete(messages[0].content)) == expected.text
+
+
+@real_model_test
+@pytest.mark.asyncio
+async def test_async_chat_and_completion_keep_the_loop_running(real_engine) -> None:
+    llm = HVD(engine=real_engine, max_tokens=24)
+    prompt = "Write a short poem about the sea."
+    expected = (await asyncio.to_thread(llm.chat, [_user(prompt)])).message.content
+
+    async def run() -> list[str]:
+        streamed = [r async for r in await llm.astream_chat([_user(prompt)])]
+        assert len(streamed) > 1 and "".join(r.delta for r in streamed) == streamed[-1].message.content
+        completions = [r async for r in await llm.astream_complete(prompt)]
+        return [streamed[-1].message.content, (await llm.achat([_user(prompt)])).message.content,
+                (await llm.acomplete(prompt)).text, completions[-1].text]
+
+    started = time.perf_counter()
+    texts, ticks = await _ticking(run())
+    elapsed = time.perf_counter() - started
+    assert texts == [expected] * 4
+    assert ticks >= min(20, int(elapsed / 0.01) // 4)  # a blocked loop would tick once or twice
+
+
+def _example_exchange() -> list[ChatMessage]:
+    """An earlier turn of the conversation that shows the two-tool pattern (as in hvd_agents/demo.py)."""
+
+    def call(name: str, kwargs: dict, call_id: str) -> ChatMessage:
+        return ChatMessage(role="assistant", blocks=[ToolCallBlock(tool_call_id=call_id, tool_name=name,
+                                                                   tool_kwargs=kwargs)])
+
+    def result(payload: dict, call_id: str) -> ChatMessage:
+        return ChatMessage(role="tool", content=json.dumps(payload), additional_kwargs={"tool_call_id": call_id})
+
+    return [
+        _user("What's the weather like in London today, and what time is it there?"),
+        call("get_weather", {"city": "London", "unit": "celsius"}, "call_1"),
+        result({"city": "London", "temperature": 14, "unit": "celsius", "condition": "partly cloudy"}, "call_1"),
+        call("get_local_time", {"city": "London"}, "call_2"),
+        result({"city": "London", "time": "09:30"}, "call_2"),
+        ChatMessage(role="assistant",
+                    content="It is 14 degrees celsius and partly cloudy in London, and the local time is 09:30."),
+    ]
+
+
+QUESTION = "And what's the weather like in Paris today, and what time is it there?"
+
+
+def _tool_choice_for(messages) -> str:
+    """Force a call until this turn has two tool results, then forbid calls (the model answers)."""
+    last_user = max(i for i, m in enumerate(messages) if m.role == MessageRole.USER)
+    results = sum(m.role == MessageRole.TOOL for m in messages[last_user:])
+    return "required" if results < 2 else "none"
+
+
+@real_model_test
+def test_forced_tool_call_is_parsed_and_streamed(real_engine) -> None:
+    llm = HVD(engine=real_engine, max_tokens=64)
+    history = [ChatMessage(role="system", content=SYSTEM), *_example_exchange()]
+    response = llm.chat_with_tools(TOOLS, user_msg=QUESTION, chat_history=list(history), tool_required=True)
+    [selection] = llm.get_tool_calls_from_response(response)
+    assert (selection.tool_name, selection.tool_kwargs["city"]) == ("get_weather", "Paris")
+    assert selection.tool_id.startswith("call_") and response.raw["hvd_stats"]["steps"] >= 1
+    streamed = list(llm.stream_chat_with_tools(TOOLS, user_msg=QUESTION, chat_history=list(history),
+                                               tool_required=True))
+    [streamed_selection] = llm.get_tool_calls_from_response(streamed[-1])
+    assert (streamed_selection.tool_name, streamed_selection.tool_kwargs) == ("get_weather", selection.tool_kwargs)
+    assert streamed[-1].message.content == response.message.content
+
+
+@real_model_test
+@pytest.mark.asyncio
+async def test_function_agent_runs_a_two_tool_loop(real_engine, monkeypatch) -> None:
+    from llama_index.core.agent.workflow import FunctionAgent, ToolCallResult
+
+    sessions: list[str] = []
+
+    def recording_prepare(engine, messages, tools=None, **kwargs):
+        structure = prepare(engine, messages, tools, **kwargs)
+        sessions.append(structure.session_id)
+        return structure
+
+    monkeypatch.setattr("hvd_agents.chat_request.prepare", recording_prepare)
+    LOG.clear()
+    agent = FunctionAgent(tools=TOOLS, llm=HVD(engine=real_engine, max_tokens=64, tool_choice=_tool_choice_for),
+                          system_prompt=SYSTEM)
+    handler = agent.run(user_msg=QUESTION, chat_history=_example_exchange())
+    results = [event async for event in handler.stream_events() if isinstance(event, ToolCallResult)]
+    output = await handler
+    assert [(name, args["city"]) for name, args in LOG] == [("get_weather", "Paris"), ("get_local_time", "Paris")]
+    assert [r.tool_name for r in results] == ["get_weather", "get_local_time"] and not any(
+        r.tool_output.is_error for r in results)
+    assert json.loads(results[1].tool_output.content)["time"] == "10:30"
+    assert [c.tool_name for c in output.tool_calls] == ["get_weather", "get_local_time"]  # the run's results
+    assert str(output.response.content).strip()
+    # three model calls (two forced calls, then the answer), all registered under one conversation key
+    assert len(sessions) == 3 and len(set(sessions)) == 1 and sessions[0]
+
+
+def _react_prefix(messages) -> str:
+    """ReAct's counterpart of a forced tool choice: name the action until an observation came back."""
+    if messages[-1].role == MessageRole.USER and (messages[-1].content or "").startswith("Observation:"):
+        return "Thought:"
+    return "Thought: I need to use a tool to help me answer the question.\nAction: get_weather\nAction Input:"
+
+
+@real_model_test
+@pytest.mark.asyncio
+async def test_react_agent_calls_a_tool_and_answers(real_engine) -> None:
+    from llama_index.core.agent.workflow import ReActAgent
+
+    # an earlier turn as ReActAgent keeps it in memory: its reasoning, observation and answer
+    example = [
+        _user("What's the weather like in London today?"),
+        ChatMessage(role="assistant", content=(
+            "Thought: I need to use a tool to help me answer the question.\n"
+            'Action: get_weather\nAction Input: {"city": "London"}\n'
+            'Observation: {"city": "London", "temperature": 14, "unit": "celsius", "condition": "partly cloudy"}\n'
+            "Thought: I can answer without using any more tools.\n"
+            "Answer: It is 14 degrees celsius and partly cloudy in London.")),
+    ]
+    LOG.clear()
+    llm = HVD(engine=real_engine, max_tokens=64, stop=["Observation:"], reply_prefix=_react_prefix)
+    agent = ReActAgent(tools=TOOLS, llm=llm, system_prompt=SYSTEM)
+    output = await agent.run(user_msg="What's the weather like in Paris today?", chat_history=example,
+                             max_iterations=4)
+    assert [(name, args["city"]) for name, args in LOG] == [("get_weather", "Paris")]
+    assert "18" in str(output.response.content)  # the observed temperature reached the answer

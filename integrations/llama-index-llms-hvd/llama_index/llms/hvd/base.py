@@ -123,9 +123,12 @@ class HVD(FunctionCallingLLM):
             "or a function of the call's messages returning one of these."
         ),
     )
-    reply_prefix: str = Field(
+    reply_prefix: str | Callable[[Sequence[ChatMessage]], str] = Field(
         default="",
-        description="Forced start of every reply that is not a forced tool call (e.g. 'Thought:' for ReAct).",
+        description=(
+            "Forced start of replies that are not forced tool calls (e.g. 'Thought:' for ReAct), "
+            "or a function of the call's messages returning it."
+        ),
     )
     session_id: str | None = Field(
         default=None, description="Conversation key for the cache store; None derives it from the first messages."
@@ -279,6 +282,7 @@ class HVD(FunctionCallingLLM):
         choice = kwargs.get("tool_choice", self.tool_choice)
         if callable(choice):
             choice = choice(messages)
+        prefix = self.reply_prefix(messages) if callable(self.reply_prefix) else self.reply_prefix
         request = build_chat_request(
             engine,
             to_openai_messages(messages),
@@ -287,7 +291,7 @@ class HVD(FunctionCallingLLM):
             tool_choice=choice,
             stop=merge_stops(self.stop, kwargs.get("stop")),
             session_id=kwargs.get("session_id") or self.session_id,
-            prefix=self.reply_prefix,
+            prefix=prefix,
         )
         return request, model_name
 

@@ -19,7 +19,7 @@ import json
 import time
 from functools import reduce
 from operator import add
-from typing import Any, Literal
+from typing import Any
 
 import pytest
 from langchain_core.language_models import BaseChatModel
@@ -43,8 +43,9 @@ from hvd_agents.toolcalls import parse_tool_calls
 from hvd_agents.toolcall_stream import ToolCallStreamSplitter, normalize_tool_choice
 from langchain_hvd import ChatHVD
 from langchain_hvd._convert import to_openai_messages
+from tests import agent_tools
+from tests.agent_tools import QUESTION, SYSTEM, TOOL_LOG, ticking
 
-SYSTEM = "You are a helpful assistant that uses tools to answer questions. Be concise and exact."
 
 WEATHER_SCHEMA = {
     "type": "function",
@@ -360,20 +361,11 @@ def test_greedy_output_equals_engine_ar_output_on_tiny_model(tiny_model, byte_to
 async def test_astream_does_not_block_the_event_loop(scripted) -> None:
     engine = scripted([f"w{i} " for i in range(20)], delay=0.03)  # ~0.6 s of "decoding" in the worker
     model = ChatHVD(engine=engine)
-    ticks = 0
-    done = asyncio.Event()
 
-    async def ticker() -> None:
-        nonlocal ticks
-        while not done.is_set():
-            ticks += 1
-            await asyncio.sleep(0.01)
+    async def run() -> tuple[list[AIMessageChunk], AIMessage]:
+        return [chunk async for chunk in model.astream("Hello")], await model.ainvoke("Hello")
 
-    task = asyncio.create_task(ticker())
-    chunks = [chunk async for chunk in model.astream("Hello")]
-    message = await model.ainvoke("Hello")
-    done.set()
-    await task
+    (chunks, message), ticks = await ticking(run())
     assert "".join(chunk.content for chunk in chunks) == message.content == "".join(engine.pieces)
     assert ticks >= 40  # the loop ran all along (a blocked loop would tick about once)
 
@@ -595,23 +587,7 @@ def test_greedy_chat_output_equals_engine_ar_output(real_engine, case) -> None:
     assert streamed == expected.text
 
 
-@tool
-def get_weather(city: str, unit: Literal["celsius", "fahrenheit"] = "celsius") -> str:
-    """Get the current weather for a city."""
-    TOOL_LOG.append(("get_weather", {"city": city, "unit": unit}))
-    temperature = {"Paris": 18, "London": 14}.get(city, 21)
-    return json.dumps({"city": city, "temperature": temperature, "unit": unit, "condition": "partly cloudy"})
-
-
-@tool
-def get_local_time(city: str) -> str:
-    """Get the current local time in a city."""
-    TOOL_LOG.append(("get_local_time", {"city": city}))
-    return json.dumps({"city": city, "time": {"London": "09:30", "Paris": "10:30"}.get(city, "12:00")})
-
-
-TOOL_LOG: list[tuple[str, dict]] = []
-TOOLS: list[BaseTool] = [get_weather, get_local_time]
+TOOLS: list[BaseTool] = [tool(agent_tools.get_weather), tool(agent_tools.get_local_time)]
 
 
 def _example_exchange() -> list[BaseMessage]:
@@ -631,7 +607,6 @@ def _example_exchange() -> list[BaseMessage]:
     ]
 
 
-QUESTION = "And what's the weather like in Paris today, and what time is it there?"
 
 
 def _tool_choice_for(messages: list[BaseMessage]) -> str:
@@ -728,22 +703,13 @@ async def test_ainvoke_and_astream_keep_the_loop_running(real_engine) -> None:
     model = ChatHVD(engine=real_engine, max_tokens=48)
     messages = [HumanMessage("Write a short poem about the sea.")]
     expected = await asyncio.to_thread(model.invoke, messages)
-    ticks = 0
-    done = asyncio.Event()
 
-    async def ticker() -> None:
-        nonlocal ticks
-        while not done.is_set():
-            ticks += 1
-            await asyncio.sleep(0.01)
+    async def run() -> tuple[list[AIMessageChunk], AIMessage]:
+        return [chunk async for chunk in model.astream(messages)], await model.ainvoke(messages)
 
-    task = asyncio.create_task(ticker())
     started = time.perf_counter()
-    chunks = [chunk async for chunk in model.astream(messages)]
-    message = await model.ainvoke(messages)
+    (chunks, message), ticks = await ticking(run())
     elapsed = time.perf_counter() - started
-    done.set()
-    await task
     assert "".join(chunk.content for chunk in chunks) == message.content == expected.content
     assert len(chunks) > 1
     assert ticks >= min(20, int(elapsed / 0.01) // 4)  # a blocked loop would tick once or twice

@@ -32,27 +32,11 @@ from hvd_agents import Engine, GenerationParams, InvalidRequestError
 from hvd_agents.conversation import prepare
 from llama_index.llms.hvd import HVD
 from llama_index.llms.hvd._convert import to_openai_messages
+from tests.agent_tools import QUESTION, SYSTEM, TOOL_LOG, get_local_time, get_weather, ticking
 
-SYSTEM = "You are a helpful assistant that uses tools to answer questions. Be concise and exact."
 
 
 # ============================================================== tools (the engines are fixtures in conftest.py)
-
-
-LOG: list[tuple[str, dict]] = []
-
-
-def get_weather(city: str, unit: str = "celsius") -> str:
-    """Get the current weather for a city."""
-    LOG.append(("get_weather", {"city": city, "unit": unit}))
-    temperature = {"Paris": 18, "London": 14}.get(city, 21)
-    return json.dumps({"city": city, "temperature": temperature, "unit": unit, "condition": "partly cloudy"})
-
-
-def get_local_time(city: str) -> str:
-    """Get the current local time in a city."""
-    LOG.append(("get_local_time", {"city": city}))
-    return json.dumps({"city": city, "time": {"London": "09:30", "Paris": "10:30"}.get(city, "12:00")})
 
 
 TOOLS = [FunctionTool.from_defaults(get_weather), FunctionTool.from_defaults(get_local_time)]
@@ -211,24 +195,6 @@ def test_greedy_output_equals_engine_ar_output_on_tiny_model(tiny_model, byte_to
 # ============================================================== unit: async on a scripted slow engine
 
 
-async def _ticking(coroutine) -> tuple[object, int]:
-    """Run ``coroutine`` while a ticker task counts event-loop turns of 10 ms."""
-    ticks = 0
-    done = asyncio.Event()
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while not done.is_set():
-            ticks += 1
-            await asyncio.sleep(0.01)
-
-    task = asyncio.create_task(ticker())
-    result = await coroutine
-    done.set()
-    await task
-    return result, ticks
-
-
 @pytest.mark.asyncio
 async def test_async_forms_do_not_block_the_event_loop(scripted) -> None:
     engine = scripted([f"w{i} " for i in range(20)], delay=0.03)  # ~0.6 s of "decoding" in the worker
@@ -238,7 +204,7 @@ async def test_async_forms_do_not_block_the_event_loop(scripted) -> None:
         streamed = [r async for r in await llm.astream_chat([_user("Hello")])]
         return streamed, await llm.achat([_user("Hello")])
 
-    (streamed, response), ticks = await _ticking(run())
+    (streamed, response), ticks = await ticking(run())
     assert "".join(r.delta for r in streamed) == response.message.content == "".join(engine.pieces)
     assert streamed[-1].message.content == response.message.content
     assert ticks >= 40  # the loop ran all along (a blocked loop would tick about once)
@@ -316,7 +282,7 @@ async def test_async_chat_and_completion_keep_the_loop_running(real_engine) -> N
                 (await llm.acomplete(prompt)).text, completions[-1].text]
 
     started = time.perf_counter()
-    texts, ticks = await _ticking(run())
+    texts, ticks = await ticking(run())
     elapsed = time.perf_counter() - started
     assert texts == [expected] * 4
     assert ticks >= min(20, int(elapsed / 0.01) // 4)  # a blocked loop would tick once or twice
@@ -343,7 +309,6 @@ def _example_exchange() -> list[ChatMessage]:
     ]
 
 
-QUESTION = "And what's the weather like in Paris today, and what time is it there?"
 
 
 def _tool_choice_for(messages) -> str:
@@ -381,13 +346,13 @@ async def test_function_agent_runs_a_two_tool_loop(real_engine, monkeypatch) -> 
         return structure
 
     monkeypatch.setattr("hvd_agents.chat_request.prepare", recording_prepare)
-    LOG.clear()
+    TOOL_LOG.clear()
     agent = FunctionAgent(tools=TOOLS, llm=HVD(engine=real_engine, max_tokens=64, tool_choice=_tool_choice_for),
                           system_prompt=SYSTEM)
     handler = agent.run(user_msg=QUESTION, chat_history=_example_exchange())
     results = [event async for event in handler.stream_events() if isinstance(event, ToolCallResult)]
     output = await handler
-    assert [(name, args["city"]) for name, args in LOG] == [("get_weather", "Paris"), ("get_local_time", "Paris")]
+    assert [(name, args["city"]) for name, args in TOOL_LOG] == [("get_weather", "Paris"), ("get_local_time", "Paris")]
     assert [r.tool_name for r in results] == ["get_weather", "get_local_time"] and not any(
         r.tool_output.is_error for r in results)
     assert json.loads(results[1].tool_output.content)["time"] == "10:30"
@@ -419,10 +384,10 @@ async def test_react_agent_calls_a_tool_and_answers(real_engine) -> None:
             "Thought: I can answer without using any more tools.\n"
             "Answer: It is 14 degrees celsius and partly cloudy in London.")),
     ]
-    LOG.clear()
+    TOOL_LOG.clear()
     llm = HVD(engine=real_engine, max_tokens=64, stop=["Observation:"], reply_prefix=_react_prefix)
     agent = ReActAgent(tools=TOOLS, llm=llm, system_prompt=SYSTEM)
     output = await agent.run(user_msg="What's the weather like in Paris today?", chat_history=example,
                              max_iterations=4)
-    assert [(name, args["city"]) for name, args in LOG] == [("get_weather", "Paris")]
+    assert [(name, args["city"]) for name, args in TOOL_LOG] == [("get_weather", "Paris")]
     assert "18" in str(output.response.content)  # the observed temperature reached the answer

@@ -159,6 +159,27 @@ def test_tool_required_prefills_the_call_and_a_choice_policy_is_applied(scripted
     assert seen == [2] and engine.requests[-1][1].stop == ("<tool_call>",)
 
 
+def test_predict_and_call_and_structured_predict_use_forced_calls(scripted) -> None:
+    from llama_index.core.bridge.pydantic import BaseModel
+    from llama_index.core.prompts import PromptTemplate
+
+    engine = scripted(['{"city": "Paris"}}\n'])
+    llm = HVD(engine=engine)
+    TOOL_LOG.clear()
+    response = llm.predict_and_call(TOOLS, user_msg="Weather in Paris?", tool_choice="get_weather")
+    assert TOOL_LOG == [("get_weather", {"city": "Paris", "unit": "celsius"})]
+    assert json.loads(response.response)["temperature"] == 18
+
+    class City(BaseModel):
+        """A city."""
+
+        name: str
+
+    engine.pieces = ['{"name": "City", "arguments": {"name": "Paris"}}\n']
+    assert llm.structured_predict(City, PromptTemplate("Name a city.")) == City(name="Paris")
+    assert engine.tokenizer.decode(engine.requests[-1][0]).endswith("<|im_start|>assistant\n<tool_call>\n")
+
+
 def test_generation_params_session_and_call_overrides(scripted) -> None:
     engine = scripted(["Hi", " there"])
     llm = HVD(engine=engine, model="my-model", method="pld", max_tokens=7, temperature=0.5, top_p=0.9, top_k=5,

@@ -279,7 +279,9 @@ class HVD(FunctionCallingLLM):
         if unknown:
             raise InvalidRequestError(f"unsupported call arguments for HVD: {unknown}")
         engine, model_name = resolve_engine(self.engine, self.model, self.device, kwargs.get("model"))
-        choice = kwargs.get("tool_choice", self.tool_choice)
+        choice = kwargs.get("tool_choice")
+        if choice is None:  # not set for this call (LlamaIndex passes None explicitly)
+            choice = self.tool_choice
         if callable(choice):
             choice = choice(messages)
         prefix = self.reply_prefix(messages) if callable(self.reply_prefix) else self.reply_prefix

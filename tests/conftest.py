@@ -1,8 +1,16 @@
-"""Shared fixtures: the embedded model is loaded once per test session."""
+"""Shared fixtures: the embedded model is loaded once per test session; tiny and scripted engines."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
+
+import hvd_agents.toolcalls
+from hvd_agents.toolcalls import parse_tool_calls
+from tests.helpers import make_byte_tokenizer
+from tests.scripted import ScriptedEngine
+from tests.tiny import make_tiny_llama
 
 
 @pytest.fixture(scope="session")
@@ -11,3 +19,37 @@ def real_engine():
     from hvd_agents.engine.shared import shared_engine
 
     return shared_engine(None, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def byte_tokenizer():
+    """The in-process byte-level tokenizer of ``tests.helpers``."""
+    return make_byte_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def tiny_model(byte_tokenizer):
+    """A tiny random Llama over the byte tokenizer's vocabulary."""
+    return make_tiny_llama(len(byte_tokenizer), seed=7)
+
+
+@pytest.fixture
+def scripted(tiny_model, byte_tokenizer):
+    """``scripted(pieces, finish="stop", delay=0.0)``: a :class:`ScriptedEngine` replaying ``pieces``."""
+
+    def make(pieces, finish: str = "stop", delay: float = 0.0) -> ScriptedEngine:
+        return ScriptedEngine(tiny_model, byte_tokenizer, pieces, finish, delay)
+
+    return make
+
+
+@pytest.fixture
+def fixed_call_ids(monkeypatch):
+    """Deterministic tool-call ids in the adapters: each parse numbers its calls from 0."""
+
+    def parse(text: str):
+        counter = itertools.count()
+        monkeypatch.setattr(hvd_agents.toolcalls, "new_call_id", lambda: f"call_{next(counter)}")
+        return parse_tool_calls(text)
+
+    monkeypatch.setattr("hvd_agents.chat_request.parse_tool_calls", parse)

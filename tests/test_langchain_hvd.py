@@ -17,10 +17,9 @@ import inspect
 import itertools
 import json
 import time
-from collections.abc import Iterator
 from functools import reduce
 from operator import add
-from typing import Any, Literal
+from typing import Any
 
 import pytest
 from langchain_core.language_models import BaseChatModel
@@ -38,85 +37,14 @@ from langchain_tests.integration_tests import ChatModelIntegrationTests
 from langchain_tests.unit_tests import ChatModelUnitTests
 from pydantic import ValidationError
 
-import hvd_agents.toolcalls
-from hvd_agents import Engine, GenerationParams, InvalidRequestError, RequestStats, TokenEvent
+from hvd_agents import Engine, GenerationParams, InvalidRequestError
 from hvd_agents.conversation import prepare
 from hvd_agents.toolcalls import parse_tool_calls
+from hvd_agents.toolcall_stream import ToolCallStreamSplitter, normalize_tool_choice
 from langchain_hvd import ChatHVD
-from langchain_hvd._convert import ToolCallStreamSplitter, normalize_tool_choice, to_openai_messages
-from tests.helpers import make_byte_tokenizer
-from tests.tiny import make_tiny_llama
-
-SYSTEM = "You are a helpful assistant that uses tools to answer questions. Be concise and exact."
-
-
-# ============================================================== scripted and tiny engines
-
-
-@pytest.fixture(scope="module")
-def byte_tokenizer():
-    return make_byte_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def tiny_model(byte_tokenizer):
-    return make_tiny_llama(len(byte_tokenizer), seed=7)
-
-
-class ScriptedEngine(Engine):
-    """An Engine whose ``stream`` replays ``pieces`` (one event each) and records its calls."""
-
-    def __init__(self, model, tokenizer, pieces, finish: str = "stop", delay: float = 0.0) -> None:
-        super().__init__(model, tokenizer, eos_token_ids=())
-        self.pieces = list(pieces)
-        self.finish = finish
-        self.delay = delay
-        self.requests: list[tuple[list[int], GenerationParams, Any]] = []
-        self.emitted = 0  # events yielded, over all requests
-        self.closed = 0  # event iterators finished or closed
-        self.completed = 0  # event iterators run to their final event
-
-    def stream(self, prompt_ids, params=None, *, req_id=None, structure=None) -> Iterator[TokenEvent]:
-        self.requests.append((list(prompt_ids), params, structure))
-        return self._events(len(prompt_ids))
-
-    def _events(self, prompt_tokens: int) -> Iterator[TokenEvent]:
-        try:
-            total = 0
-            for index, piece in enumerate(self.pieces):
-                if self.delay:
-                    time.sleep(self.delay)
-                ids = tuple(self.tokenizer(piece, add_special_tokens=False).input_ids)
-                total += len(ids)
-                last = index == len(self.pieces) - 1
-                stats = RequestStats(prompt_tokens=prompt_tokens, new_tokens=total, steps=index + 1) if last else None
-                self.emitted += 1
-                yield TokenEvent(ids, piece, self.finish if last else None, stats)
-            self.completed += 1
-        finally:
-            self.closed += 1
-
-
-@pytest.fixture
-def scripted(tiny_model, byte_tokenizer):
-    def make(pieces, finish: str = "stop", delay: float = 0.0) -> ScriptedEngine:
-        return ScriptedEngine(tiny_model, byte_tokenizer, pieces, finish, delay)
-
-    return make
-
-
-@pytest.fixture
-def fixed_call_ids(monkeypatch):
-    """Deterministic tool-call ids: each parse numbers its calls from 0."""
-    counters: list[Iterator[int]] = []
-
-    def parse(text: str):
-        counter = itertools.count()
-        counters.append(counter)
-        monkeypatch.setattr(hvd_agents.toolcalls, "new_call_id", lambda: f"call_{next(counter)}")
-        return parse_tool_calls(text)
-
-    monkeypatch.setattr("langchain_hvd.chat_models.parse_tool_calls", parse)
+from langchain_hvd._convert import to_openai_messages
+from tests import agent_tools
+from tests.agent_tools import QUESTION, SYSTEM, TOOL_LOG, ticking
 
 
 WEATHER_SCHEMA = {
@@ -406,7 +334,7 @@ def test_construction_loads_nothing(monkeypatch) -> None:
     def boom(*args, **kwargs):
         raise AssertionError("the engine must not be created before the first call")
 
-    monkeypatch.setattr("langchain_hvd.chat_models.shared_engine", boom)
+    monkeypatch.setattr("hvd_agents.chat_request.shared_engine", boom)
     model = ChatHVD(model="some/hub-model", device="cpu", max_tokens=12)
     model.bind_tools([WEATHER_SCHEMA], tool_choice="get_weather")
     model.with_structured_output({"title": "T", "type": "object", "properties": {"a": {"type": "string"}}})
@@ -433,20 +361,11 @@ def test_greedy_output_equals_engine_ar_output_on_tiny_model(tiny_model, byte_to
 async def test_astream_does_not_block_the_event_loop(scripted) -> None:
     engine = scripted([f"w{i} " for i in range(20)], delay=0.03)  # ~0.6 s of "decoding" in the worker
     model = ChatHVD(engine=engine)
-    ticks = 0
-    done = asyncio.Event()
 
-    async def ticker() -> None:
-        nonlocal ticks
-        while not done.is_set():
-            ticks += 1
-            await asyncio.sleep(0.01)
+    async def run() -> tuple[list[AIMessageChunk], AIMessage]:
+        return [chunk async for chunk in model.astream("Hello")], await model.ainvoke("Hello")
 
-    task = asyncio.create_task(ticker())
-    chunks = [chunk async for chunk in model.astream("Hello")]
-    message = await model.ainvoke("Hello")
-    done.set()
-    await task
+    (chunks, message), ticks = await ticking(run())
     assert "".join(chunk.content for chunk in chunks) == message.content == "".join(engine.pieces)
     assert ticks >= 40  # the loop ran all along (a blocked loop would tick about once)
 
@@ -668,23 +587,7 @@ def test_greedy_chat_output_equals_engine_ar_output(real_engine, case) -> None:
     assert streamed == expected.text
 
 
-@tool
-def get_weather(city: str, unit: Literal["celsius", "fahrenheit"] = "celsius") -> str:
-    """Get the current weather for a city."""
-    TOOL_LOG.append(("get_weather", {"city": city, "unit": unit}))
-    temperature = {"Paris": 18, "London": 14}.get(city, 21)
-    return json.dumps({"city": city, "temperature": temperature, "unit": unit, "condition": "partly cloudy"})
-
-
-@tool
-def get_local_time(city: str) -> str:
-    """Get the current local time in a city."""
-    TOOL_LOG.append(("get_local_time", {"city": city}))
-    return json.dumps({"city": city, "time": {"London": "09:30", "Paris": "10:30"}.get(city, "12:00")})
-
-
-TOOL_LOG: list[tuple[str, dict]] = []
-TOOLS: list[BaseTool] = [get_weather, get_local_time]
+TOOLS: list[BaseTool] = [tool(agent_tools.get_weather), tool(agent_tools.get_local_time)]
 
 
 def _example_exchange() -> list[BaseMessage]:
@@ -704,7 +607,6 @@ def _example_exchange() -> list[BaseMessage]:
     ]
 
 
-QUESTION = "And what's the weather like in Paris today, and what time is it there?"
 
 
 def _tool_choice_for(messages: list[BaseMessage]) -> str:
@@ -764,7 +666,7 @@ def test_langgraph_state_graph_runs_a_two_tool_loop_in_its_thread(real_engine, m
     from langgraph.graph import START, MessagesState, StateGraph
     from langgraph.prebuilt import ToolNode, tools_condition
 
-    import langchain_hvd.chat_models
+    import hvd_agents.chat_request
 
     sessions: list[str | None] = []
 
@@ -772,7 +674,7 @@ def test_langgraph_state_graph_runs_a_two_tool_loop_in_its_thread(real_engine, m
         sessions.append(kwargs.get("session_id"))
         return prepare(engine, messages, tools, **kwargs)
 
-    monkeypatch.setattr(langchain_hvd.chat_models, "prepare", recording_prepare)
+    monkeypatch.setattr(hvd_agents.chat_request, "prepare", recording_prepare)
     llm = ChatHVD(engine=real_engine, max_tokens=64)
 
     def agent(state: MessagesState) -> dict:
@@ -801,22 +703,13 @@ async def test_ainvoke_and_astream_keep_the_loop_running(real_engine) -> None:
     model = ChatHVD(engine=real_engine, max_tokens=48)
     messages = [HumanMessage("Write a short poem about the sea.")]
     expected = await asyncio.to_thread(model.invoke, messages)
-    ticks = 0
-    done = asyncio.Event()
 
-    async def ticker() -> None:
-        nonlocal ticks
-        while not done.is_set():
-            ticks += 1
-            await asyncio.sleep(0.01)
+    async def run() -> tuple[list[AIMessageChunk], AIMessage]:
+        return [chunk async for chunk in model.astream(messages)], await model.ainvoke(messages)
 
-    task = asyncio.create_task(ticker())
     started = time.perf_counter()
-    chunks = [chunk async for chunk in model.astream(messages)]
-    message = await model.ainvoke(messages)
+    (chunks, message), ticks = await ticking(run())
     elapsed = time.perf_counter() - started
-    done.set()
-    await task
     assert "".join(chunk.content for chunk in chunks) == message.content == expected.content
     assert len(chunks) > 1
     assert ticks >= min(20, int(elapsed / 0.01) // 4)  # a blocked loop would tick once or twice

@@ -22,23 +22,32 @@ drafting, stop strings and tool-call parsing all live in hvd-agents.
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
 import json
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping, Sequence
+from contextlib import closing
 from operator import itemgetter
 from typing import Any, Literal
 
-from hvd_agents.conversation import prepare
-from hvd_agents.drafters import available_methods
-from hvd_agents.engine import Engine, GenerationParams, TokenEvent
-from hvd_agents.engine.shared import shared_engine
+from hvd_agents.async_stream import iterate_in_thread
+from hvd_agents.chat_request import (
+    DECODE_FIELDS,
+    DEFAULT_METHOD,
+    DEFAULT_MODEL_NAME,
+    ChatRequest,
+    DecodeOptions,
+    ReplyPiece,
+    build_chat_request,
+    check_method,
+    merge_stops,
+    resolve_engine,
+    stream_reply,
+)
+from hvd_agents.engine import Engine
 from hvd_agents.errors import InvalidRequestError
-from hvd_agents.structure import PromptStructure
-from hvd_agents.toolcalls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, forced_call_prefix, parse_tool_calls
+from hvd_agents.toolcall_stream import normalize_tool_choice
+from hvd_agents.toolcalls import forced_call_prefix
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import LanguageModelInput
 from langchain_core.language_models.chat_models import BaseChatModel, LangSmithParams
@@ -54,41 +63,19 @@ from langchain_core.utils.function_calling import convert_to_json_schema, conver
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import ConfigDict, Field, model_validator
 
-from langchain_hvd._convert import (
-    JsonObjectScanner,
-    ToolCallStreamSplitter,
-    normalize_tool_choice,
-    parsed_tool_call_chunks,
-    to_openai_messages,
-)
+from langchain_hvd._convert import parsed_tool_call_chunks, to_openai_messages
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 PROVIDER = "hvd"
 JSON_INSTRUCTION = "Respond only with a JSON object."
 JSON_KEYS_INSTRUCTION = "Respond only with a JSON object with these keys:"
 JSON_SCHEMA_INSTRUCTION = "Respond only with JSON that matches this JSON schema:"
 
 # Per-call keyword arguments (``invoke(..., **kwargs)`` / ``bind``) that a call understands.
-_CALL_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "method", "num_draft_tokens")
-_CALL_KWARGS = frozenset({*_CALL_FIELDS, "tools", "tool_choice", "response_format", "model", "session_id"})
+_CALL_KWARGS = frozenset({*DECODE_FIELDS, "tools", "tool_choice", "response_format", "model", "session_id"})
 # Passed by LangChain itself on some paths; they carry nothing for this backend.
 _IGNORED_KWARGS = frozenset({"ls_structured_output_format", "stream"})
-
-
-@dataclass
-class _Request:
-    """One prepared engine request and how to read its output (adapter-internal)."""
-
-    engine: Engine
-    structure: PromptStructure
-    params: GenerationParams
-    model_name: str
-    prefix: str  # forced start of the reply (tool-call opening or "{")
-    parse_tools: bool  # tools were bound: split out <tool_call> blocks
-    forced_call: bool  # the prefix opens a tool call; "</tool_call>" is a stop string
-    json_mode: bool  # response_format: the reply is the first JSON object
 
 
 class ChatHVD(BaseChatModel):
@@ -112,7 +99,7 @@ class ChatHVD(BaseChatModel):
 
     model: str | None = None
     """Hub id, local model directory or ``.gguf`` file; None = the embedded SmolLM2-135M-Instruct."""
-    method: str = "hvd"
+    method: str = DEFAULT_METHOD
     """Decoding method: a name in ``hvd_agents.drafters.available_methods()`` (``hvd``, ``hvd-cache``, ``pld``, ``ar``)."""
     max_tokens: int = 256
     """Most tokens generated per call."""
@@ -132,12 +119,7 @@ class ChatHVD(BaseChatModel):
 
     @model_validator(mode="after")
     def _check_method(self) -> ChatHVD:
-        if self.method not in available_methods():
-            if self.engine is None:
-                raise InvalidRequestError(
-                    f"unknown decoding method {self.method!r}; choose one of {', '.join(available_methods())}"
-                )
-            self.engine.drafter(self.method)  # a drafter added with engine.add_drafter(), or InvalidRequestError
+        check_method(self.method, self.engine)
         return self
 
     # ---------------------------------------------------------------- LangChain metadata
@@ -175,7 +157,7 @@ class ChatHVD(BaseChatModel):
             ls_temperature=kwargs.get("temperature", self.temperature),
             ls_max_tokens=kwargs.get("max_tokens", self.max_tokens),
         )
-        if merged := _merge_stops(self.stop, stop):
+        if merged := merge_stops(self.stop, stop):
             params["ls_stop"] = merged
         return params
 
@@ -323,8 +305,8 @@ class ChatHVD(BaseChatModel):
     ) -> Iterator[ChatGenerationChunk]:
         # LangChain reports each chunk to the callbacks (on_llm_new_token) itself.
         session_id = kwargs.pop("session_id", None) or _thread_id(run_manager)
-        request = self._prepare_request(messages, stop, session_id, kwargs)
-        yield from self._run(request)
+        request, model_name = self._prepare_request(messages, stop, session_id, kwargs)
+        yield from _chunks(stream_reply(request), request, model_name)
 
     async def _agenerate(
         self,
@@ -352,54 +334,15 @@ class ChatHVD(BaseChatModel):
         waits for that, so the engine's lock is free when it returns.
         """
         session_id = kwargs.pop("session_id", None) or _thread_id(run_manager)
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-        cancelled = threading.Event()
 
-        def put(kind: str, item: Any) -> None:
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, (kind, item))
-            except RuntimeError:  # the loop is closed: nobody is listening any more
-                cancelled.set()
+        def work(cancelled: threading.Event) -> Iterator[ChatGenerationChunk]:
+            request, model_name = self._prepare_request(messages, stop, session_id, kwargs)
+            yield from _chunks(stream_reply(request, cancelled), request, model_name)
 
-        def work() -> None:
-            chunks: Iterator[ChatGenerationChunk] | None = None
-            try:
-                request = self._prepare_request(messages, stop, session_id, kwargs)
-                chunks = self._run(request, cancelled)  # checks the flag after every decode step
-                for chunk in chunks:
-                    put("chunk", chunk)
-            except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which re-raises it
-                put("error", exc)
-            else:
-                put("done", None)
-            finally:
-                if chunks is not None:
-                    chunks.close()  # closes the engine iterator: ends the request, releases the lock
-
-        context = contextvars.copy_context()
-        worker = loop.run_in_executor(None, context.run, work)
-        try:
-            while True:
-                kind, item = await queue.get()
-                if kind == "done":
-                    break
-                if kind == "error":
-                    raise item
-                yield item
-        finally:
-            cancelled.set()
-            await asyncio.shield(worker)
+        async for chunk in iterate_in_thread(work):
+            yield chunk
 
     # ---------------------------------------------------------------- the core
-
-    def _resolve_engine(self, model: str | None) -> tuple[Engine, str]:
-        """The engine for a call (a per-call ``model`` selects another shared engine)."""
-        if model is not None and model != self.model:
-            return shared_engine(model, device=self.device), model
-        if self.engine is not None:
-            return self.engine, self.model_name
-        return shared_engine(self.model, device=self.device), self.model_name
 
     def _prepare_request(
         self,
@@ -407,119 +350,65 @@ class ChatHVD(BaseChatModel):
         stop: list[str] | None,
         session_id: str | None,
         kwargs: dict[str, Any],
-    ) -> _Request:
-        """Messages and call arguments to a prepared engine request (see ``prepare``)."""
+    ) -> tuple[ChatRequest, str]:
+        """Messages and call arguments to a prepared engine request and the model's name."""
         call = {key: value for key, value in kwargs.items() if key not in _IGNORED_KWARGS}
         unknown = sorted(set(call) - _CALL_KWARGS)
         if unknown:
             raise InvalidRequestError(f"unsupported call arguments for ChatHVD: {unknown}")
-        tools = call.get("tools") or None
-        choice = normalize_tool_choice(call.get("tool_choice"))
         response_format = call.get("response_format")
-        engine, model_name = self._resolve_engine(call.get("model"))
-
+        engine, model_name = resolve_engine(self.engine, self.model, self.device, call.get("model"))
         oai_messages = to_openai_messages(messages)
+        prefix = ""
         if response_format is not None:
             oai_messages = _with_json_instruction(oai_messages, response_format)
-        stops = _merge_stops(self.stop, stop) or []
-        prefix, forced = "", False
-        if tools and choice not in (None, "none"):
-            prefix, forced = forced_call_prefix(choice, tools), True
-            stops = _merge_stops(stops, [TOOL_CALL_CLOSE]) or []
-        elif tools and choice == "none":
-            stops = _merge_stops(stops, [TOOL_CALL_OPEN]) or []
-        elif response_format is not None:
             prefix = _json_prefix(response_format)
-        structure = prepare(engine, oai_messages, tools, session_id=session_id, assistant_prefix=prefix)
-
-        values = {field: call.get(field, getattr(self, field)) for field in _CALL_FIELDS}
-        optional = {
-            name: values[name] for name in ("top_p", "top_k", "num_draft_tokens") if values[name] is not None
-        }
-        params = GenerationParams(
-            max_new_tokens=values["max_tokens"],
-            temperature=values["temperature"],
-            seed=values["seed"],
-            method=values["method"],
-            stop=tuple(stops),
-            **optional,
-        )
-        return _Request(
-            engine=engine,
-            structure=structure,
-            params=params,
-            model_name=model_name,
+        request = build_chat_request(
+            engine,
+            oai_messages,
+            call.get("tools") or None,
+            options=DecodeOptions.from_fields(self, call),
+            tool_choice=call.get("tool_choice"),
+            stop=merge_stops(self.stop, stop),
+            session_id=session_id,
             prefix=prefix,
-            parse_tools=bool(tools),
-            forced_call=forced,
-            json_mode=prefix == "{" and not forced,
+            json_mode=prefix == "{",
         )
-
-    def _run(self, request: _Request, cancelled: threading.Event | None = None) -> Iterator[ChatGenerationChunk]:
-        """Stream one prepared request as chunks; the last one carries calls, usage and metadata.
-
-        Closing this generator, or setting ``cancelled`` (checked after every engine
-        event, also while tool-call text is held back), closes the engine's iterator.
-        """
-        events = request.engine.stream(request.structure.prompt_ids, request.params, structure=request.structure)
-        try:
-            for chunk in _chunks(request, events, cancelled):
-                yield chunk
-        finally:
-            events.close()
+        return request, model_name
 
 
 # -------------------------------------------------------------------- helpers
 
 
 def _chunks(
-    request: _Request, events: Iterator[TokenEvent], cancelled: threading.Event | None
+    pieces: Generator[ReplyPiece, None, None], request: ChatRequest, model_name: str
 ) -> Iterator[ChatGenerationChunk]:
-    splitter = ToolCallStreamSplitter(request.prefix) if request.parse_tools else None
-    scanner = JsonObjectScanner() if request.json_mode else None
-    text = ""  # the reply so far (prefix included) when not splitting tool calls
-    shown = 0  # characters of ``text`` emitted as content
-    pending = request.prefix if splitter is None else ""
-    for event in events:
-        if cancelled is not None and cancelled.is_set():
-            return
-        if splitter is not None:
-            delta = splitter.push(event.text)
-        else:
-            new, pending = pending + event.text, ""
-            text += new
-            end = scanner.push(new) if scanner is not None else None
-            visible = text if end is None else text[:end]
-            delta, shown = visible[shown:], len(visible)
-        if event.finish_reason is None:
-            if delta:
-                yield ChatGenerationChunk(message=AIMessageChunk(content=delta))
-            continue
-        yield _last_chunk(request, event, splitter, delta)
-        return
+    """The reply pieces as chunks; the last one carries calls, usage and metadata.
+
+    Closing this generator closes ``pieces`` (hence the engine's iterator).
+    """
+    with closing(pieces):
+        for piece in pieces:
+            if piece.finish_reason is None:
+                yield ChatGenerationChunk(message=AIMessageChunk(content=piece.delta))
+            else:
+                yield _last_chunk(request, model_name, piece)
 
 
-def _last_chunk(
-    request: _Request, event: TokenEvent, splitter: ToolCallStreamSplitter | None, delta: str
-) -> ChatGenerationChunk:
-    finish = event.finish_reason or "stop"
+def _last_chunk(request: ChatRequest, model_name: str, piece: ReplyPiece) -> ChatGenerationChunk:
+    finish = piece.finish_reason or "stop"
     tool_call_chunks, errors = [], {}
-    if splitter is not None:
-        reply = splitter.text
-        if request.forced_call and finish == "stop" and reply.rfind(TOOL_CALL_OPEN) > reply.rfind(TOOL_CALL_CLOSE):
-            splitter.push(TOOL_CALL_CLOSE)  # generation stopped at the stop string "</tool_call>"
-        parsed = parse_tool_calls(splitter.text)
-        delta += splitter.finish(parsed)
-        tool_call_chunks = parsed_tool_call_chunks(parsed)
-        errors = {bad.id: bad.error for bad in parsed.invalid_tool_calls}
-    stats = event.stats
+    if piece.parsed is not None:
+        tool_call_chunks = parsed_tool_call_chunks(piece.parsed)
+        errors = {bad.id: bad.error for bad in piece.parsed.invalid_tool_calls}
+    stats = piece.stats
     input_tokens = len(request.structure.prompt_ids)
     output_tokens = stats.new_tokens if stats is not None else 0
     usage = UsageMetadata(
         input_tokens=input_tokens, output_tokens=output_tokens, total_tokens=input_tokens + output_tokens
     )
     metadata = {
-        "model_name": request.model_name,
+        "model_name": model_name,
         "model_provider": PROVIDER,
         "finish_reason": finish,
         "method": request.params.method,
@@ -528,7 +417,7 @@ def _last_chunk(
     if errors:  # by call id; chunk aggregation cannot carry InvalidToolCall.error
         metadata["invalid_tool_call_errors"] = errors
     message = AIMessageChunk(
-        content=delta,
+        content=piece.delta,
         tool_call_chunks=tool_call_chunks,
         usage_metadata=usage,
         response_metadata=metadata,
@@ -564,16 +453,6 @@ def _aggregate(chunks: Iterator[ChatGenerationChunk] | list[ChatGenerationChunk]
         id=chunk_message.id,
     )
     return ChatResult(generations=[ChatGeneration(message=message, generation_info=total.generation_info)])
-
-
-def _merge_stops(*lists: Sequence[str] | None) -> list[str] | None:
-    """Stop strings of the model and the call, in order, without duplicates."""
-    merged: list[str] = []
-    for stops in lists:
-        for stop in stops or ():
-            if stop not in merged:
-                merged.append(stop)
-    return merged or None
 
 
 def _with_thread_session(config: RunnableConfig | None, kwargs: dict[str, Any]) -> dict[str, Any]:

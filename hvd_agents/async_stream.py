@@ -1,0 +1,72 @@
+"""Async iteration over a blocking stream, without blocking the event loop.
+
+:func:`iterate_in_thread` runs a synchronous iterator (tokenization, model loading
+on first use, decoding) in a worker thread and hands its items to the event loop
+through an asyncio queue. When the consuming task is cancelled or stops iterating,
+a flag is set that the iterator checks (it is passed to the factory); the worker
+then closes the iterator, which must release what it holds (the engine's iterator,
+hence the engine's lock), and the async generator waits for that before it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+from collections.abc import AsyncIterator, Callable, Generator
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+async def iterate_in_thread(make: Callable[[threading.Event], Generator[T, None, None]]) -> AsyncIterator[T]:
+    """Yield the items of ``make(cancelled)``, produced in a worker thread.
+
+    Args:
+        make: builds the generator inside the worker (so that its set-up also runs
+            off the loop); it receives the cancellation flag and should check it
+            between steps, including steps that yield nothing. The worker closes
+            the generator at the end, so its ``finally`` blocks release resources.
+
+    Raises:
+        Whatever the iterator raises, re-raised in the consuming task.
+    """
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+    cancelled = threading.Event()
+
+    def put(kind: str, item: Any) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, (kind, item))
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            cancelled.set()
+
+    def work() -> None:
+        items: Generator[T, None, None] | None = None
+        try:
+            items = make(cancelled)
+            for item in items:
+                if cancelled.is_set():
+                    break
+                put("item", item)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which re-raises it
+            put("error", exc)
+        else:
+            put("done", None)
+        finally:
+            if items is not None:
+                items.close()  # runs its finally blocks (closes the engine iterator)
+
+    context = contextvars.copy_context()
+    worker = loop.run_in_executor(None, context.run, work)
+    try:
+        while True:
+            kind, item = await queue.get()
+            if kind == "done":
+                break
+            if kind == "error":
+                raise item
+            yield item
+    finally:
+        cancelled.set()
+        await asyncio.shield(worker)

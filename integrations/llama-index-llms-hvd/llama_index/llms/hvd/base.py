@@ -1,0 +1,348 @@
+"""``HVD``: a LlamaIndex function-calling LLM over an hvd-agents engine.
+
+A thin adapter, the LlamaIndex twin of ``langchain_hvd.ChatHVD``: every call turns
+the LlamaIndex messages into OpenAI-shape dicts and goes through
+:func:`hvd_agents.chat_request.build_chat_request` (which calls
+:func:`hvd_agents.conversation.prepare`: the prompt is rendered and its system prompt,
+tool schemas and prior turns are registered in the engine's cache store for the
+conversation) and :func:`hvd_agents.chat_request.stream_reply`. Decoding, drafting,
+stop strings and tool-call parsing all live in hvd-agents.
+
+* One streaming core (:meth:`HVD._stream`); ``chat`` returns its last response and
+  the async forms run it in a worker thread that feeds an asyncio queue
+  (:func:`hvd_agents.async_stream.iterate_in_thread`), so the event loop never
+  blocks; cancelling the consuming task closes the engine's iterator.
+* Tool calls are Hermes ``<tool_call>`` blocks in the reply. While streaming, text
+  before the first block is streamed, the rest is held back; the last response's
+  message holds the content and one ``ToolCallBlock`` per call.
+* The engine is injected (``engine=``) or created lazily on first use with
+  :func:`hvd_agents.engine.shared.shared_engine`: constructing an ``HVD`` loads nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
+from contextlib import closing
+from typing import TYPE_CHECKING, Any
+
+from hvd_agents.async_stream import iterate_in_thread
+from hvd_agents.chat_request import (
+    DECODE_FIELDS,
+    DEFAULT_METHOD,
+    DEFAULT_MODEL_NAME,
+    ChatRequest,
+    DecodeOptions,
+    ReplyPiece,
+    build_chat_request,
+    check_method,
+    merge_stops,
+    resolve_engine,
+    stream_reply,
+)
+from hvd_agents.engine import Engine
+from hvd_agents.errors import InvalidRequestError
+from hvd_agents.toolcall_stream import normalize_tool_choice
+from llama_index.core.base.llms.generic_utils import (
+    achat_to_completion_decorator,
+    astream_chat_to_completion_decorator,
+    chat_to_completion_decorator,
+    stream_chat_to_completion_decorator,
+)
+from llama_index.core.base.llms.types import (
+    ChatMessage,
+    ChatResponse,
+    ChatResponseAsyncGen,
+    ChatResponseGen,
+    CompletionResponse,
+    CompletionResponseAsyncGen,
+    CompletionResponseGen,
+    LLMMetadata,
+    MessageRole,
+    ToolCallBlock,
+)
+from llama_index.core.bridge.pydantic import Field, model_validator
+from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
+from llama_index.core.llms.function_calling import FunctionCallingLLM
+from llama_index.core.llms.llm import ToolSelection
+
+from llama_index.llms.hvd._convert import reply_message, to_openai_messages, tool_schemas, tool_selections
+
+if TYPE_CHECKING:
+    from llama_index.core.tools.types import BaseTool
+
+logger = logging.getLogger(__name__)
+
+# Per-call keyword arguments (``chat(messages, **kwargs)``) that a call understands.
+_CALL_KWARGS = frozenset({*DECODE_FIELDS, "tools", "tool_choice", "stop", "session_id", "model"})
+
+ToolChoicePolicy = Callable[[Sequence[ChatMessage]], Any]
+"""A function of a call's messages that returns its ``tool_choice``."""
+
+
+class HVD(FunctionCallingLLM):
+    """LLM running locally on hvd-agents (lossless speculative decoding), with function calling.
+
+    Example:
+        ```python
+        from llama_index.llms.hvd import HVD
+
+        llm = HVD(max_tokens=128)        # embedded SmolLM2-135M-Instruct, loaded on first use
+        llm.complete("Name three primes.").text
+        response = llm.chat_with_tools([weather_tool], user_msg="Weather in Paris?", tool_required=True)
+        llm.get_tool_calls_from_response(response)   # [ToolSelection(tool_name="get_weather", ...)]
+        ```
+
+    Greedy output (``temperature=0``, the default) is token for token the model's
+    plain greedy output, whatever the ``method``; sampled output keeps the model's
+    distribution. ``response.raw["hvd_stats"]`` reports what drafting did.
+    """
+
+    model: str | None = Field(
+        default=None, description="Hub id, local model directory or .gguf file; None = the embedded model."
+    )
+    method: str = Field(default=DEFAULT_METHOD, description="Decoding method: 'hvd', 'hvd-cache', 'pld', 'ar', ...")
+    max_tokens: int = Field(default=256, gt=0, description="Most tokens generated per call.")
+    temperature: float = Field(default=0.0, ge=0.0, description="0 = greedy.")
+    top_p: float | None = Field(default=None, description="Nucleus sampling mass; None = no cut-off.")
+    top_k: int | None = Field(default=None, description="Top-k cut-off; None = none.")
+    seed: int | None = Field(default=None, description="Sampling seed; None = a fresh one per call.")
+    num_draft_tokens: int | None = Field(
+        default=None, description="Most draft tokens verified per step (K); None = the engine's default."
+    )
+    device: str | None = Field(default=None, description="'cpu', 'cuda', ...; None picks CUDA when available.")
+    context_window: int | None = Field(
+        default=None, description="Reported context window; None = the model's (loads the model on first use)."
+    )
+    stop: list[str] | None = Field(default=None, description="Stop strings for every call.")
+    tool_choice: Any = Field(
+        default=None,
+        description=(
+            "tool_choice of calls with tools that set none: None/'auto', 'none', 'required', a tool name, "
+            "or a function of the call's messages returning one of these."
+        ),
+    )
+    reply_prefix: str | Callable[[Sequence[ChatMessage]], str] = Field(
+        default="",
+        description=(
+            "Forced start of replies that are not forced tool calls (e.g. 'Thought:' for ReAct), "
+            "or a function of the call's messages returning it."
+        ),
+    )
+    session_id: str | None = Field(
+        default=None, description="Conversation key for the cache store; None derives it from the first messages."
+    )
+    engine: Engine | None = Field(default=None, exclude=True, description="An engine to use instead of a shared one.")
+
+    @model_validator(mode="after")
+    def _check_fields(self) -> HVD:
+        check_method(self.method, self.engine)
+        if not callable(self.tool_choice):
+            normalize_tool_choice(self.tool_choice)  # refuse a bad value now
+        return self
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "HVD"
+
+    @property
+    def model_name(self) -> str:
+        """``model`` or the embedded model's name."""
+        return self.model if self.model is not None else DEFAULT_MODEL_NAME
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        """Context window (the model's, unless ``context_window`` is set) and ``num_output`` = ``max_tokens``."""
+        context_window = self.context_window
+        if context_window is None:
+            context_window = resolve_engine(self.engine, self.model, self.device)[0].context_window
+        return LLMMetadata(
+            context_window=context_window,
+            num_output=self.max_tokens,
+            is_chat_model=True,
+            is_function_calling_model=True,
+            model_name=self.model_name,
+        )
+
+    # ---------------------------------------------------------------- tools
+
+    def _prepare_chat_with_tools(
+        self,
+        tools: Sequence[BaseTool],
+        user_msg: str | ChatMessage | None = None,
+        chat_history: list[ChatMessage] | None = None,
+        verbose: bool = False,
+        allow_parallel_tool_calls: bool = False,
+        tool_required: bool = False,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        """The ``chat`` arguments for a call with tools.
+
+        ``tool_required=True`` forces a call (``tool_choice="required"``); an explicit
+        ``tool_choice`` (e.g. ``FunctionAgent(initial_tool_choice=...)``) wins over it;
+        with neither, the ``tool_choice`` field applies.
+        """
+        messages = list(chat_history or [])
+        if user_msg is not None:
+            messages.append(ChatMessage(role=MessageRole.USER, content=user_msg) if isinstance(user_msg, str) else user_msg)
+        call = {"messages": messages, "tools": tool_schemas(tools), **kwargs}
+        if tool_required and call.get("tool_choice") is None:
+            call["tool_choice"] = "required"
+        return call
+
+    def _validate_chat_with_tools_response(
+        self,
+        response: ChatResponse,
+        tools: Sequence[BaseTool],
+        allow_parallel_tool_calls: bool = False,
+        **kwargs: Any,
+    ) -> ChatResponse:
+        """Keep only the first call unless ``allow_parallel_tool_calls``."""
+        if not allow_parallel_tool_calls:
+            calls = [block for block in response.message.blocks if isinstance(block, ToolCallBlock)]
+            for extra in calls[1:]:
+                response.message.blocks.remove(extra)
+        return response
+
+    def get_tool_calls_from_response(
+        self, response: ChatResponse, error_on_no_tool_call: bool = True, **kwargs: Any
+    ) -> list[ToolSelection]:
+        """The response's calls (its ``ToolCallBlock`` s) as ``ToolSelection`` s.
+
+        Raises:
+            ValueError: no valid call and ``error_on_no_tool_call`` (the message names
+                the parse errors of invalid calls, if any).
+        """
+        selections = tool_selections(response.message)
+        if not selections and error_on_no_tool_call:
+            invalid = response.message.additional_kwargs.get("invalid_tool_calls") or []
+            errors = "; ".join(f"{bad['name']}: {bad['error']}" for bad in invalid)
+            raise ValueError("Expected at least one tool call, but got 0" + (f" (invalid calls: {errors})" if errors else ""))
+        return selections
+
+    # ---------------------------------------------------------------- chat
+
+    @llm_chat_callback()
+    def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        return _final(list(self._stream(messages, kwargs)))
+
+    @llm_chat_callback()
+    def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
+        return self._stream(messages, kwargs)
+
+    @llm_chat_callback()
+    async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        return _final([response async for response in self._astream(messages, kwargs)])
+
+    @llm_chat_callback()
+    async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
+        return self._astream(messages, kwargs)
+
+    # ---------------------------------------------------------------- completion (a user message)
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        return chat_to_completion_decorator(self.chat)(prompt, **kwargs)
+
+    @llm_completion_callback()
+    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
+        return stream_chat_to_completion_decorator(self.stream_chat)(prompt, **kwargs)
+
+    @llm_completion_callback()
+    async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        return await achat_to_completion_decorator(self.achat)(prompt, **kwargs)
+
+    @llm_completion_callback()
+    async def astream_complete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponseAsyncGen:
+        return await astream_chat_to_completion_decorator(self.astream_chat)(prompt, **kwargs)
+
+    # ---------------------------------------------------------------- the core
+
+    def _stream(
+        self, messages: Sequence[ChatMessage], kwargs: dict[str, Any], cancelled: threading.Event | None = None
+    ) -> Iterator[ChatResponse]:
+        """The streaming core: one response per content delta, the last one with calls and stats."""
+        request, model_name = self._prepare_request(messages, kwargs)
+        yield from _responses(stream_reply(request, cancelled), request, model_name)
+
+    async def _astream(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> AsyncIterator[ChatResponse]:
+        """The streaming core in a worker thread (preparation and model loading included)."""
+        async for response in iterate_in_thread(lambda cancelled: self._stream(messages, kwargs, cancelled)):
+            yield response
+
+    def _prepare_request(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> tuple[ChatRequest, str]:
+        """Messages and call arguments to a prepared engine request and the model's name."""
+        unknown = sorted(set(kwargs) - _CALL_KWARGS)
+        if unknown:
+            raise InvalidRequestError(f"unsupported call arguments for HVD: {unknown}")
+        engine, model_name = resolve_engine(self.engine, self.model, self.device, kwargs.get("model"))
+        choice = kwargs.get("tool_choice")
+        if choice is None:  # not set for this call (LlamaIndex passes None explicitly)
+            choice = self.tool_choice
+        if callable(choice):
+            choice = choice(messages)
+        prefix = self.reply_prefix(messages) if callable(self.reply_prefix) else self.reply_prefix
+        request = build_chat_request(
+            engine,
+            to_openai_messages(messages),
+            kwargs.get("tools") or None,
+            options=DecodeOptions.from_fields(self, kwargs),
+            tool_choice=choice,
+            stop=merge_stops(self.stop, kwargs.get("stop")),
+            session_id=kwargs.get("session_id") or self.session_id,
+            prefix=prefix,
+        )
+        return request, model_name
+
+
+# -------------------------------------------------------------------- helpers
+
+
+def _responses(
+    pieces: Generator[ReplyPiece, None, None], request: ChatRequest, model_name: str
+) -> Iterator[ChatResponse]:
+    """Reply pieces as chat responses, each with its delta and the content so far.
+
+    Closing this generator closes ``pieces`` (hence the engine's iterator).
+    """
+    content = ""
+    with closing(pieces):
+        for piece in pieces:
+            content += piece.delta
+            if piece.finish_reason is None:
+                yield ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=content), delta=piece.delta)
+            else:
+                yield _last_response(request, model_name, piece, content)
+
+
+def _last_response(request: ChatRequest, model_name: str, piece: ReplyPiece, content: str) -> ChatResponse:
+    """The last response: the whole message (text and tool-call blocks), usage and stats in ``raw``."""
+    stats = piece.stats
+    prompt_tokens = len(request.structure.prompt_ids)
+    completion_tokens = stats.new_tokens if stats is not None else 0
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+    raw = {
+        "model": model_name,
+        "method": request.params.method,
+        "finish_reason": piece.finish_reason,
+        "usage": usage,
+        "hvd_stats": stats.to_dict() if stats is not None else {},
+    }
+    return ChatResponse(
+        message=reply_message(content, piece.parsed), delta=piece.delta, raw=raw, additional_kwargs=dict(usage)
+    )
+
+
+def _final(responses: list[ChatResponse]) -> ChatResponse:
+    """The non-streaming response: the last streamed one (it holds the whole message)."""
+    if not responses:  # the core always yields a last response
+        raise RuntimeError("generation produced no output")
+    last = responses[-1]
+    return ChatResponse(message=last.message, raw=last.raw, additional_kwargs=last.additional_kwargs)

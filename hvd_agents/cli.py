@@ -38,6 +38,7 @@ def _add_generation_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument("--no-reuse-prefix", action="store_true", help="prefill the whole prompt (no prefix KV reuse)")
 
 
 def _params(args: argparse.Namespace) -> GenerationParams:
@@ -50,6 +51,7 @@ def _params(args: argparse.Namespace) -> GenerationParams:
         stop=tuple(args.stop),
         method=args.method,
         num_draft_tokens=args.num_draft_tokens,
+        reuse_prefix=not args.no_reuse_prefix,
     )
 
 

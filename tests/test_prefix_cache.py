@@ -352,3 +352,21 @@ def test_embedded_model_agent_conversation_is_lossless_with_reuse(real_engine) -
     assert with_reuse.stats.reused_prefix_tokens == len(structure.prompt_ids) - 1
     without = real_engine.generate(structure.prompt_ids, GenerationParams(**{**sampled.__dict__, "reuse_prefix": False}))
     assert with_reuse.token_ids == without.token_ids
+
+
+def test_chathvd_reports_reuse_in_hvd_stats() -> None:
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langchain_hvd import ChatHVD
+
+    from tests.helpers import make_byte_tokenizer
+
+    tokenizer = make_byte_tokenizer()
+    engine = Engine(make_tiny_llama(len(tokenizer), seed=7), tokenizer, eos_token_ids=())
+    llm = ChatHVD(engine=engine, max_tokens=6, method="ar")
+    history = [HumanMessage("List two colours.")]
+    first = llm.invoke(history, session_id="colours")
+    history += [AIMessage(first.content), HumanMessage("And a third?")]
+    stats = llm.invoke(history, session_id="colours").response_metadata["hvd_stats"]
+    assert stats["reused_prefix_tokens"] > 0
+    assert stats["reused_prefix_tokens"] + stats["prefilled_tokens"] == stats["prompt_tokens"] - 1
+    assert stats["prefix_break_at"] is None

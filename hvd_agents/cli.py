@@ -6,6 +6,7 @@ Subcommands:
 * ``demo``: a short agent turn with a tool call on the embedded model.
 * ``bench``: the live engine benchmark against HF ``generate`` (same run, same prompts).
 * ``bench-drafter``: propose / update cost of the cache drafter at scale (no model).
+* ``bench-prefix``: a multi-turn agent conversation with and without prefix KV reuse.
 * ``analyze``: replay an agent trace through the drafters; estimated speedup per policy (no model).
 * ``train-payoff``: fit the payoff predictor on ``analyze --steps`` records (no model).
 
@@ -40,6 +41,7 @@ def _add_generation_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument("--no-reuse-prefix", action="store_true", help="prefill the whole prompt (no prefix KV reuse)")
 
 
 def _params(args: argparse.Namespace) -> GenerationParams:
@@ -52,6 +54,7 @@ def _params(args: argparse.Namespace) -> GenerationParams:
         stop=tuple(args.stop),
         method=args.method,
         num_draft_tokens=args.num_draft_tokens,
+        reuse_prefix=not args.no_reuse_prefix,
     )
 
 
@@ -115,6 +118,19 @@ def cmd_bench_drafter(args: argparse.Namespace) -> int:
     from hvd_agents.bench.drafter import run_drafter_benchmark
 
     run_drafter_benchmark(store_tokens=args.store_tokens, context_tokens=args.context_tokens, steps=args.steps)
+    return 0
+
+
+def cmd_bench_prefix(args: argparse.Namespace) -> int:
+    from hvd_agents.bench.prefix import run_memory_benchmark, run_prefix_benchmark
+
+    budget_mb = args.budget_mb if args.budget_mb is not None else (128 if args.memory_turns else 1024)
+    budget = int(budget_mb * 2**20)
+    if args.memory_turns:
+        run_memory_benchmark(model=args.model, device=args.device, turns=args.memory_turns, budget_bytes=budget)
+    else:
+        run_prefix_benchmark(model=args.model, device=args.device, turns=args.turns,
+                             max_new_tokens=args.max_new_tokens, budget_bytes=budget)
     return 0
 
 
@@ -202,6 +218,17 @@ def build_parser() -> argparse.ArgumentParser:
     micro.add_argument("--context-tokens", type=int, default=32_000)
     micro.add_argument("--steps", type=int, default=2_000)
     micro.set_defaults(func=cmd_bench_drafter)
+
+    prefix = sub.add_parser("bench-prefix", help="agent conversation with and without prefix KV reuse, one run")
+    prefix.add_argument("--model", default=None)
+    prefix.add_argument("--device", default=None)
+    prefix.add_argument("--turns", type=int, default=6, help="agent turns (first prompt ~3K tokens, +~500 a turn)")
+    prefix.add_argument("--max-new-tokens", type=int, default=48)
+    prefix.add_argument("--budget-mb", type=float, default=None,
+                        help="prefix cache budget in MiB (default: the engine's 1024; 128 with --memory-turns)")
+    prefix.add_argument("--memory-turns", type=int, default=0,
+                        help="instead: this many short turns over 4 conversations, printing peak bytes vs budget")
+    prefix.set_defaults(func=cmd_bench_prefix)
 
     _add_analyze_parser(sub)
 

@@ -2,6 +2,7 @@
 
 from hvd_agents.engine.engine import Engine, GenerationResult
 from hvd_agents.engine.params import GenerationParams
+from hvd_agents.engine.prefix_cache import PrefixCache, PrefixCacheStats, PrefixMatch
 from hvd_agents.engine.sampling import SamplingParams
 from hvd_agents.engine.stats import RequestStats, SourceStats, StepRecord, TokenEvent
 
@@ -9,6 +10,9 @@ __all__ = [
     "Engine",
     "GenerationParams",
     "GenerationResult",
+    "PrefixCache",
+    "PrefixCacheStats",
+    "PrefixMatch",
     "RequestStats",
     "SamplingParams",
     "SourceStats",

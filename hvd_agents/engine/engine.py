@@ -15,6 +15,12 @@ Contract:
 * Requests on one engine are serialised (batch size 1): a lock is held while a
   stream runs. Closing the iterator early (``close()``, garbage collection, a
   cancelled consumer) ends the request and releases the lock.
+* Prefill reuses KV (:mod:`hvd_agents.engine.prefix_cache`): the KV cache of the
+  longest token prefix of ``prompt[:-1]`` that an earlier request computed is copied
+  in and only the rest is prefilled; at the end of a request (finished, or closed
+  between steps) its cache, which covers every token but the last emitted one, is
+  handed to the prefix cache. Drafters hold no KV: they are started from the full
+  prompt ids as always, so their state does not depend on what was reused.
 """
 
 from __future__ import annotations
@@ -27,12 +33,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from hvd_agents.drafters import CacheStore, Draft, DraftContext, Drafter, DrafterResources, Outcome, create_drafter
 from hvd_agents.engine.detok import IncrementalDetokenizer
 from hvd_agents.engine.kv import new_cache, truncate
 from hvd_agents.engine.params import GenerationParams
+from hvd_agents.engine.prefix_cache import PrefixCache, PrefixMatch
 from hvd_agents.engine.sampling import SamplingParams, target_probs
 from hvd_agents.engine.stats import RequestStats, StepRecord, TokenEvent
 from hvd_agents.engine.stops import StopStringMatcher
@@ -43,6 +50,9 @@ from hvd_agents.structure import PromptStructure
 
 logger = logging.getLogger(__name__)
 _request_counter = itertools.count()
+# Default prefix-cache budget: 1 GiB holds ~23K tokens of SmolLM2-135M KV in fp32 (46 KB per token),
+# a few agent conversations of the sizes measured here; pass prefix_cache_bytes to size it for a model.
+DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -70,6 +80,8 @@ class _Request:
         self.stats = RequestStats(prompt_tokens=self.num_prompt, step_records=[] if params.record_steps else None)
         self.detok = IncrementalDetokenizer(engine.tokenizer) if engine.tokenizer is not None else None
         self.stops = StopStringMatcher(params.stop) if params.stop else None
+        self.session_id: str | None = None
+        self.cache: DynamicCache | None = None  # set by prefill; covers token_ids[:-1] between steps
         self.generator = torch.Generator(device=engine.device)
         if self.sampling.seed is None:
             self.generator.seed()
@@ -97,6 +109,8 @@ class Engine:
         cost_model: the target's verification cost model used by the ``hvd``
             policy; measured on first use (and cached per model and machine)
             when omitted.
+        prefix_cache_bytes: byte budget of the prefix KV cache (reuse of earlier
+            requests' KV for a shared token prefix); 0 or None disables it.
 
     Example:
         >>> engine = Engine.load()                       # embedded SmolLM2-135M  # doctest: +SKIP
@@ -112,6 +126,7 @@ class Engine:
         context_window: int | None = None,
         cache_store: CacheStore | None = None,
         cost_model: CostModel | None = None,
+        prefix_cache_bytes: int | None = DEFAULT_PREFIX_CACHE_BYTES,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -121,11 +136,18 @@ class Engine:
         self.eos_token_ids = tuple(eos_token_ids) if eos_token_ids is not None else _default_eos(model, tokenizer)
         self.cache_store = cache_store if cache_store is not None else CacheStore()
         self._cost_model = cost_model
+        self.prefix_cache = PrefixCache(prefix_cache_bytes)
         self._drafters: dict[str, Drafter] = {}
         self._lock = threading.Lock()
 
     @classmethod
-    def load(cls, model: str | None = None, *, device: str | None = None) -> Engine:
+    def load(
+        cls,
+        model: str | None = None,
+        *,
+        device: str | None = None,
+        prefix_cache_bytes: int | None = DEFAULT_PREFIX_CACHE_BYTES,
+    ) -> Engine:
         """Load ``model`` (hub id, local path, GGUF file; None = embedded default) into a new engine."""
         from hvd_agents.models import load_model
 
@@ -135,6 +157,7 @@ class Engine:
             loaded.tokenizer,
             eos_token_ids=loaded.eos_token_ids,
             context_window=loaded.context_window,
+            prefix_cache_bytes=prefix_cache_bytes,
         )
 
     def cost_model(self) -> CostModel:
@@ -214,11 +237,19 @@ class Engine:
         self, req: _Request, drafter: Drafter, structure: PromptStructure | None
     ) -> Iterator[TokenEvent]:
         with self._lock:
+            req.session_id = structure.session_id if structure is not None else None
             drafter.start(req.req_id, tuple(req.token_ids), structure)
+            between_steps = False  # True when the cache is consistent: finished, or closed at a yield
             try:
                 yield from self._run(req, drafter)
+                between_steps = True
+            except GeneratorExit:
+                between_steps = True
+                raise
             finally:
                 drafter.stop(req.req_id)
+                if between_steps:
+                    self._keep_prefix(req)
 
     def _check_prompt(self, prompt_ids: Sequence[int], params: GenerationParams) -> list[int]:
         ids = [int(t) for t in prompt_ids]
@@ -237,10 +268,7 @@ class Engine:
         return ids
 
     def _run(self, req: _Request, drafter: Drafter) -> Iterator[TokenEvent]:
-        cache = new_cache(self.model.config)
-        start = time.perf_counter()
-        self._forward(req.token_ids[:-1], cache, logits_to_keep=1)
-        req.stats.prefill_s = time.perf_counter() - start
+        cache = self._prefill(req)
         start = time.perf_counter()
         finish: str | None = None
         while finish is None:
@@ -256,6 +284,30 @@ class Engine:
                 text += self._flush(req, finish)
                 req.stats.decode_s = time.perf_counter() - start
             yield TokenEvent(emitted, text, finish, req.stats if finish else None)
+
+    def _prefill(self, req: _Request) -> DynamicCache:
+        """A KV cache over ``prompt[:-1]``: the longest stored prefix copied in, the rest computed."""
+        start = time.perf_counter()
+        cache = new_cache(self.model.config)
+        context = req.token_ids[:-1]
+        match = PrefixMatch()
+        if req.params.reuse_prefix:
+            match = self.prefix_cache.lookup(context, cache, session_id=req.session_id)
+        self._forward(context[match.length :], cache, logits_to_keep=1)
+        req.cache = cache
+        req.stats.prefill_s = time.perf_counter() - start
+        req.stats.reused_prefix_tokens = match.length
+        req.stats.prefilled_tokens = len(context) - match.length
+        req.stats.prefix_break_at = match.prefix_break_at
+        req.stats.reply_mismatch_at = match.reply_mismatch_at
+        return cache
+
+    def _keep_prefix(self, req: _Request) -> None:
+        """Hand the request's KV (all tokens but the last emitted one) to the prefix cache."""
+        if req.cache is None or not req.params.reuse_prefix:
+            return
+        self.prefix_cache.insert(req.token_ids[:-1], req.cache, prompt_len=req.num_prompt, session_id=req.session_id)
+        req.cache = None
 
     def _propose(self, req: _Request, drafter: Drafter, max_len: int) -> Draft:
         """Ask the drafter for at most ``min(K, max_len)`` in-vocabulary tokens."""

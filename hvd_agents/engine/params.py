@@ -33,6 +33,9 @@ class GenerationParams:
             the method's default (:data:`METHOD_DRAFT_TOKENS`, else
             :data:`DEFAULT_DRAFT_TOKENS`).
         record_steps: keep a :class:`~hvd_agents.engine.stats.StepRecord` per step.
+        reuse_prefix: start from the KV of the longest prompt prefix an earlier
+            request computed, and keep this request's KV for later ones (when the
+            engine's prefix cache is enabled); False prefills the whole prompt.
 
     Raises:
         InvalidRequestError: a value is out of range (raised on construction).
@@ -48,6 +51,7 @@ class GenerationParams:
     method: str = DEFAULT_METHOD
     num_draft_tokens: int | None = None
     record_steps: bool = False
+    reuse_prefix: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):

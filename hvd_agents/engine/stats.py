@@ -40,10 +40,22 @@ class StepRecord:
 
 @dataclass
 class RequestStats:
-    """What one request cost and how drafting went."""
+    """What one request cost and how drafting went.
+
+    Prefill covers ``prompt[:-1]`` (the last prompt token is fed with the first
+    draft): ``reused_prefix_tokens + prefilled_tokens == prompt_tokens - 1``.
+    ``prefix_break_at`` is the prompt position where the conversation's earlier
+    prompt was not reproduced (history rewritten: no reuse past it);
+    ``reply_mismatch_at`` the position where the earlier reply, as rendered back,
+    differs from the tokens generated (see :mod:`hvd_agents.engine.prefix_cache`).
+    """
 
     prompt_tokens: int = 0
     new_tokens: int = 0
+    reused_prefix_tokens: int = 0
+    prefilled_tokens: int = 0
+    prefix_break_at: int | None = None
+    reply_mismatch_at: int | None = None
     prefill_s: float = 0.0
     decode_s: float = 0.0
     steps: int = 0
@@ -79,11 +91,16 @@ class RequestStats:
     def summary(self) -> str:
         """A short human-readable report (what ``hvd-agents generate`` prints)."""
         lines = [
-            f"prompt {self.prompt_tokens} tok, prefill {self.prefill_s:.2f} s | "
+            f"prompt {self.prompt_tokens} tok ({self.reused_prefix_tokens} reused, {self.prefilled_tokens} prefilled), "
+            f"prefill {self.prefill_s:.2f} s | "
             f"{self.new_tokens} new tok in {self.decode_s:.2f} s ({self.decode_tokens_per_s:.1f} tok/s)",
             f"steps {self.steps}, tokens/step {self.tokens_per_step:.2f}, "
             f"drafted {self.drafted_tokens}, accepted {self.accepted_tokens} ({self.acceptance_rate:.0%})",
         ]
+        if self.prefix_break_at is not None:
+            lines.append(f"prefix break at prompt token {self.prefix_break_at}: earlier history was rewritten")
+        if self.reply_mismatch_at is not None:
+            lines.append(f"earlier reply rendered differently from its generated tokens at {self.reply_mismatch_at}")
         for source, per in sorted(self.per_source.items()):
             lines.append(f"  {source:<28} {per.steps:>4} steps {per.drafted:>5} drafted {per.accepted:>5} accepted")
         return "\n".join(lines)

@@ -346,7 +346,7 @@ def test_greedy_output_equals_engine_ar_output_on_tiny_model(tiny_model, byte_to
     engine = Engine(tiny_model, byte_tokenizer, eos_token_ids=())
     messages = [{"role": "system", "content": "Echo."}, {"role": "user", "content": "héllo wörld héllo wörld"}]
     expected = engine.generate(prepare(engine, messages).prompt_ids, GenerationParams(method="ar", max_new_tokens=40))
-    for method in ("ar", "pld", "hvd-cache"):
+    for method in ("ar", "pld", "hvd-cache", "hvd"):
         message = ChatHVD(engine=engine, method=method, max_tokens=40).invoke(
             [SystemMessage("Echo."), HumanMessage("héllo wörld héllo wörld")]
         )

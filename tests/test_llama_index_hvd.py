@@ -119,7 +119,7 @@ def test_stream_holds_tool_calls_and_its_last_response_equals_chat(scripted, fix
     expected = [ToolSelection(tool_id="call_0", tool_name="get_weather", tool_kwargs={"city": "Paris"})]
     assert llm.get_tool_calls_from_response(last) == llm.get_tool_calls_from_response(chat) == expected
     assert [type(block) for block in chat.message.blocks] == [TextBlock, ToolCallBlock]
-    assert chat.raw["finish_reason"] == "stop" and chat.raw["method"] == "hvd-cache"
+    assert chat.raw["finish_reason"] == "stop" and chat.raw["method"] == "hvd"  # the default
     assert {"steps", "drafted_tokens", "accepted_tokens", "per_source"} <= set(chat.raw["hvd_stats"])
     prompt = engine.tokenizer.decode(engine.requests[-1][0])
     assert '"name": "get_local_time"' in prompt  # both schemas are in the system prompt
@@ -207,7 +207,7 @@ def test_greedy_output_equals_engine_ar_output_on_tiny_model(tiny_model, byte_to
     messages = [{"role": "system", "content": "Echo."}, {"role": "user", "content": "héllo wörld héllo wörld"}]
     expected = engine.generate(prepare(engine, messages).prompt_ids, GenerationParams(method="ar", max_new_tokens=40))
     chat = [ChatMessage(role="system", content="Echo."), _user("héllo wörld héllo wörld")]
-    for method in ("ar", "pld", "hvd-cache"):
+    for method in ("ar", "pld", "hvd-cache", "hvd"):
         llm = HVD(engine=engine, method=method, max_tokens=40)
         assert llm.chat(chat).message.content == expected.text
         assert "".join(r.delta for r in llm.stream_chat(chat)) == expected.text

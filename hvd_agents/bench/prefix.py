@@ -7,7 +7,7 @@ engine over the SAME loaded model (fresh cache store, fresh prefix cache):
 * ``ar``: no prefix reuse, plain autoregressive decoding (what an agent gets from a
   backend that recomputes the prompt every call);
 * ``ar+reuse``: prefix reuse, plain decoding (isolates the prefill saving);
-* ``hvd-cache+reuse``: prefix reuse and the cache drafter.
+* ``hvd+reuse``: prefix reuse and hvd decoding (the default method).
 
 Each arm's conversation is built from its own replies (the model's text is sent back
 as the assistant message, followed by the agent's next tool call and its output);
@@ -35,7 +35,7 @@ from hvd_agents.engine.engine import DEFAULT_PREFIX_CACHE_BYTES
 from hvd_agents.engine.shared import shared_engine
 
 logger = logging.getLogger(__name__)
-ARMS = (("ar", "ar", False), ("ar+reuse", "ar", True), ("hvd-cache+reuse", "hvd-cache", True))
+ARMS = (("ar", "ar", False), ("ar+reuse", "ar", True), ("hvd+reuse", "hvd", True))
 
 
 @dataclass
@@ -75,7 +75,7 @@ class Arm:
 
 def _fresh_engine(base: Engine, budget: int) -> Engine:
     return Engine(base.model, base.tokenizer, eos_token_ids=base.eos_token_ids, context_window=base.context_window,
-                  cache_store=CacheStore(), prefix_cache_bytes=budget)
+                  cache_store=CacheStore(), cost_model=base.cost_model(), prefix_cache_bytes=budget)
 
 
 def run_prefix_benchmark(
@@ -116,7 +116,7 @@ def _print_agent_table(arms: list[Arm], max_new_tokens: int, engine: Engine) -> 
         cut = 1 - total(arm, "prefill_s", 1) / total(plain, "prefill_s", 1)
         print(f"prefill time of turns 2..{len(plain.turns)}, {arm.name} vs ar: cut by {cut:.1%}")
     print(f"end-to-end agent latency: ar {total(plain, 'latency_s'):.1f} s, ar+reuse {total(reuse, 'latency_s'):.1f} s,"
-          f" hvd-cache+reuse {total(hvd, 'latency_s'):.1f} s; speedup hvd-cache+reuse vs ar "
+          f" hvd+reuse {total(hvd, 'latency_s'):.1f} s; speedup hvd+reuse vs ar "
           f"{total(plain, 'latency_s') / total(hvd, 'latency_s'):.2f}x (turns 2..{len(plain.turns)}: "
           f"{total(plain, 'latency_s', 1) / total(hvd, 'latency_s', 1):.2f}x), ar+reuse vs ar "
           f"{total(plain, 'latency_s') / total(reuse, 'latency_s'):.2f}x")

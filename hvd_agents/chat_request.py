@@ -162,7 +162,11 @@ def check_method(method: str, engine: Engine | None) -> None:
 
 
 def resolve_engine(
-    injected: Engine | None, model: str | None, device: str | None, call_model: str | None = None
+    injected: Engine | None,
+    model: str | None,
+    device: str | None,
+    call_model: str | None = None,
+    draft_model: str | None = None,
 ) -> tuple[Engine, str]:
     """The engine of a call and the model name to report.
 
@@ -171,13 +175,15 @@ def resolve_engine(
         model: the adapter's model (hub id, path, ``.gguf``; None = embedded).
         device: the device for engines created here.
         call_model: a per-call model; another model selects another shared engine.
+        draft_model: the adapter's draft model for engines created here (None:
+            the target's shipped draft head, if any).
     """
     if call_model is not None and call_model != model:
         return shared_engine(call_model, device=device), call_model
     name = model if model is not None else DEFAULT_MODEL_NAME
     if injected is not None:
         return injected, name
-    return shared_engine(model, device=device), name
+    return shared_engine(model, device=device, draft_model=draft_model), name
 
 
 def build_chat_request(

@@ -5,10 +5,12 @@ Subcommands:
 * ``generate``: one chat turn (or a raw prompt) on a model, printing text and stats.
 * ``demo``: a short agent turn with a tool call on the embedded model.
 * ``bench``: the live engine benchmark against HF ``generate`` (same run, same prompts).
+* ``bench-model``: the model drafter against ``ar``, ``hvd-cache`` and ``hvd`` (chat and agent prompts).
 * ``bench-drafter``: propose / update cost of the cache drafter at scale (no model).
 * ``bench-prefix``: a multi-turn agent conversation with and without prefix KV reuse.
 * ``analyze``: replay an agent trace through the drafters; estimated speedup per policy (no model).
 * ``train-payoff``: fit the payoff predictor on ``analyze --steps`` records (no model).
+* ``train-drafter``: distil the draft head (the model drafter) from the target.
 
 Errors the user can cause (bad model id, bad parameters) print ``error: ...`` and
 exit with status 2; no traceback.
@@ -42,6 +44,9 @@ def _add_generation_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument("--no-reuse-prefix", action="store_true", help="prefill the whole prompt (no prefix KV reuse)")
+    parser.add_argument("--draft-model", default=None,
+                        help="a smaller model with the same tokenizer that drafts for methods model/hvd "
+                        "(default: the draft head shipped for the model, if any)")
 
 
 def _params(args: argparse.Namespace) -> GenerationParams:
@@ -64,7 +69,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     params = _params(args)  # validate before loading the model
     tools = _read_tools(args.tools) if args.tools else None
-    engine = shared_engine(args.model, device=args.device)
+    engine = shared_engine(args.model, device=args.device, draft_model=args.draft_model)
     if args.raw:
         result = engine.generate(engine.tokenizer(args.prompt, add_special_tokens=False).input_ids, params)
     else:
@@ -114,6 +119,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_model(args: argparse.Namespace) -> int:
+    from hvd_agents.bench.model_drafter import run_model_benchmark
+
+    run_model_benchmark(model=args.model, device=args.device, draft_model=args.draft_model,
+                        max_new_tokens=args.max_new_tokens, k=args.k, rounds=args.rounds)
+    return 0
+
+
 def cmd_bench_drafter(args: argparse.Namespace) -> int:
     from hvd_agents.bench.drafter import run_drafter_benchmark
 
@@ -143,6 +156,18 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         tokenizer=args.tokenizer, limit=args.limit, canonical_tools=args.canonical_tools,
         system_template=args.system_template, html_conversation=args.html_conversation, quiet=args.quiet,
     ))
+    return 0
+
+
+def cmd_train_drafter(args: argparse.Namespace) -> int:
+    from hvd_agents.draft_head.pipeline import DataConfig, train_drafter
+    from hvd_agents.draft_head.train import TrainConfig
+
+    if args.prompts < 2 or args.epochs < 1 or args.draft_vocab < 2:
+        raise HVDError("--prompts must be >= 2, --epochs >= 1 and --draft-vocab >= 2")
+    data = DataConfig(prompts=args.prompts, max_new_tokens=args.max_new_tokens, seed=args.seed)
+    train = TrainConfig(draft_vocab=args.draft_vocab, epochs=args.epochs, lr=args.lr, seed=args.seed)
+    train_drafter(args.output, model=args.model, device=args.device, data=data, train=train, data_file=args.data)
     return 0
 
 
@@ -230,6 +255,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="instead: this many short turns over 4 conversations, printing peak bytes vs budget")
     prefix.set_defaults(func=cmd_bench_prefix)
 
+    model_bench = sub.add_parser("bench-model", help="the model drafter vs ar, hvd-cache and hvd, side by side")
+    model_bench.add_argument("--model", default=None)
+    model_bench.add_argument("--device", default=None)
+    model_bench.add_argument("--draft-model", default=None, help="a draft LM instead of the shipped draft head")
+    model_bench.add_argument("--max-new-tokens", type=int, default=128)
+    model_bench.add_argument("--k", type=int, default=6, help="most tokens per model draft in the model arm")
+    model_bench.add_argument("--rounds", type=int, default=2)
+    model_bench.set_defaults(func=cmd_bench_model)
+
     _add_analyze_parser(sub)
 
     train = sub.add_parser("train-payoff", help="fit the payoff predictor on analyze --steps records (no model)")
@@ -238,6 +272,20 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--held-out", type=float, default=0.2, help="share of conversations held out for evaluation")
     train.add_argument("--l2", type=float, default=1.0, help="ridge penalty of the fit")
     train.set_defaults(func=cmd_train_payoff)
+
+    drafter = sub.add_parser("train-drafter", help="distil a draft head from the target (the model drafter)")
+    drafter.add_argument("-o", "--output", required=True, help="where to write the head (.safetensors)")
+    drafter.add_argument("--model", default=None, help="the target (default: embedded SmolLM2)")
+    drafter.add_argument("--device", default=None)
+    drafter.add_argument("--prompts", type=int, default=640, help="templated chat prompts the target answers")
+    drafter.add_argument("--max-new-tokens", type=int, default=160, help="longest answer")
+    drafter.add_argument("--epochs", type=int, default=8)
+    drafter.add_argument("--draft-vocab", type=int, default=8192, help="size of the reduced draft vocabulary")
+    drafter.add_argument("--lr", type=float, default=1e-3)
+    drafter.add_argument("--data", default=None,
+                         help="a file for the generated data: reused when it exists, written when it does not")
+    drafter.add_argument("--seed", type=int, default=0)
+    drafter.set_defaults(func=cmd_train_drafter)
     return parser
 
 

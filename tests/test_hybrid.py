@@ -81,6 +81,17 @@ def test_robust_fit_ignores_one_disturbed_timing() -> None:
     assert profile.per_token == pytest.approx(0.005)
 
 
+def test_profile_keeps_the_jump_of_the_first_draft_token() -> None:
+    # a CPU: one token runs matrix-vector kernels (56 ms), two or more matrix-matrix ones (92 ms and up)
+    profile = cost_module._robust_profile([0, 1, 2, 4, 8, 16, 32],
+                                          [0.056, 0.092, 0.0925, 0.093, 0.094, 0.096, 0.100], 300)
+    assert profile.verify(0) == 1.0
+    assert profile.verify(1) == pytest.approx(0.092 / 0.056, rel=0.01)
+    assert profile.verify(32) == pytest.approx(0.100 / 0.056, rel=0.01)
+    assert profile.marginal(2)[0] > 0.5 > profile.marginal(2)[1]  # the first draft token costs the most
+    assert profile.plausible
+
+
 def test_measured_and_cached_cost_profile(tmp_path, monkeypatch, caplog) -> None:
     model = make_tiny_llama(64, dtype=torch.float32)
     profile = cost_module.cached_cost_model(model, tmp_path)

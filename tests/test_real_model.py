@@ -34,7 +34,7 @@ def hf_generate(engine, prompt, **extra):
 def test_every_method_equals_hf_greedy(real_engine, prompts, name) -> None:
     prompt = prompts[name]
     expected = hf_generate(real_engine, prompt)
-    for method in ("ar", "pld", "hvd-cache", "hvd"):
+    for method in ("ar", "pld", "hvd-cache", "model", "hvd"):
         got = real_engine.generate(prompt, GenerationParams(max_new_tokens=MAX_NEW, method=method)).token_ids
         assert got == expected, method
 

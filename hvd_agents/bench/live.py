@@ -95,7 +95,8 @@ def _cache_runner(engine: Engine, params: GenerationParams) -> Runner:
 
     def run(item: _Item) -> tuple[int, ...]:
         fresh = Engine(engine.model, engine.tokenizer, eos_token_ids=engine.eos_token_ids,
-                       context_window=engine.context_window, cache_store=CacheStore(), cost_model=cost)
+                       context_window=engine.context_window, cache_store=CacheStore(), cost_model=cost,
+                       draft_model=engine.draft_model, draft_head=engine.draft_head)
         structure = prepare(fresh, item.prompt.messages, item.prompt.tools)
         return fresh.generate(structure.prompt_ids, params, structure=structure).token_ids
 

@@ -117,3 +117,23 @@ def agent_prompts() -> list[AgentPrompt]:
         AgentPrompt("code-docstring", code, []),
         AgentPrompt("json-echo", json_extract, [WEATHER_TOOL]),
     ]
+
+
+# Free-text chat prompts for the model-drafter benchmark. Their topics are not in the
+# draft head's training topics (hvd_agents.draft_head.prompts.TOPICS), and their
+# wording follows none of its templates: they are held out from training.
+CHAT_PROMPTS: tuple[tuple[str, str], ...] = (
+    ("volcano", "Why do some volcanoes erupt explosively while others produce slow lava flows?"),
+    ("kitchen-knife", "I just bought my first chef's knife. How should I care for it and keep it sharp?"),
+    ("lighthouse", "Tell me a calm bedtime story about an old lighthouse keeper and a lost seagull."),
+    ("old-violins", "My sister says violins sound better when they are old. Is that true? Explain."),
+    ("moving-abroad", "I am moving to another country for work next month. What should I organise first?"),
+    ("origami", "Describe how a beginner can fold a simple paper crane, one step at a time."),
+    ("thunder", "What causes thunder, and why do we see lightning before we hear it?"),
+    ("board-game-night", "Plan a fun board game evening for six adults who have never met each other."),
+)
+
+
+def chat_prompts() -> list[AgentPrompt]:
+    """The held-out free-text chat prompts, as one-turn conversations."""
+    return [AgentPrompt(name, [{"role": "user", "content": text}]) for name, text in CHAT_PROMPTS]

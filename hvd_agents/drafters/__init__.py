@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from hvd_agents.drafters.base import Draft, DraftContext, Drafter, NoDrafter, Outcome
+from hvd_agents.drafters.draft_head import DraftHeadDrafter
+from hvd_agents.drafters.draft_model import DraftModelDrafter
 from hvd_agents.drafters.hybrid import HybridDrafter
 from hvd_agents.drafters.prompt_lookup import PromptLookupDrafter
 from hvd_agents.drafters.store import CacheStore
@@ -28,22 +30,36 @@ class DrafterResources:
     Attributes:
         store: the cross-request cache store.
         cost: returns the target's cost model (measured lazily, on first call).
+        model_drafter: returns a fresh model drafter for the target (a draft
+            head or a draft LM), or None when the engine has none.
     """
 
     store: CacheStore
     cost: Callable[[], CostModel] = lambda: CostModel.linear(0.02)
+    model_drafter: Callable[[], Drafter | None] = lambda: None
+
+
+def _model_only(resources: DrafterResources) -> Drafter:
+    drafter = resources.model_drafter()
+    if drafter is None:
+        raise InvalidRequestError(
+            "method 'model' needs a model drafter: this target has no shipped draft head; pass draft_model= "
+            "(a smaller LM with the same tokenizer) or draft_head= (a file from `hvd-agents train-drafter`)"
+        )
+    return drafter
 
 
 DRAFTER_FACTORIES: dict[str, Callable[[DrafterResources], Drafter]] = {
     "ar": lambda res: NoDrafter(),
     "pld": lambda res: PromptLookupDrafter(),
     "hvd-cache": lambda res: SuffixDrafter(res.store),
-    "hvd": lambda res: HybridDrafter(SuffixDrafter(res.store), cost=res.cost),
+    "model": _model_only,
+    "hvd": lambda res: HybridDrafter(SuffixDrafter(res.store), cost=res.cost, model=res.model_drafter()),
 }
 
 
 def available_methods() -> tuple[str, ...]:
-    """Names accepted by :func:`create_drafter`, e.g. ``("ar", "pld", "hvd-cache", "hvd")``."""
+    """Names accepted by :func:`create_drafter`, e.g. ``("ar", "pld", "hvd-cache", "model", "hvd")``."""
     return tuple(DRAFTER_FACTORIES)
 
 
@@ -70,6 +86,8 @@ __all__ = [
     "CacheStore",
     "Draft",
     "DraftContext",
+    "DraftHeadDrafter",
+    "DraftModelDrafter",
     "Drafter",
     "DrafterResources",
     "HybridDrafter",

@@ -10,8 +10,10 @@ lifecycle of a request::
 
 The engine never branches on a drafter's name; it only reads the :class:`Draft`.
 A drafter that has nothing to offer returns ``Draft()`` (empty), never ``None``.
-Drafters own their own state (indexes, caches, RNG); the engine owns the target
-model, its KV cache and the token sequence.
+Drafters own their own state (indexes, caches, RNG, a model drafter's own KV); the
+engine owns the target model, its KV cache and the token sequence. A drafter that
+drafts from the target's hidden states sets the attribute ``uses_hidden_states =
+True``; the engine then computes them and passes them in :class:`DraftContext`.
 """
 
 from __future__ import annotations
@@ -69,11 +71,26 @@ class DraftContext:
         token_ids: prompt followed by every token emitted so far; the draft
             continues after its last element. A read-only view: do not mutate.
         num_prompt_tokens: how many of ``token_ids`` are the prompt.
+        hidden_states: the target's last-layer hidden states ``[n, hidden]`` for
+            positions ``hidden_start .. hidden_start + n - 1`` of ``token_ids``
+            (every token the target has processed: all but the last), or None.
+            Given only to drafters whose ``uses_hidden_states`` attribute is True;
+            positions before ``hidden_start`` came from a reused prefix KV and
+            have none. Read-only, and valid only during the ``propose`` call.
+        hidden_start: the position of the first row of ``hidden_states``.
+        temperature: the request's sampling temperature (0 = greedy); a model
+            drafter may sample its draft from a tempered q (and report that q).
+        generator: the request's RNG, for drafters that sample (reproducible
+            with the request's seed).
     """
 
     req_id: str
     token_ids: Sequence[int]
     num_prompt_tokens: int
+    hidden_states: torch.Tensor | None = None
+    hidden_start: int = 0
+    temperature: float = 0.0
+    generator: torch.Generator | None = None
 
     @property
     def num_output_tokens(self) -> int:

@@ -28,6 +28,8 @@ target would have produced, whatever is drafted.
 
 from __future__ import annotations
 
+import inspect
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -42,6 +44,8 @@ from hvd_agents.structure import PromptStructure
 
 MODEL_PRIOR_ACCEPTANCE = 0.5  # per-token acceptance assumed for a model drafter before any outcome
 MODEL_RATE_EMA = 0.2
+MODEL_PRIOR_TOKEN_COST = 0.05  # a drafted token's cost in target steps, before it is timed
+TIMING_EMA = 0.1
 
 
 @dataclass
@@ -51,6 +55,8 @@ class _Step:
     used: str = "none"  # "cache", "model" or "none"
     features: dict[str, float] = field(default_factory=dict)
     cost: float = 1.0
+    started: float = 0.0  # perf_counter at propose
+    draft_s: float = 0.0  # time the model drafter took
 
 
 @dataclass
@@ -70,8 +76,15 @@ class HybridDrafter:
         cost: the target's cost model, or a callable that returns it on first use
             (measuring a profile takes a few forwards, done lazily).
         model: an optional model drafter (its drafts carry their probabilities q).
-        model_cost: the cost model when verifying a model draft (its
-            ``draft_cost`` is the drafter's own cost per step); ``cost`` when None.
+        model_cost: the cost of a step with a model draft, drafting included;
+            when None it is ``cost`` plus the model drafter's cost per drafted
+            token, timed online against the target's steps (starting from the
+            drafter's ``cost_prior`` attribute, else 0.05 target steps).
+
+    When a model drafter's ``propose`` takes ``min_survival`` (the project's
+    model drafters do), it is told to stop drafting once its own estimate that
+    the draft survives falls below what a token costs (see
+    :mod:`hvd_agents.drafters.model_draft`); any other Drafter works too.
     """
 
     def __init__(
@@ -81,7 +94,7 @@ class HybridDrafter:
         cost: CostModel | Callable[[], CostModel] | None = None,
         *,
         model: Drafter | None = None,
-        model_cost: CostModel | None = None,
+        model_cost: CostModel | Callable[[], CostModel] | None = None,
     ) -> None:
         self.cache = cache
         self.predictor = predictor if predictor is not None else PayoffPredictor()
@@ -89,6 +102,12 @@ class HybridDrafter:
         self.model = model
         self._model_cost = model_cost
         self.rate = RateEstimate()
+        self.model_acceptance = MODEL_PRIOR_ACCEPTANCE  # across requests: each request starts from it
+        self._token_cost = float(getattr(model, "cost_prior", MODEL_PRIOR_TOKEN_COST))
+        self._draft_token_s = 0.0  # EMA of a drafted token's seconds
+        self._step_s = 0.0  # EMA of a target step's seconds (propose to propose, drafting excluded)
+        self._last_step: _Step | None = None
+        self._takes_min_survival = model is not None and "min_survival" in inspect.signature(model.propose).parameters
         self._requests: dict[str, _RequestState] = {}
 
     @property
@@ -98,16 +117,33 @@ class HybridDrafter:
             self._cost = self._cost()
         return self._cost
 
+    @property
+    def uses_hidden_states(self) -> bool:
+        """Whether the model drafter drafts from the target's hidden states."""
+        return bool(getattr(self.model, "uses_hidden_states", False))
+
+    def model_cost(self) -> CostModel:
+        """The cost of a step with a model draft of ``d`` tokens, drafting included."""
+        if self._model_cost is not None:
+            if not isinstance(self._model_cost, CostModel):
+                self._model_cost = self._model_cost()
+            return self._model_cost
+        return self.cost.with_drafting(self._token_cost)
+
     def start(self, req_id: str, prompt_ids: Sequence[int], structure: PromptStructure | None = None) -> None:
         self.cache.start(req_id, prompt_ids, structure)
         if self.model is not None:
             self.model.start(req_id, prompt_ids, structure)
-        self._requests[req_id] = _RequestState(structure.session_id if structure is not None else None)
+        session = structure.session_id if structure is not None else None
+        self._requests[req_id] = _RequestState(session, model_acceptance=self.model_acceptance)
+        self._last_step = None
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         state = self._requests.get(ctx.req_id)
         if state is None or k <= 0:
             return Draft()
+        started = time.perf_counter()
+        self._time_step(started)
         rate = max(self.rate.rate, 1.0)
         cost = self.cost
         best, draft, features = no_draft(cost, rate), Draft(), {}
@@ -119,12 +155,22 @@ class HybridDrafter:
             if choice.length > 0 and choice.value > best.value:
                 best, draft = choice, cached.truncated(choice.length)
         used = "cache" if draft.token_ids else "none"
+        draft_s = 0.0
         model_choice = self._model_choice(state, k, rate)
         if model_choice is not None and model_choice.value > best.value:
-            proposed = self.model.propose(ctx, model_choice.length)
+            model_cost = self.model_cost()
+            min_survival = rate * float(model_cost.marginal(1)[0])  # a token is worth its cost iff S > R * marginal
+            if self._takes_min_survival:
+                proposed = self.model.propose(ctx, model_choice.length, min_survival=min_survival)
+            else:
+                proposed = self.model.propose(ctx, model_choice.length)
+            draft_s = time.perf_counter() - started
             if proposed.token_ids:
+                self._time_draft(draft_s, len(proposed))
                 best, draft, used = model_choice, proposed, "model"
-        state.step = _Step(used, features, best.cost)
+                best = Choice(len(proposed), best.expected_tokens, model_cost.verify(len(proposed)), best.value)
+        state.step = _Step(used, features, best.cost, started, draft_s)
+        self._last_step = state.step
         if used != "cache":
             return draft
         return Draft(draft.token_ids, draft.probs, draft.score, draft.source,
@@ -135,8 +181,26 @@ class HybridDrafter:
         if self.model is None:
             return None
         survival = np.cumprod(np.full(k, state.model_acceptance))  # [k]
-        choice = best_length(survival, self._model_cost or self.cost, rate)
+        choice = best_length(survival, self.model_cost(), rate)
         return choice if choice.length > 0 else None
+
+    def _time_step(self, now: float) -> None:
+        """Fold the time since the last propose (one target step, drafting excluded) into the step EMA."""
+        last = self._last_step
+        if last is not None and last.started:
+            step_s = now - last.started - last.draft_s
+            self._step_s = step_s if not self._step_s else self._step_s + TIMING_EMA * (step_s - self._step_s)
+            self._update_token_cost()
+
+    def _time_draft(self, seconds: float, tokens: int) -> None:
+        per_token = seconds / max(tokens, 1)
+        ema = self._draft_token_s
+        self._draft_token_s = per_token if not ema else ema + TIMING_EMA * (per_token - ema)
+        self._update_token_cost()
+
+    def _update_token_cost(self) -> None:
+        if self._draft_token_s and self._step_s > 0 and self._model_cost is None:
+            self._token_cost = self._draft_token_s / self._step_s
 
     def observe(self, outcome: Outcome) -> None:
         state = self._requests.get(outcome.req_id)
@@ -151,7 +215,9 @@ class HybridDrafter:
             self.predictor.update(step.features, drafted, outcome.num_accepted, state.session_id)
         if step.used == "model" and drafted:
             trials = outcome.num_accepted + int(outcome.num_accepted < drafted)  # geometric: tries until a rejection
-            state.model_acceptance += MODEL_RATE_EMA * (outcome.num_accepted / trials - state.model_acceptance)
+            observed = outcome.num_accepted / trials
+            state.model_acceptance += MODEL_RATE_EMA * (observed - state.model_acceptance)
+            self.model_acceptance += MODEL_RATE_EMA * (observed - self.model_acceptance)
         self.rate.observe(len(outcome.new_token_ids), step.cost)
         state.target = _target_features(outcome)
         state.step = _Step()

@@ -19,8 +19,14 @@ Contract:
   longest token prefix of ``prompt[:-1]`` that an earlier request computed is copied
   in and only the rest is prefilled; at the end of a request (finished, or closed
   between steps) its cache, which covers every token but the last emitted one, is
-  handed to the prefix cache. Drafters hold no KV: they are started from the full
-  prompt ids as always, so their state does not depend on what was reused.
+  handed to the prefix cache. Cache drafters hold no KV: they are started from the
+  full prompt ids as always, so their state does not depend on what was reused.
+  Model drafters keep their own KV over the context they have seen (see
+  :mod:`hvd_agents.drafters.draft_head` and :mod:`hvd_agents.drafters.draft_model`).
+* A drafter whose ``uses_hidden_states`` is True (the draft head) is given the
+  target's last-layer hidden states of every processed token in its
+  :class:`DraftContext` (:mod:`hvd_agents.engine.hidden`); the engine asks the
+  model for them only then.
 """
 
 from __future__ import annotations
@@ -31,12 +37,25 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from hvd_agents.drafters import CacheStore, Draft, DraftContext, Drafter, DrafterResources, Outcome, create_drafter
+from hvd_agents.draft_head import DraftHead
+from hvd_agents.drafters import (
+    CacheStore,
+    Draft,
+    DraftContext,
+    Drafter,
+    DraftHeadDrafter,
+    DrafterResources,
+    DraftModelDrafter,
+    Outcome,
+    create_drafter,
+)
 from hvd_agents.engine.detok import IncrementalDetokenizer
+from hvd_agents.engine.hidden import HiddenStateBuffer
 from hvd_agents.engine.kv import new_cache, truncate
 from hvd_agents.engine.params import GenerationParams
 from hvd_agents.engine.prefix_cache import PrefixCache, PrefixMatch
@@ -82,6 +101,7 @@ class _Request:
         self.stops = StopStringMatcher(params.stop) if params.stop else None
         self.session_id: str | None = None
         self.cache: DynamicCache | None = None  # set by prefill; covers token_ids[:-1] between steps
+        self.hidden: HiddenStateBuffer | None = None  # set by prefill when the drafter uses hidden states
         self.generator = torch.Generator(device=engine.device)
         if self.sampling.seed is None:
             self.generator.seed()
@@ -111,6 +131,12 @@ class Engine:
             when omitted.
         prefix_cache_bytes: byte budget of the prefix KV cache (reuse of earlier
             requests' KV for a shared token prefix); 0 or None disables it.
+        draft_model: a smaller causal LM sharing the target's tokenizer, used as
+            the model drafter (method ``model``, and inside ``hvd``).
+        draft_head: the draft head used as the model drafter when there is no
+            ``draft_model``: a :class:`~hvd_agents.draft_head.DraftHead`, a path
+            to a head file, ``"auto"`` (the head shipped for this target, if
+            any; the default) or None (no head).
 
     Example:
         >>> engine = Engine.load()                       # embedded SmolLM2-135M  # doctest: +SKIP
@@ -127,6 +153,8 @@ class Engine:
         cache_store: CacheStore | None = None,
         cost_model: CostModel | None = None,
         prefix_cache_bytes: int | None = DEFAULT_PREFIX_CACHE_BYTES,
+        draft_model: PreTrainedModel | None = None,
+        draft_head: DraftHead | str | Path | None = "auto",
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -139,6 +167,21 @@ class Engine:
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
         self._drafters: dict[str, Drafter] = {}
         self._lock = threading.Lock()
+        self.draft_model = draft_model
+        self._draft_head = draft_head
+        if draft_model is not None:
+            draft_vocab = draft_model.get_output_embeddings().weight.shape[0]
+            if abs(draft_vocab - self.vocab_size) > 1024:  # padded embeddings differ a little; tokenizers don't
+                raise InvalidRequestError(
+                    f"the draft model's vocabulary ({draft_vocab}) does not match the target's ({self.vocab_size}): "
+                    "a draft model must share the target's tokenizer"
+                )
+        if isinstance(draft_head, (str, Path)) and draft_head != "auto":
+            from hvd_agents.draft_head import load_head
+
+            self._draft_head = load_head(draft_head, model)
+        elif isinstance(draft_head, DraftHead) and draft_head.embed is None:
+            draft_head.attach(model)
 
     @classmethod
     def load(
@@ -147,17 +190,28 @@ class Engine:
         *,
         device: str | None = None,
         prefix_cache_bytes: int | None = DEFAULT_PREFIX_CACHE_BYTES,
+        draft_model: str | None = None,
+        draft_head: str | Path | None = "auto",
     ) -> Engine:
-        """Load ``model`` (hub id, local path, GGUF file; None = embedded default) into a new engine."""
+        """Load ``model`` (hub id, local path, GGUF file; None = embedded default) into a new engine.
+
+        ``draft_model`` is loaded the same way (on the target's device); ``draft_head``
+        is a head file, ``"auto"`` (the shipped head for this target) or None.
+        """
         from hvd_agents.models import load_model
 
         loaded = load_model(model, device=device)
+        drafter_lm = None
+        if draft_model is not None:
+            drafter_lm = load_model(draft_model, device=str(next(loaded.model.parameters()).device)).model
         return cls(
             loaded.model,
             loaded.tokenizer,
             eos_token_ids=loaded.eos_token_ids,
             context_window=loaded.context_window,
             prefix_cache_bytes=prefix_cache_bytes,
+            draft_model=drafter_lm,
+            draft_head=draft_head,
         )
 
     def cost_model(self) -> CostModel:
@@ -168,10 +222,27 @@ class Engine:
             self._cost_model = cached_cost_model(self.model)
         return self._cost_model
 
+    @property
+    def draft_head(self) -> DraftHead | None:
+        """The draft head (the one shipped for this target when ``draft_head="auto"``), or None."""
+        if isinstance(self._draft_head, str):  # "auto", resolved on first use
+            from hvd_agents.draft_head import shipped_head_for
+
+            self._draft_head = shipped_head_for(self.model)
+        return self._draft_head
+
+    def model_drafter(self) -> Drafter | None:
+        """A fresh model drafter: over ``draft_model`` when given, else over the draft head; None without either."""
+        if self.draft_model is not None:
+            return DraftModelDrafter(self.draft_model, self.vocab_size)
+        head = self.draft_head
+        return DraftHeadDrafter(head) if head is not None else None
+
     def drafter(self, method: str) -> Drafter:
         """The engine's drafter for ``method`` (created once, kept across requests)."""
         if method not in self._drafters:
-            self._drafters[method] = create_drafter(method, DrafterResources(self.cache_store, self.cost_model))
+            resources = DrafterResources(self.cache_store, self.cost_model, self.model_drafter)
+            self._drafters[method] = create_drafter(method, resources)
         return self._drafters[method]
 
     def add_drafter(self, method: str, drafter: Drafter) -> None:
@@ -231,6 +302,8 @@ class Engine:
         prompt_ids = self._check_prompt(prompt_ids, params)
         drafter = self.drafter(params.method)
         req = _Request(self, prompt_ids, params, req_id or f"req-{next(_request_counter)}")
+        if getattr(drafter, "uses_hidden_states", False):
+            req.hidden = HiddenStateBuffer()
         return self._locked_run(req, drafter, structure)
 
     def _locked_run(
@@ -293,7 +366,9 @@ class Engine:
         match = PrefixMatch()
         if req.params.reuse_prefix:
             match = self.prefix_cache.lookup(context, cache, session_id=req.session_id)
-        self._forward(context[match.length :], cache, logits_to_keep=1)
+        if req.hidden is not None:
+            req.hidden.start = match.length
+        self._forward(context[match.length :], cache, logits_to_keep=1, hidden=req.hidden)
         req.cache = cache
         req.stats.prefill_s = time.perf_counter() - start
         req.stats.reused_prefix_tokens = match.length
@@ -314,7 +389,17 @@ class Engine:
         k = min(req.params.draft_tokens, max_len)
         if k <= 0:
             return Draft()
-        draft = drafter.propose(DraftContext(req.req_id, req.token_ids, req.num_prompt), k)
+        hidden = req.hidden
+        ctx = DraftContext(
+            req.req_id,
+            req.token_ids,
+            req.num_prompt,
+            hidden_states=None if hidden is None else hidden.view(),
+            hidden_start=0 if hidden is None else hidden.start,
+            temperature=req.sampling.temperature,
+            generator=req.generator,
+        )
+        draft = drafter.propose(ctx, k)
         valid = 0
         for token in draft.token_ids[:k]:
             if not 0 <= token < self.vocab_size:
@@ -329,7 +414,8 @@ class Engine:
         (log-probability, entropy), which drafters may use as features.
         """
         past = cache.get_seq_length()
-        logits = self._forward([req.token_ids[-1], *draft.token_ids], cache)  # [d + 1, vocab]
+        hidden = [] if req.hidden is not None else None
+        logits = self._forward([req.token_ids[-1], *draft.token_ids], cache, hidden=hidden)  # [d + 1, vocab]
         draft_ids = torch.tensor(draft.token_ids, dtype=torch.long, device=self.device)  # [d]
         if req.sampling.greedy:
             result = verify_greedy(logits, draft_ids)
@@ -338,15 +424,35 @@ class Engine:
             q = None if draft.probs is None else draft.probs.to(device=self.device, dtype=probs.dtype)
             result = verify_sampling(probs, draft_ids, q, req.generator)
         truncate(cache, past + 1 + result.num_accepted)
+        if hidden:
+            req.hidden.extend(hidden[0][: 1 + result.num_accepted])
         return result, target_signal(logits[result.num_accepted], result.token_ids[-1])
 
-    def _forward(self, token_ids: Sequence[int], cache, logits_to_keep: int = 0) -> torch.Tensor:
-        """Run the target on ``token_ids`` after the cached positions; returns ``[n, vocab]`` logits."""
+    def _forward(
+        self, token_ids: Sequence[int], cache, logits_to_keep: int = 0, hidden: HiddenStateBuffer | list | None = None
+    ) -> torch.Tensor:
+        """Run the target on ``token_ids`` after the cached positions; returns ``[n, vocab]`` logits.
+
+        With ``hidden`` (a buffer or a list), the last-layer hidden states ``[n, hidden]``
+        of the new positions are appended to it.
+        """
         if not token_ids:
             return torch.empty(0, self.vocab_size, device=self.device)
         input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)  # [1, n]
         with torch.inference_mode():
-            out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=logits_to_keep)
+            out = self.model(
+                input_ids=input_ids,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=logits_to_keep,
+                output_hidden_states=hidden is not None,
+            )
+        if hidden is not None:
+            rows = out.hidden_states[-1][0]  # [n, hidden]
+            if isinstance(hidden, list):
+                hidden.append(rows)
+            else:
+                hidden.extend(rows)
         return out.logits[0]  # [n or logits_to_keep, vocab]
 
     def _emit(self, req: _Request, tokens: tuple[int, ...]) -> tuple[tuple[int, ...], str, str | None]:

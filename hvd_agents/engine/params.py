@@ -10,9 +10,10 @@ from hvd_agents.errors import InvalidRequestError
 DEFAULT_METHOD = "hvd"
 # Most draft tokens verified per step when a request does not say: fixed-length
 # drafters waste what they over-draft, so they keep K small; ``hvd`` chooses each
-# step's length itself, so a large K only adds room for long accepted drafts.
+# step's length itself, so a large K only adds room for long accepted drafts; a model
+# drafter pays a forward per drafted token and stops early by its own confidence.
 DEFAULT_DRAFT_TOKENS = 10
-METHOD_DRAFT_TOKENS = {"hvd": 32}
+METHOD_DRAFT_TOKENS = {"hvd": 32, "model": 6}
 
 
 @dataclass(frozen=True)

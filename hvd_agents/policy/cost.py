@@ -38,7 +38,8 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-PROFILE_DRAFT_LENGTHS: tuple[int, ...] = (0, 4, 8, 16, 32)
+PROFILE_DRAFT_LENGTHS: tuple[int, ...] = (0, 1, 2, 4, 8, 16, 32)
+PROFILE_VERSION = 2  # part of the cache key: profiles measured by an older method are measured again
 PROFILE_CONTEXT = 512  # tokens of context the profile is measured at
 PROFILE_REPEATS = 5
 CURVE_CACHE = 257  # verify costs precomputed for drafts up to 256 tokens
@@ -106,6 +107,13 @@ class CostModel:
         """``[verify(i + 1) - verify(i) for i < length]``: what the i-th draft token adds."""
         return np.diff(self.verify_curve(length + 1))
 
+    def with_drafting(self, per_token: float) -> CostModel:
+        """This cost plus ``per_token`` target steps for each drafted token (a model drafter's forwards)."""
+        points = tuple((d, c + per_token * d) for d, c in self.points)
+        if len(points) == 1:
+            points = (*points, (1, points[0][1] + per_token))
+        return CostModel(points, self.draft_cost, f"{self.source} + draft {per_token:.3f}/token")
+
     @property
     def plausible(self) -> bool:
         """Whether ``verify(d) <= 1 + d``: one forward over ``1 + d`` tokens can never cost more than
@@ -159,23 +167,33 @@ def measure_cost_model(
 
 
 def _robust_profile(lengths: Sequence[int], seconds: Sequence[float], context: int) -> CostModel:
-    """An affine fit ``t(d) = a + b * d`` by Theil-Sen (median of pairwise slopes, median intercept).
+    """The plain step as measured, and an affine fit ``t(d) = a + b * d`` over the drafted lengths
+    (``d >= 1``) by Theil-Sen (median of pairwise slopes, median intercept).
 
-    A verification forward's time is close to affine in the number of tokens at
-    these lengths; the robust fit keeps one disturbed timing from bending the
-    curve, where reading the points as measured would not.
+    The first draft token can cost far more than the next ones: on a CPU, a
+    one-token forward runs matrix-vector kernels and a forward over two or more
+    tokens runs matrix-matrix kernels, which are slower per call at these sizes
+    (measured here: 56 ms for 1 token, 92 ms for 2, at 300 tokens of context).
+    So ``verify(0) = 1`` is the measured step and the fit does not pass through
+    it. The robust fit keeps one disturbed timing from bending the curve.
     """
     xs = np.asarray(lengths, dtype=np.float64)
     ts = np.asarray(seconds, dtype=np.float64)
-    slopes = [(ts[j] - ts[i]) / (xs[j] - xs[i]) for i in range(len(xs)) for j in range(i + 1, len(xs))]
+    if not (xs == 0).any():
+        raise ValueError("a cost profile needs a timing at 0 draft tokens")
+    base = float(ts[xs == 0].min())
+    dx, dt = xs[xs >= 1], ts[xs >= 1]
+    if len(dx) == 0:
+        return CostModel(((0, 1.0),), source=f"measured at {context} tokens of context, {base * 1e3:.1f} ms per step")
+    slopes = [(dt[j] - dt[i]) / (dx[j] - dx[i]) for i in range(len(dx)) for j in range(i + 1, len(dx))]
     slope = max(float(np.median(slopes)), 0.0) if slopes else 0.0
-    intercept = float(np.median(ts - slope * xs))
-    if intercept <= 0:
-        intercept = float(ts.min())
-    last = int(xs.max())
-    points = ((0, 1.0), (last, 1.0 + slope * last / intercept)) if last > 0 else ((0, 1.0),)
-    return CostModel(points, source=f"measured at {context} tokens of context, {intercept * 1e3:.1f} ms per step, "
-                                    f"{slope / intercept:.4f} per draft token")
+    intercept = float(np.median(dt - slope * dx))
+    first, last = int(dx.min()), int(dx.max())
+    at_first = max(1.0, (intercept + slope * first) / base)
+    at_last = max(at_first, (intercept + slope * last) / base)
+    points = ((0, 1.0), (first, at_first)) if last == first else ((0, 1.0), (first, at_first), (last, at_last))
+    return CostModel(points, source=f"measured at {context} tokens of context, {base * 1e3:.1f} ms per step, "
+                                    f"first draft token {at_first - 1.0:.3f}, then {slope / base:.4f} per draft token")
 
 
 def _sync(device: torch.device) -> None:
@@ -187,6 +205,7 @@ def profile_key(model: torch.nn.Module) -> str:
     """What a cost profile depends on: the model, device, dtype, threads, torch and the machine."""
     param = next(model.parameters())
     parts = [
+        f"profile v{PROFILE_VERSION}",
         str(getattr(model.config, "_name_or_path", "")),
         json.dumps(model.config.to_diff_dict(), sort_keys=True, default=str),
         str(param.device),

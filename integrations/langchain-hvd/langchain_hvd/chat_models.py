@@ -100,7 +100,7 @@ class ChatHVD(BaseChatModel):
     model: str | None = None
     """Hub id, local model directory or ``.gguf`` file; None = the embedded SmolLM2-135M-Instruct."""
     method: str = DEFAULT_METHOD
-    """Decoding method: a name in ``hvd_agents.drafters.available_methods()`` (``hvd``, ``hvd-cache``, ``pld``, ``ar``)."""
+    """Decoding method: a name in ``hvd_agents.drafters.available_methods()`` (``hvd``, ``hvd-cache``, ``model``, ``pld``, ``ar``)."""
     max_tokens: int = 256
     """Most tokens generated per call."""
     temperature: float = 0.0
@@ -112,6 +112,9 @@ class ChatHVD(BaseChatModel):
     """Most draft tokens verified per step (K); None = the engine's default."""
     device: str | None = None
     """``"cpu"``, ``"cuda"``, ...; None picks CUDA when available. Used when the engine is created here."""
+    draft_model: str | None = None
+    """A smaller model with the same tokenizer that drafts (methods ``model`` and ``hvd``); None = the target's
+    shipped draft head, if any. Used when the engine is created here."""
     stop: list[str] | None = Field(default=None, alias="stop_sequences")
     """Stop strings for every call (merged with a call's own ``stop``)."""
     engine: Engine | None = Field(default=None, exclude=True, repr=False)
@@ -357,7 +360,9 @@ class ChatHVD(BaseChatModel):
         if unknown:
             raise InvalidRequestError(f"unsupported call arguments for ChatHVD: {unknown}")
         response_format = call.get("response_format")
-        engine, model_name = resolve_engine(self.engine, self.model, self.device, call.get("model"))
+        engine, model_name = resolve_engine(
+            self.engine, self.model, self.device, call.get("model"), self.draft_model
+        )
         oai_messages = to_openai_messages(messages)
         prefix = ""
         if response_format is not None:

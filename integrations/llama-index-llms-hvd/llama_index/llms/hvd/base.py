@@ -102,7 +102,7 @@ class HVD(FunctionCallingLLM):
     model: str | None = Field(
         default=None, description="Hub id, local model directory or .gguf file; None = the embedded model."
     )
-    method: str = Field(default=DEFAULT_METHOD, description="Decoding method: 'hvd', 'hvd-cache', 'pld', 'ar', ...")
+    method: str = Field(default=DEFAULT_METHOD, description="Decoding method: 'hvd', 'hvd-cache', 'model', 'pld', 'ar', ...")
     max_tokens: int = Field(default=256, gt=0, description="Most tokens generated per call.")
     temperature: float = Field(default=0.0, ge=0.0, description="0 = greedy.")
     top_p: float | None = Field(default=None, description="Nucleus sampling mass; None = no cut-off.")
@@ -112,6 +112,11 @@ class HVD(FunctionCallingLLM):
         default=None, description="Most draft tokens verified per step (K); None = the engine's default."
     )
     device: str | None = Field(default=None, description="'cpu', 'cuda', ...; None picks CUDA when available.")
+    draft_model: str | None = Field(
+        default=None,
+        description="A smaller model with the same tokenizer that drafts (methods 'model' and 'hvd'); "
+        "None = the target's shipped draft head, if any.",
+    )
     context_window: int | None = Field(
         default=None, description="Reported context window; None = the model's (loads the model on first use)."
     )
@@ -156,7 +161,7 @@ class HVD(FunctionCallingLLM):
         """Context window (the model's, unless ``context_window`` is set) and ``num_output`` = ``max_tokens``."""
         context_window = self.context_window
         if context_window is None:
-            context_window = resolve_engine(self.engine, self.model, self.device)[0].context_window
+            context_window = resolve_engine(self.engine, self.model, self.device, None, self.draft_model)[0].context_window
         return LLMMetadata(
             context_window=context_window,
             num_output=self.max_tokens,
@@ -278,7 +283,9 @@ class HVD(FunctionCallingLLM):
         unknown = sorted(set(kwargs) - _CALL_KWARGS)
         if unknown:
             raise InvalidRequestError(f"unsupported call arguments for HVD: {unknown}")
-        engine, model_name = resolve_engine(self.engine, self.model, self.device, kwargs.get("model"))
+        engine, model_name = resolve_engine(
+            self.engine, self.model, self.device, kwargs.get("model"), self.draft_model
+        )
         choice = kwargs.get("tool_choice")
         if choice is None:  # not set for this call (LlamaIndex passes None explicitly)
             choice = self.tool_choice

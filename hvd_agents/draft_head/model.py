@@ -1,0 +1,259 @@
+"""The draft head: one decoder layer that drafts from the target's own hidden states (EAGLE style).
+
+At sequence index ``t`` the head reads the pair ``(f_t, x_{t+1})``: a feature
+``f_t`` (the target's last-layer hidden state ``h_t`` when known, else the
+head's own prediction of it) and the embedding of the next token. It predicts
+``h_{t+1}``, and the target's own LM head rows give the next token's logits::
+
+    x   = fc([norm(f_t); norm(embed(x_{t+1}))])            # [d]
+    x   = x + attn(norm(x))          # causal, RoPE, its own KV cache
+    x   = x + mlp(norm(x))           # SwiGLU
+    h^  = out_norm(x)                # predicted h_{t+1}
+    logits = h^ @ W_lm[draft_vocab].T                       # [V']
+
+Autoregression is at the feature level: the next draft step feeds ``h^`` back in
+with the drafted token, which keeps semantic information even when a drafted
+token is wrong. The LM projection covers a reduced draft vocabulary (the most
+frequent target tokens, mapped back to target ids), so it costs ``V'/V`` of the
+target's; the embedding and the LM rows are the target's own (frozen, not
+stored with the head's weights).
+
+The head keeps a KV cache per sequence (:class:`HeadCache`); ``step`` runs any
+number of new indices through it at given positions, which is how the drafter
+ingests the verified context and drafts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class DraftHeadConfig:
+    """Shape of a draft head and the target it was trained for.
+
+    Attributes:
+        hidden_size: the target's hidden size ``d``.
+        num_heads: attention heads of the head's layer (``d`` divisible by it).
+        intermediate_size: the SwiGLU width.
+        draft_vocab_size: ``V'``, the size of the reduced draft vocabulary.
+        target_vocab_size: the target's vocabulary size ``V``.
+        rope_theta: RoPE base.
+        rms_norm_eps: RMSNorm epsilon.
+        target: a description of the target model the head was trained on
+            (its config signature, see :func:`target_signature`).
+    """
+
+    hidden_size: int
+    num_heads: int
+    intermediate_size: int
+    draft_vocab_size: int
+    target_vocab_size: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    target: str = ""
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
+        if not 0 < self.draft_vocab_size <= self.target_vocab_size:
+            raise ValueError(
+                f"draft_vocab_size must be in [1, {self.target_vocab_size}], got {self.draft_vocab_size}"
+            )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def target_signature(model: nn.Module) -> str:
+    """A description of a target model's architecture, e.g. ``"llama/d576/l30/v49152"``.
+
+    Heads are matched to targets by it: a head trained for one model of a family
+    works (more slowly, never incorrectly) on a fine-tune of the same shape.
+    """
+    config = model.config
+    return (
+        f"{getattr(config, 'model_type', '?')}/d{config.hidden_size}/l{config.num_hidden_layers}"
+        f"/v{model.get_output_embeddings().weight.shape[0]}"
+    )
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        variance = x.pow(2).mean(-1, keepdim=True)
+        return x * torch.rsqrt(variance + self.eps) * self.weight
+
+
+class HeadCache:
+    """The head's keys and values for one sequence: ``[heads, length, head_dim]``, grown by doubling.
+
+    ``positions[i]`` is the sequence index of entry ``i`` (increasing, possibly
+    with gaps where no hidden states were known).
+    """
+
+    def __init__(self) -> None:
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+        self.positions: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor, positions: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add ``[heads, n, head_dim]`` keys/values; returns all keys and values so far."""
+        old, n = len(self.positions), keys.shape[1]
+        if self.keys is None or old + n > self.keys.shape[1]:
+            capacity = max(256, 2 * (old + n))
+            shape = (keys.shape[0], capacity, keys.shape[2])
+            grown_k = keys.new_empty(shape)
+            grown_v = values.new_empty(shape)
+            if self.keys is not None:
+                grown_k[:, :old] = self.keys[:, :old]
+                grown_v[:, :old] = self.values[:, :old]
+            self.keys, self.values = grown_k, grown_v
+        self.keys[:, old : old + n] = keys
+        self.values[:, old : old + n] = values
+        self.positions.extend(positions)
+        return self.keys[:, : old + n], self.values[:, : old + n]
+
+    def crop(self, length: int) -> None:
+        """Keep the first ``length`` entries."""
+        del self.positions[length:]
+
+
+class DraftHead(nn.Module):
+    """The draft head (see the module docstring).
+
+    Call :meth:`attach` with the target before use: it takes the target's token
+    embedding and the LM rows of the draft vocabulary (not part of the head's
+    state dict). ``draft_vocab`` (a buffer, saved) maps draft index -> target id.
+    """
+
+    def __init__(self, config: DraftHeadConfig) -> None:
+        super().__init__()
+        self.config = config
+        d, inter, eps = config.hidden_size, config.intermediate_size, config.rms_norm_eps
+        self.num_heads = config.num_heads
+        self.head_dim = d // config.num_heads
+        self.norm_feature = RMSNorm(d, eps)
+        self.norm_embed = RMSNorm(d, eps)
+        self.fc = nn.Linear(2 * d, d, bias=False)
+        self.attn_norm = RMSNorm(d, eps)
+        self.qkv = nn.Linear(d, 3 * d, bias=False)
+        self.o_proj = nn.Linear(d, d, bias=False)
+        self.mlp_norm = RMSNorm(d, eps)
+        self.gate_up = nn.Linear(d, 2 * inter, bias=False)
+        self.down = nn.Linear(inter, d, bias=False)
+        self.out_norm = RMSNorm(d, eps)
+        self.register_buffer("draft_vocab", torch.arange(config.draft_vocab_size), persistent=True)
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim))
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self.embed: torch.Tensor | None = None  # [V, d], the target's (frozen)
+        self.lm_rows: torch.Tensor | None = None  # [V', d], the target's LM rows of the draft vocabulary (frozen)
+
+    def attach(self, target: nn.Module) -> DraftHead:
+        """Take the target's embedding and draft-vocabulary LM rows; move to its device and dtype."""
+        embedding = target.get_input_embeddings().weight
+        lm_weight = target.get_output_embeddings().weight
+        if embedding.shape[1] != self.config.hidden_size or lm_weight.shape[0] != self.config.target_vocab_size:
+            raise ValueError(
+                f"the draft head was built for hidden size {self.config.hidden_size} and vocabulary "
+                f"{self.config.target_vocab_size}, the target has {embedding.shape[1]} and {lm_weight.shape[0]}"
+            )
+        self.to(device=embedding.device, dtype=embedding.dtype)
+        self.draft_vocab = self.draft_vocab.to(embedding.device)
+        self.embed = embedding.detach()
+        self.lm_rows = lm_weight.detach()[self.draft_vocab].clone()
+        return self
+
+    # ---- the layer, in pieces (training composes them with its own attention masks) ----
+
+    def inputs(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """``fc([norm(f); norm(embed(x))])``: ``[..., n, d]`` features and ``[..., n]`` next tokens -> ``[..., n, d]``."""
+        embedded = F.embedding(tokens, self.embed)
+        return self.fc(torch.cat([self.norm_feature(features), self.norm_embed(embedded)], dim=-1))
+
+    def project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys, values ``[..., heads, n, head_dim]`` of ``x`` ``[..., n, d]``, RoPE applied at ``positions`` ``[n]``."""
+        q, k, v = self.qkv(self.attn_norm(x)).split(self.config.hidden_size, dim=-1)
+        shape = (*x.shape[:-1], self.num_heads, self.head_dim)
+        q, k, v = (t.reshape(shape).transpose(-2, -3) for t in (q, k, v))  # [..., H, n, hd]
+        angles = positions.to(self.inv_freq.dtype)[:, None] * self.inv_freq[None, :]  # [n, hd/2]
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        return _rope(q, cos, sin), _rope(k, cos, sin), v
+
+    def finish(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """Residual attention output ``[..., H, n, hd]``, the MLP and the output norm: predicted features ``[..., n, d]``."""
+        merged = attended.transpose(-2, -3).reshape(x.shape)
+        x = x + self.o_proj(merged)
+        gate, up = self.gate_up(self.mlp_norm(x)).chunk(2, dim=-1)
+        x = x + self.down(F.silu(gate) * up)
+        return self.out_norm(x)
+
+    def logits(self, predicted: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits ``[..., V']`` of predicted features ``[..., d]``."""
+        return predicted @ self.lm_rows.T
+
+    # ---- inference ----
+
+    @torch.inference_mode()
+    def step(
+        self, features: torch.Tensor, tokens: torch.Tensor, positions: list[int], cache: HeadCache
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run new indices ``[n]`` through the head, appending them to ``cache``.
+
+        Args:
+            features: ``[n, d]`` features ``f_t``.
+            tokens: ``[n]`` next tokens ``x_{t+1}`` (target ids).
+            positions: the ``n`` sequence indices, increasing, after the cache's.
+            cache: the sequence's cache (entries attend to all earlier ones).
+
+        Returns:
+            predicted features ``[n, d]`` and draft-vocabulary logits ``[n, V']``.
+        """
+        if self.embed is None:
+            raise RuntimeError("attach(target) the draft head before using it")
+        x = self.inputs(features, tokens)  # [n, d]
+        pos = torch.tensor(positions, device=x.device)
+        q, k, v = self.project(x, pos)  # [H, n, hd]
+        old = len(cache)
+        keys, values = cache.append(k, v, positions)  # [H, old + n, hd]
+        n = len(positions)
+        if n == 1:
+            attended = F.scaled_dot_product_attention(q, keys, values)
+        else:
+            mask = torch.ones(n, old + n, dtype=torch.bool, device=x.device).tril(old)  # new i sees <= old + i
+            attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        predicted = self.finish(x, attended)
+        return predicted, self.logits(predicted)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding (the Llama ``rotate_half`` layout); ``cos``/``sin`` are ``[n, hd/2]``."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def init_weights(head: DraftHead, seed: int = 0) -> DraftHead:
+    """Small random init (normal, std 0.02 scaled for the residual outputs), reproducible by ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    for name, param in head.named_parameters():
+        if param.ndim == 2:
+            std = 0.02 / math.sqrt(2.0) if name.startswith(("o_proj", "down")) else 0.02
+            with torch.no_grad():
+                param.copy_(torch.randn(param.shape, generator=gen) * std)
+    return head

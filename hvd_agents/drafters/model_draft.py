@@ -1,0 +1,108 @@
+"""What every model drafter shares: drawing draft tokens and the draft loop.
+
+A model drafter proposes tokens from its own distribution ``q``. Under greedy
+decoding it drafts ``argmax q`` and reports no ``q`` (a deterministic draft is a
+point mass, which greedy verification does not read). Under sampling it samples
+each token from ``softmax(logits / T)`` with the request's generator and reports
+that ``q`` over the target's vocabulary, so speculative sampling keeps the
+target's distribution exactly.
+
+The loop stops early when the drafter's own estimate that the whole draft so
+far survives, the product of its per-token confidences (each the top
+probability of its distribution, decided before the token is drawn: a stop
+that depended on the drawn token would change the proposal distribution and
+break exactness), falls below ``min_survival`` (the hybrid policy sets it to the marginal cost of a token
+times the running rate): model drafts cost forwards, so tokens unlikely to be
+accepted are not worth drafting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from hvd_agents.drafters.base import Draft
+
+# Used by method ``model`` alone (no policy to set it): stop once the drafter gives the whole
+# draft less than this chance of surviving.
+DEFAULT_MIN_SURVIVAL = 0.1
+
+
+def distribution(logits: torch.Tensor, temperature: float) -> tuple[torch.Tensor, float]:
+    """The drafter's distribution over ``[V']`` logits (tempered when sampling) and its confidence,
+    the probability of its most likely token: a property of the distribution, never of a sample,
+    so deciding from it whether to draft keeps sampling exact."""
+    probs = torch.softmax(logits.float() / (temperature if temperature > 0.0 else 1.0), dim=-1)
+    return probs, float(probs.max())
+
+
+def draw(probs: torch.Tensor, temperature: float, generator: torch.Generator | None) -> tuple[int, torch.Tensor | None]:
+    """One draft token from ``probs``: the argmax when greedy (q is then a point mass and not
+    reported), else a sample, reported with the q it was drawn from."""
+    if temperature <= 0.0:
+        return int(torch.argmax(probs)), None
+    return int(torch.multinomial(probs, 1, generator=generator)), probs
+
+
+def draft_loop(
+    logits: torch.Tensor,
+    advance: Callable[[int], torch.Tensor],
+    k: int,
+    *,
+    temperature: float,
+    generator: torch.Generator | None,
+    min_survival: float,
+    to_target: Sequence[int] | torch.Tensor | None,
+    target_vocab: int,
+    source: str,
+) -> Draft:
+    """Draft up to ``k`` tokens, starting from the next-token ``logits`` ``[V']``.
+
+    Args:
+        advance: feeds a drafted target id to the drafter and returns the next ``[V']`` logits.
+        to_target: maps a logits index to a target id (a reduced draft
+            vocabulary); None when indices are target ids.
+        target_vocab: the target's vocabulary size (the width of reported q rows).
+    """
+    tokens: list[int] = []
+    q_rows: list[torch.Tensor] = []
+    survival = 1.0
+    for i in range(k):
+        probs, confidence = distribution(logits, temperature)
+        if survival * confidence < min_survival:  # decided before drawing: the token drawn must not decide it
+            break
+        survival *= confidence
+        index, probs = draw(probs, temperature, generator)
+        token = index if to_target is None else int(to_target[index])
+        tokens.append(token)
+        if probs is not None:
+            q_rows.append(_to_target_vocab(probs, to_target, target_vocab))
+        if i + 1 < k:
+            logits = advance(token)
+    probs = torch.stack(q_rows) if q_rows else None
+    features = {"model_survival": survival, "model_tokens": float(len(tokens))}
+    return Draft(tuple(tokens), probs, survival, source, features)
+
+
+def _to_target_vocab(probs: torch.Tensor, to_target: Sequence[int] | torch.Tensor | None, target_vocab: int) -> torch.Tensor:
+    """``q`` over the target's vocabulary (zero outside the drafter's)."""
+    if to_target is None and probs.shape[0] == target_vocab:
+        return probs
+    full = probs.new_zeros(target_vocab)
+    if to_target is None:
+        full[: probs.shape[0]] = probs[:target_vocab]
+    else:
+        full[torch.as_tensor(to_target, device=probs.device)] = probs
+    return full
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    left = torch.as_tensor(list(a[:n]))
+    right = torch.as_tensor(list(b[:n]))
+    differ = (left != right).nonzero()
+    return int(differ[0]) if len(differ) else n

@@ -1,0 +1,302 @@
+"""The model drafters: the EAGLE-style draft head and a draft LM, on tiny random models (no download).
+
+Losslessness (greedy equality under any head, sampling distribution with q-carrying
+drafts), the hidden states the engine hands over, the head's KV bookkeeping
+across steps and requests, training-time test == drafting, training that learns,
+and the head file format.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hvd_agents import Engine, GenerationParams
+from hvd_agents.draft_head import DraftHead, DraftHeadConfig, DraftHeadError, HeadCache, load_head, save_head
+from hvd_agents.draft_head.data import teacher_forced_samples
+from hvd_agents.draft_head.model import init_weights, target_signature
+from hvd_agents.draft_head.train import TrainConfig, evaluate, train_head, ttt_forward
+from hvd_agents.draft_head.weights import shipped_head_for
+from hvd_agents.drafters import DraftContext, DraftHeadDrafter, DraftModelDrafter
+from hvd_agents.errors import InvalidRequestError
+from hvd_agents.policy import CostModel
+from tests.test_engine_lossless import SMALL_VOCAB, chi_square, chi_square_critical, exact_two_token_distribution
+from tests.tiny import make_tiny_llama
+
+VOCAB = 64
+
+
+def random_head(target, draft_vocab: int = 48, seed: int = 0) -> DraftHead:
+    """An untrained head over a reduced vocabulary (every other id dropped past ``draft_vocab``)."""
+    config = DraftHeadConfig(target.config.hidden_size, 4, 64, draft_vocab, VOCAB if target.config.vocab_size == VOCAB
+                             else target.config.vocab_size, target=target_signature(target))
+    head = init_weights(DraftHead(config), seed=seed)
+    head.draft_vocab = torch.randperm(config.target_vocab_size, generator=torch.Generator().manual_seed(seed))[
+        :draft_vocab].sort().values
+    return head.to(torch.float64).attach(target)
+
+
+def tiny_samples(model, n: int, seed: int, answer: int = 24):
+    """Greedy answers of ``model`` to random prompts, teacher-forced (the head's distillation data)."""
+    rng = random.Random(seed)
+    engine = Engine(model, eos_token_ids=(), prefix_cache_bytes=0)
+    prompts = [[rng.randrange(VOCAB) for _ in range(rng.randint(4, 12))] for _ in range(n)]
+    sequences = [p + list(engine.generate(p, GenerationParams(max_new_tokens=answer, method="ar")).token_ids)
+                 for p in prompts]
+    samples = []
+    for i in range(0, n, 32):
+        samples += teacher_forced_samples(model, sequences[i : i + 32], [len(p) for p in prompts[i : i + 32]])
+    return samples
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_tiny_llama(VOCAB, seed=11)
+
+
+@pytest.fixture(scope="module")
+def trained(target):
+    """A head trained on the tiny target's own greedy answers, with its report."""
+    samples = tiny_samples(target, 240, seed=1)
+    config = TrainConfig(draft_vocab=48, intermediate_size=64, num_heads=4, epochs=12, lr=3e-3, batch_tokens=2048)
+    untrained_head, _ = train_head(target, samples, TrainConfig(**{**config.__dict__, "epochs": 1, "lr": 1e-9}),
+                                   log=lambda _: None)
+    head, report = train_head(target, samples, config, log=lambda _: None)
+    return head, report, untrained_head, samples
+
+
+def test_training_learns_the_targets_greedy_tokens(trained) -> None:
+    head, report, untrained, samples = trained
+    to_draft = torch.full((VOCAB,), -1, dtype=torch.long)
+    to_draft[untrained.draft_vocab] = torch.arange(len(untrained.draft_vocab))
+    _, before = evaluate(untrained, samples[:24], TrainConfig(batch_tokens=2048), to_draft)
+    assert report.accuracy[0] > before[0] + 0.25, (report.accuracy, before)
+    assert report.accuracy[0] > 0.5
+    assert report.expected_accepted > 0.5
+    assert report.epochs[-1]["train_loss"] < report.epochs[0]["train_loss"]
+
+
+def test_training_time_test_equals_drafting(target) -> None:
+    """Pass p of training at index t computes exactly the p-th drafting step from verified index t - p + 1."""
+    head = random_head(target)
+    tokens = torch.randint(0, VOCAB, (1, 20), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        hidden = target(input_ids=tokens, output_hidden_states=True).hidden_states[-1]  # [1, 20, d]
+    length = 19
+    passes = ttt_forward(head, hidden[:, :length], tokens[:, 1:], torch.ones(1, length, dtype=torch.bool), 3)
+    for last in (0, 4, 9, 15):  # the last verified index
+        cache = HeadCache()
+        feature, _ = head.step(hidden[0, : last + 1], tokens[0, 1 : last + 2], list(range(last + 1)), cache)
+        feature = feature[-1:]
+        assert torch.allclose(feature[0], passes[0][0, last], atol=1e-9)
+        for p in (2, 3):
+            t = last + p - 1
+            feature, _ = head.step(feature, tokens[0, t + 1 : t + 2], [t], cache)
+            assert torch.allclose(feature[0], passes[p - 1][0, t], atol=1e-9), (last, p)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=20),
+    max_new=st.integers(1, 40),
+    k=st.integers(0, 10),
+    method=st.sampled_from(["model", "hvd"]),
+)
+def test_greedy_equality_with_the_trained_head(target, trained, prompt, max_new, k, method) -> None:
+    engine = Engine(target, eos_token_ids=(), draft_head=trained[0], prefix_cache_bytes=1 << 22)
+    reference = engine.generate(prompt, GenerationParams(max_new_tokens=max_new, method="ar", reuse_prefix=False))
+    result = engine.generate(prompt, GenerationParams(max_new_tokens=max_new, method=method, num_draft_tokens=k))
+    assert result.token_ids == reference.token_ids
+
+
+def test_trained_head_drafts_are_accepted(target, trained) -> None:
+    engine = Engine(target, eos_token_ids=(), draft_head=trained[0])
+    prompt = [5, 9, 33, 2, 17, 40]
+    reference = engine.generate(prompt, GenerationParams(max_new_tokens=60, method="ar"))
+    result = engine.generate(prompt, GenerationParams(max_new_tokens=60, method="model", num_draft_tokens=4))
+    assert result.token_ids == reference.token_ids
+    head_stats = result.stats.per_source["head"]
+    assert head_stats.accepted >= 0.4 * head_stats.drafted  # the tiny head agrees with its target often
+    assert result.stats.steps < reference.stats.steps
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_greedy_equality_with_draft_lms(target, seed) -> None:
+    prompt = [random.Random(seed).randrange(VOCAB) for _ in range(9)]
+    drafts = [make_tiny_llama(VOCAB, seed=100 + seed), target]  # an unrelated LM, and the target itself
+    engine = Engine(target, eos_token_ids=(), prefix_cache_bytes=0)
+    reference = engine.generate(prompt, GenerationParams(max_new_tokens=40, method="ar"))
+    for draft in drafts:
+        lm_engine = Engine(target, eos_token_ids=(), draft_model=draft)
+        for method in ("model", "hvd"):
+            for extended in (prompt, prompt + list(reference.token_ids[:5])):  # the second reuses the draft LM's KV
+                ref = engine.generate(extended, GenerationParams(max_new_tokens=30, method="ar"))
+                out = lm_engine.generate(extended, GenerationParams(max_new_tokens=30, method=method))
+                assert out.token_ids == ref.token_ids
+    self_engine = Engine(target, eos_token_ids=())
+    self_engine.add_drafter("self", DraftModelDrafter(target, VOCAB, min_survival=0.0))
+    out = self_engine.generate(prompt, GenerationParams(max_new_tokens=40, method="self", num_draft_tokens=4))
+    assert out.stats.steps == 8  # the target drafting for itself: every 4-token draft accepted, + 1 token a step
+
+
+@pytest.mark.parametrize(
+    "kind, temperature, top_k, top_p",
+    [("head", 1.0, 0, 1.0), ("head", 0.7, 5, 0.9), ("lm", 1.0, 0, 1.0), ("self", 0.7, 5, 0.9), ("hvd", 1.0, 0, 1.0)],
+)
+def test_sampling_distribution_with_model_drafts(kind, temperature, top_k, top_p) -> None:
+    model = make_tiny_llama(SMALL_VOCAB, seed=3)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(0.15)
+    if kind in ("head", "hvd"):
+        config = DraftHeadConfig(32, 4, 64, SMALL_VOCAB - 2, SMALL_VOCAB, target=target_signature(model))
+        head = init_weights(DraftHead(config), seed=4)
+        head.draft_vocab = torch.arange(2, SMALL_VOCAB)  # ids 0 and 1 are never drafted: q = 0 there
+        engine = Engine(model, eos_token_ids=(), draft_head=head.to(torch.float64))
+    else:
+        engine = Engine(model, eos_token_ids=(), draft_model=make_tiny_llama(SMALL_VOCAB, seed=9) if kind == "lm" else model)
+    method = "hvd" if kind == "hvd" else "model"
+    prompt = [1, 4, 2, 7, 1, 4]
+    params = GenerationParams(max_new_tokens=2, temperature=temperature, top_k=top_k, top_p=top_p,
+                              method=method, num_draft_tokens=3, seed=0)
+    expected = exact_two_token_distribution(model, prompt, params)
+    n = 2000
+    observed: Counter = Counter()
+    for i in range(n):
+        run = GenerationParams(**{**params.__dict__, "seed": 1000 + i})
+        observed[tuple(engine.generate(prompt, run).token_ids)] += 1
+    stat, df = chi_square(observed, expected, n)
+    assert stat < chi_square_critical(df), f"chi2={stat:.1f} with df={df}"
+
+
+class RecordingHeadDrafter(DraftHeadDrafter):
+    """Keeps what the engine hands over at each propose."""
+
+    def __init__(self, head):
+        super().__init__(head)
+        self.seen: list[tuple[int, torch.Tensor, list[int]]] = []
+        self.fed: list[int] = []
+
+    def propose(self, ctx: DraftContext, k: int, min_survival: float | None = None):
+        before = len(self.cache)
+        draft = super().propose(ctx, k, min_survival)
+        self.fed.append(len(self.cache) - before)
+        self.seen.append((ctx.hidden_start, ctx.hidden_states.clone(), list(ctx.token_ids)))
+        return draft
+
+
+def test_engine_hands_over_the_targets_hidden_states(target) -> None:
+    engine = Engine(target, eos_token_ids=(), prefix_cache_bytes=1 << 22)
+    drafter = RecordingHeadDrafter(random_head(target))
+    engine.add_drafter("rec", drafter)
+    prompt = [3, 8, 1, 44, 9, 12, 30]
+    first = engine.generate(prompt, GenerationParams(max_new_tokens=12, method="rec", num_draft_tokens=3))
+    start, hidden, tokens = drafter.seen[-1]
+    assert start == 0 and hidden.shape[0] == len(tokens) - 1  # every processed token: all but the last
+    with torch.no_grad():
+        full = target(input_ids=torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states[-1][0]
+    assert torch.allclose(hidden, full, atol=1e-8)
+    assert all(fed >= 1 for fed in drafter.fed)  # each step ingests the newly verified indices
+    # the next turn extends the conversation: the engine reuses its prefix KV (no hidden states there)
+    # and the head keeps its own entries for the shared prefix, ingesting only the new ones
+    drafter.seen.clear()
+    drafter.fed.clear()
+    cached_before = len(drafter.cache)
+    extended = prompt + list(first.token_ids) + [5, 6]
+    second = engine.generate(extended, GenerationParams(max_new_tokens=6, method="rec", num_draft_tokens=3))
+    start, hidden, tokens = drafter.seen[0]
+    assert start == second.stats.reused_prefix_tokens > 0
+    # entries kept: the shared prefix up to the head's last verified index; it then ingests from the first
+    # position it has neither an entry nor a reused KV for (the last step of the first request never reached it)
+    assert drafter.fed[0] == len(extended) - 1 - max(cached_before, start) < len(extended) - 1
+    ref = Engine(target, eos_token_ids=(), prefix_cache_bytes=0).generate(
+        extended, GenerationParams(max_new_tokens=6, method="ar"))
+    assert second.token_ids == ref.token_ids
+
+
+def test_head_cache_is_cropped_to_verified_entries(target) -> None:
+    drafter = DraftHeadDrafter(random_head(target))
+    tokens = [4, 5, 6, 7, 8, 9]
+    with torch.no_grad():
+        hidden = target(input_ids=torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states[-1][0]
+    drafter.start("r", tokens)
+    draft = drafter.propose(DraftContext("r", tokens, 3, hidden_states=hidden), k=5, min_survival=0.0)
+    assert len(draft) == 5 and draft.probs is None  # greedy: deterministic draft
+    assert drafter.cache.positions == [0, 1, 2, 3, 4]  # drafting steps were dropped again
+    assert set(draft.token_ids) <= set(drafter.head.draft_vocab.tolist())
+
+
+def test_sampled_head_drafts_report_q_over_the_target_vocabulary(target) -> None:
+    head = random_head(target)
+    drafter = DraftHeadDrafter(head)
+    tokens = [4, 5, 6, 7]
+    with torch.no_grad():
+        hidden = target(input_ids=torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states[-1][0]
+    drafter.start("r", tokens)
+    ctx = DraftContext("r", tokens, 2, hidden_states=hidden, temperature=0.8, generator=torch.Generator().manual_seed(0))
+    draft = drafter.propose(ctx, k=4, min_survival=0.0)
+    assert draft.probs.shape == (4, VOCAB)
+    assert torch.allclose(draft.probs.sum(-1), torch.ones(4, dtype=draft.probs.dtype))
+    outside = torch.ones(VOCAB, dtype=torch.bool)
+    outside[head.draft_vocab] = False
+    assert float(draft.probs[:, outside].sum()) == 0.0
+    for token, row in zip(draft.token_ids, draft.probs):
+        assert row[token] > 0
+
+
+def test_min_survival_stops_model_drafts_early(target) -> None:
+    drafter = DraftModelDrafter(target, VOCAB)
+    drafter.start("r", [1, 2, 3])
+    full = drafter.propose(DraftContext("r", [1, 2, 3], 3), k=8, min_survival=0.0)
+    cut = drafter.propose(DraftContext("r", [1, 2, 3], 3), k=8, min_survival=0.999)
+    assert len(full) == 8 and len(cut) < 8
+    assert full.token_ids[: len(cut)] == cut.token_ids
+    assert cut.score >= 0.999 and full.features["model_survival"] <= cut.score
+
+
+def test_head_file_round_trip_and_errors(target, tmp_path) -> None:
+    head = random_head(target)
+    path = save_head(head, tmp_path / "head.safetensors", {"note": "test"})
+    loaded = load_head(path, target).to(torch.float64)
+    loaded.attach(target)
+    features = torch.randn(3, 32, dtype=torch.float64)
+    tokens = torch.tensor([1, 2, 3])
+    a = head.step(features, tokens, [0, 1, 2], HeadCache())[1]
+    b = loaded.step(features, tokens, [0, 1, 2], HeadCache())[1]
+    assert torch.allclose(a, b, atol=5e-2)  # stored in fp16
+    assert torch.equal(loaded.draft_vocab, head.draft_vocab)
+    engine = Engine(target, eos_token_ids=(), draft_head=str(path))
+    assert engine.draft_head is not None and engine.generate([1, 2, 3], GenerationParams(max_new_tokens=4, method="model"))
+    with pytest.raises(DraftHeadError, match="no draft-head file"):
+        load_head(tmp_path / "missing.safetensors")
+    (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(DraftHeadError, match="not a readable draft-head file"):
+        load_head(tmp_path / "junk.safetensors")
+    other = make_tiny_llama(VOCAB + 8, seed=1)
+    with pytest.raises(DraftHeadError, match="vocabulary"):
+        load_head(path, other)
+    assert shipped_head_for(target) is None  # no head ships for a tiny random model
+
+
+def test_method_model_without_a_model_drafter_names_the_fix(target) -> None:
+    engine = Engine(target, eos_token_ids=(), draft_head=None)
+    with pytest.raises(InvalidRequestError, match="draft_model="):
+        engine.generate([1, 2, 3], GenerationParams(method="model"))
+    assert engine.generate([1, 2, 3], GenerationParams(max_new_tokens=5, method="hvd")).token_ids  # hvd: cache only
+
+
+def test_draft_model_must_share_the_vocabulary(target) -> None:
+    with pytest.raises(InvalidRequestError, match="tokenizer"):
+        Engine(target, draft_model=make_tiny_llama(VOCAB * 40, seed=2))
+
+
+def test_cost_with_drafting_adds_per_token_cost() -> None:
+    cost = CostModel(((0, 1.0), (8, 1.16), (16, 1.4))).with_drafting(0.05)
+    assert cost.verify(0) == 1.0
+    assert cost.verify(8) == pytest.approx(1.16 + 0.4)
+    assert cost.verify(24) == pytest.approx(1.64 + 1.2)
+    assert CostModel.linear(0.02).with_drafting(0.1).verify(3) == pytest.approx(1.36)

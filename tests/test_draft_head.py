@@ -22,7 +22,7 @@ from hvd_agents.draft_head.data import teacher_forced_samples
 from hvd_agents.draft_head.model import init_weights, target_signature
 from hvd_agents.draft_head.train import TrainConfig, evaluate, train_head, ttt_forward
 from hvd_agents.draft_head.weights import shipped_head_for
-from hvd_agents.drafters import DraftContext, DraftHeadDrafter, DraftModelDrafter
+from hvd_agents.drafters import DraftContext, DraftHeadDrafter, DraftModelDrafter, HybridDrafter, SuffixDrafter
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.policy import CostModel
 from tests.test_engine_lossless import SMALL_VOCAB, chi_square, chi_square_critical, exact_two_token_distribution
@@ -269,6 +269,12 @@ def test_head_file_round_trip_and_errors(target, tmp_path) -> None:
     b = loaded.step(features, tokens, [0, 1, 2], HeadCache())[1]
     assert torch.allclose(a, b, atol=5e-2)  # stored in fp16
     assert torch.equal(loaded.draft_vocab, head.draft_vocab)
+    assert loaded.recipe == {"note": "test"} and loaded.acceptance_prior is None
+    save_head(head, tmp_path / "measured.safetensors", {"report": {"accuracy": [0.42, 0.4]}})
+    measured = load_head(tmp_path / "measured.safetensors", target)
+    assert measured.acceptance_prior == pytest.approx(0.42)
+    hybrid = HybridDrafter(SuffixDrafter(None), model=DraftHeadDrafter(measured.to(torch.float64).attach(target)))
+    assert hybrid.model_acceptance == pytest.approx(0.42)  # the policy starts from the head's measured agreement
     engine = Engine(target, eos_token_ids=(), draft_head=str(path))
     assert engine.draft_head is not None and engine.generate([1, 2, 3], GenerationParams(max_new_tokens=4, method="model"))
     with pytest.raises(DraftHeadError, match="no draft-head file"):

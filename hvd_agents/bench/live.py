@@ -88,15 +88,17 @@ def _engine_runner(engine: Engine, params: GenerationParams) -> Runner:
     return run
 
 
-def _cache_runner(engine: Engine, params: GenerationParams) -> Runner:
+def _cache_runner(engine: Engine, params: GenerationParams, *, model_drafter: bool = True) -> Runner:
     """A cache method with the prompt's structure registered in a FRESH store (and drafter) per
-    run, so no run can copy an earlier run's output of the same prompt."""
+    run, so no run can copy an earlier run's output of the same prompt; ``model_drafter=False``
+    leaves the engine's model drafter out."""
     cost = engine.cost_model()
 
     def run(item: _Item) -> tuple[int, ...]:
         fresh = Engine(engine.model, engine.tokenizer, eos_token_ids=engine.eos_token_ids,
                        context_window=engine.context_window, cache_store=CacheStore(), cost_model=cost,
-                       draft_model=engine.draft_model, draft_head=engine.draft_head)
+                       draft_model=engine.draft_model if model_drafter else None,
+                       draft_head=engine.draft_head if model_drafter else None)
         structure = prepare(fresh, item.prompt.messages, item.prompt.tools)
         return fresh.generate(structure.prompt_ids, params, structure=structure).token_ids
 

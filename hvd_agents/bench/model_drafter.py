@@ -8,8 +8,9 @@ Two workloads, greedy, same ``max_new_tokens``, no prefix reuse (this measures d
 * **agent**: the agent-style prompts of ``bench`` (tool schemas, tool outputs).
 
 Arms: ``ar`` (no drafts), ``model`` (the model drafter alone, timed),
-``hvd-cache`` (the cache drafter alone) and ``hvd`` (payoff-guided choice between
-both). The cache arms start from a fresh store per run (no copying an earlier
+``hvd-cache`` (the cache drafter alone, fixed K), ``hvd-no-model`` (the payoff
+policy over the cache drafter only) and ``hvd`` (payoff-guided choice between
+both drafters); "best single" is the best of the three single-drafter arms. The cache arms start from a fresh store per run (no copying an earlier
 run's answer). Reported, per workload and for the two together (mixed): tokens
 per second of each arm and the ratios; for ``model``: mean accepted tokens per
 model draft and the drafter's time per step as a fraction of a target step.
@@ -33,7 +34,7 @@ from hvd_agents.engine.shared import shared_engine
 from hvd_agents.errors import HVDError
 
 logger = logging.getLogger(__name__)
-ARMS = ("ar", "model", "hvd-cache", "hvd")
+ARMS = ("ar", "model", "hvd-cache", "hvd-no-model", "hvd")
 
 
 class TimedDrafter:
@@ -116,6 +117,8 @@ def run_model_benchmark(
         "model": run_model,
         "hvd-cache": _cache_runner(engine, GenerationParams(max_new_tokens=max_new_tokens, reuse_prefix=False,
                                                             method="hvd-cache", num_draft_tokens=10)),
+        "hvd-no-model": _cache_runner(engine, GenerationParams(max_new_tokens=max_new_tokens, reuse_prefix=False,
+                                                               method="hvd"), model_drafter=False),
         "hvd": _cache_runner(engine, GenerationParams(max_new_tokens=max_new_tokens, reuse_prefix=False, method="hvd")),
     }
     for run in runners.values():  # warm-up
@@ -148,15 +151,17 @@ def _print(tallies, figures: ModelFigures, timed: TimedDrafter, inner, max_new_t
     print(f"model drafter: {source}; greedy, max_new_tokens={max_new_tokens}, model k={k}, hvd k=32, device={device}")
     rows = dict(tallies)
     rows["mixed"] = {arm: _merge([tallies[w][arm] for w in tallies]) for arm in ARMS}
-    print(f"{'workload':<8}{'runs':>5}" + "".join(f"{arm + ' tok/s':>16}" for arm in ARMS)
-          + f"{'model/ar':>10}{'hvd/best single':>17}{'same tokens':>13}")
+    print(f"{'workload':<8}{'runs':>5}" + "".join(f"{arm + ' tok/s':>20}" for arm in ARMS)
+          + f"{'model/ar':>10}{'hvd/best single':>17}{'hvd/hvd-no-model':>18}{'same tokens':>13}")
+    # hvd vs hvd-no-model isolates what the model drafter adds inside hvd
     for workload, arms in rows.items():
         ref = arms["ar"]
         same = min(sum(a == b for a, b in zip(arms[arm].outputs, ref.outputs)) for arm in ARMS)
-        best_single = max(arms["model"].tokens_per_s, arms["hvd-cache"].tokens_per_s)
-        print(f"{workload:<8}{len(ref.outputs):>5}" + "".join(f"{arms[arm].tokens_per_s:>16.1f}" for arm in ARMS)
+        best_single = max(arms["model"].tokens_per_s, arms["hvd-cache"].tokens_per_s, arms["hvd-no-model"].tokens_per_s)
+        print(f"{workload:<8}{len(ref.outputs):>5}" + "".join(f"{arms[arm].tokens_per_s:>20.1f}" for arm in ARMS)
               + f"{arms['model'].tokens_per_s / ref.tokens_per_s:>9.2f}x"
-              + f"{arms['hvd'].tokens_per_s / best_single:>16.2f}x{same:>9}/{len(ref.outputs)}")
+              + f"{arms['hvd'].tokens_per_s / best_single:>16.2f}x"
+              + f"{arms['hvd'].tokens_per_s / arms['hvd-no-model'].tokens_per_s:>17.2f}x{same:>9}/{len(ref.outputs)}")
     target_step = (figures.decode_s - timed.seconds) / max(figures.steps, 1)
     draft_step = timed.seconds / max(timed.calls, 1)
     print(f"model drafts: {figures.drafts} drafts, {figures.accepted_per_draft:.2f} accepted tokens per draft "

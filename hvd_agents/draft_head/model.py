@@ -158,6 +158,7 @@ class DraftHead(nn.Module):
         self.register_buffer("draft_vocab", torch.arange(config.draft_vocab_size), persistent=True)
         inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim))
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self.recipe: dict = {}  # how it was trained (set when loaded from a file)
         self.embed: torch.Tensor | None = None  # [V, d], the target's (frozen)
         self.lm_rows: torch.Tensor | None = None  # [V', d], the target's LM rows of the draft vocabulary (frozen)
 
@@ -236,6 +237,13 @@ class DraftHead(nn.Module):
             attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
         predicted = self.finish(x, attended)
         return predicted, self.logits(predicted)
+
+    @property
+    def acceptance_prior(self) -> float | None:
+        """The held-out agreement with the target's greedy token at the first draft position, from
+        the training recipe (None when unknown): a policy's prior for this head's acceptance."""
+        accuracy = self.recipe.get("report", {}).get("accuracy") or []
+        return float(accuracy[0]) if accuracy else None
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -70,6 +70,7 @@ def load_head(path: str | Path, target: nn.Module | None = None) -> DraftHead:
     except RuntimeError as exc:
         raise DraftHeadError(f"{path} does not match its own config: {exc}") from exc
     head.eval()
+    head.recipe = json.loads(metadata.get("recipe", "{}") or "{}")
     if target is not None:
         try:
             head.attach(target)

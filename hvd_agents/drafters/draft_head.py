@@ -50,6 +50,7 @@ class DraftHeadDrafter:
         if head.embed is None:
             raise ValueError("the draft head must be attached to its target (DraftHead.attach) first")
         self.head = head
+        self.acceptance_prior = head.acceptance_prior  # read by the hvd policy
         self.cache = HeadCache()
         self._tokens: list[int] = []  # tokens the cache's entries were built from
         self._fresh = True  # first propose of a request: compare with the cached tokens

@@ -79,7 +79,9 @@ class HybridDrafter:
         model_cost: the cost of a step with a model draft, drafting included;
             when None it is ``cost`` plus the model drafter's cost per drafted
             token, timed online against the target's steps (starting from the
-            drafter's ``cost_prior`` attribute, else 0.05 target steps).
+            drafter's ``cost_prior`` attribute, else 0.05 target steps). Its
+            acceptance starts from the drafter's ``acceptance_prior`` attribute
+            when it has one (else 0.5) and is learned from its outcomes.
 
     When a model drafter's ``propose`` takes ``min_survival`` (the project's
     model drafters do), it is told to stop drafting once its own estimate that
@@ -102,7 +104,9 @@ class HybridDrafter:
         self.model = model
         self._model_cost = model_cost
         self.rate = RateEstimate()
-        self.model_acceptance = MODEL_PRIOR_ACCEPTANCE  # across requests: each request starts from it
+        # across requests: each request starts from it; a model drafter may know its own (a trained head's
+        # held-out agreement with the target)
+        self.model_acceptance = float(getattr(model, "acceptance_prior", None) or MODEL_PRIOR_ACCEPTANCE)
         self._token_cost = float(getattr(model, "cost_prior", MODEL_PRIOR_TOKEN_COST))
         self._draft_token_s = 0.0  # EMA of a drafted token's seconds
         self._step_s = 0.0  # EMA of a target step's seconds (propose to propose, drafting excluded)

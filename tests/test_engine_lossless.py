@@ -161,6 +161,17 @@ def exact_two_token_distribution(model, prompt: list[int], params: GenerationPar
     return dist
 
 
+def assert_samples_follow(engine: Engine, prompt: list[int], params: GenerationParams, expected: dict,
+                          n: int = 2000, tokens: int = 2) -> None:
+    """Generate ``n`` seeded samples and chi-square their first ``tokens`` tokens against ``expected``."""
+    observed: Counter = Counter()
+    for i in range(n):
+        run = GenerationParams(**{**params.__dict__, "seed": 1000 + i})
+        observed[tuple(engine.generate(prompt, run).token_ids[:tokens])] += 1
+    stat, df = chi_square(observed, expected, n)
+    assert stat < chi_square_critical(df), f"chi2={stat:.1f} with df={df}"
+
+
 def chi_square_critical(df: int, z: float = 3.09) -> float:
     """Upper critical value of chi-square (Wilson-Hilferty); z=3.09 is a 0.001 test."""
     return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
@@ -207,11 +218,4 @@ def test_speculative_sampling_matches_target_distribution(drafter_kind, temperat
     prompt = [1, 4, 2, 7, 1, 4]  # "1 4" repeats: the cache drafter proposes [2, 7, ...]
     params = GenerationParams(max_new_tokens=2, temperature=temperature, top_k=top_k, top_p=top_p,
                               method=drafter_kind, num_draft_tokens=3, seed=0)
-    expected = exact_two_token_distribution(model, prompt, params)
-    n = 2000
-    observed: Counter = Counter()
-    for i in range(n):
-        run = GenerationParams(**{**params.__dict__, "seed": 1000 + i})
-        observed[tuple(engine.generate(prompt, run).token_ids)] += 1
-    stat, df = chi_square(observed, expected, n)
-    assert stat < chi_square_critical(df), f"chi2={stat:.1f} with df={df}"
+    assert_samples_follow(engine, prompt, params, exact_two_token_distribution(model, prompt, params))

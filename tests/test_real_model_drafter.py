@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
-
 import pytest
 import torch
 
@@ -15,7 +13,7 @@ from hvd_agents.draft_head.model import target_signature
 from hvd_agents.draft_head.prompts import TOPICS
 from hvd_agents.draft_head.weights import read_recipe, shipped_heads
 from hvd_agents.engine.sampling import target_probs
-from tests.test_engine_lossless import chi_square, chi_square_critical
+from tests.test_engine_lossless import assert_samples_follow
 
 pytestmark = pytest.mark.real_model
 MAX_NEW = 48
@@ -58,14 +56,7 @@ def test_sampling_with_the_head_keeps_the_first_token_distribution(real_engine) 
         logits = real_engine.model(torch.tensor([prompt])).logits[0, -1:]
     expected_probs = target_probs(logits, params.sampling)[0]
     expected = {(t,): float(p) for t, p in enumerate(expected_probs.tolist()) if p > 0}
-    n = 600
-    observed: Counter = Counter()
-    for i in range(n):
-        run = GenerationParams(**{**params.__dict__, "seed": i})
-        out = real_engine.generate(prompt, run)
-        observed[out.token_ids[:1]] += 1
-    stat, df = chi_square(observed, expected, n)
-    assert stat < chi_square_critical(df), f"chi2={stat:.1f} with df={df}"
+    assert_samples_follow(real_engine, prompt, params, expected, n=600, tokens=1)
 
 
 def test_cli_generate_with_method_model(real_engine, capsys) -> None:

@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from hvd_agents.chat import encode_prompt
+
 logger = logging.getLogger(__name__)
 
 
@@ -43,16 +45,11 @@ class Sample:
         return int(self.tokens.shape[0])
 
 
-def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
-    """Chat-template ids of a one-turn user prompt, ready for the answer."""
-    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
 def generate_samples(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[str],
+    eos_token_ids: Sequence[int],
     *,
     max_new_tokens: int = 160,
     batch_size: int = 16,
@@ -61,11 +58,13 @@ def generate_samples(
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
 ) -> list[Sample]:
-    """The target's answers to ``prompts`` with hidden states (see the module docstring)."""
+    """The target's answers to ``prompts`` (ending at an ``eos_token_ids`` token or ``max_new_tokens``),
+    with hidden states (see the module docstring). Prompts are rendered as the engine renders a
+    one-turn chat (:func:`hvd_agents.chat.encode_prompt`)."""
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    eos = set(_eos_ids(model, tokenizer))
-    rendered = [render_prompt(tokenizer, p) for p in prompts]
+    eos = set(eos_token_ids)
+    rendered = [encode_prompt(tokenizer, [{"role": "user", "content": p}]) for p in prompts]
     order = sorted(range(len(prompts)), key=lambda i: len(rendered[i]))
     rng = random.Random(seed)
     samples: list[Sample] = []
@@ -125,14 +124,6 @@ def teacher_forced_samples(
         )
         for i, (seq, start) in enumerate(zip(sequences, answer_starts))
     ]
-
-
-def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    ids = getattr(model.generation_config, "eos_token_id", None)
-    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
-    if tokenizer.eos_token_id is not None:
-        ids.append(tokenizer.eos_token_id)
-    return ids
 
 
 def save_samples(samples: list[Sample], path: str | Path) -> None:

@@ -65,6 +65,7 @@ def train_drafter(
             target,
             tokenizer,
             prompts,
+            loaded.eos_token_ids,
             max_new_tokens=data.max_new_tokens,
             batch_size=data.batch_size,
             sampled_fraction=data.sampled_fraction,

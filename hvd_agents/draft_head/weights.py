@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -56,10 +56,7 @@ def load_head(path: str | Path, target: nn.Module | None = None) -> DraftHead:
     if not path.is_file():
         raise DraftHeadError(f"no draft-head file at {path}")
     try:
-        from safetensors import safe_open
-
-        with safe_open(str(path), framework="pt") as handle:
-            metadata = handle.metadata() or {}
+        metadata = _metadata(path)
         tensors = load_file(str(path))
         config = DraftHeadConfig(**json.loads(metadata["config"]))
     except (SafetensorError, KeyError, TypeError, ValueError, OSError) as exc:
@@ -79,12 +76,14 @@ def load_head(path: str | Path, target: nn.Module | None = None) -> DraftHead:
     return head
 
 
+def _metadata(path: str | Path) -> dict[str, str]:
+    with safe_open(str(path), framework="pt") as handle:
+        return handle.metadata() or {}
+
+
 def read_recipe(path: str | Path) -> dict:
     """The training recipe stored in a head file's metadata."""
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as handle:
-        return json.loads((handle.metadata() or {}).get("recipe", "{}"))
+    return json.loads(_metadata(path).get("recipe", "{}"))
 
 
 def shipped_heads() -> list[Path]:
@@ -97,11 +96,7 @@ def shipped_head_for(target: nn.Module) -> DraftHead | None:
     """The shipped head trained for a target of this signature, attached to it; None when there is none."""
     signature = target_signature(target)
     for path in shipped_heads():
-        from safetensors import safe_open
-
-        with safe_open(str(path), framework="pt") as handle:
-            config = json.loads((handle.metadata() or {}).get("config", "{}"))
-        if config.get("target") == signature:
+        if json.loads(_metadata(path).get("config", "{}")).get("target") == signature:
             logger.info("draft head %s matches the target (%s)", path.name, signature)
             return load_head(path, target)
     return None

@@ -82,7 +82,9 @@ class DraftHeadDrafter:
         device = head.draft_vocab.device
         next_tokens = torch.tensor(list(tokens[first + 1 : n + 1]), device=device)
         predicted, logits = head.step(rows.to(head.fc.weight.dtype), next_tokens, list(range(first, n)), self.cache)
-        self._tokens = list(tokens)
+        if shared < len(self._tokens):
+            del self._tokens[shared:]
+        self._tokens.extend(tokens[len(self._tokens) :])  # within a request only the new tokens are copied
         verified = len(self.cache)
         state = {"feature": predicted[-1:], "position": n}
 

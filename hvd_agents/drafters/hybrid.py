@@ -111,6 +111,7 @@ class HybridDrafter:
         self._draft_token_s = 0.0  # EMA of a drafted token's seconds
         self._step_s = 0.0  # EMA of a target step's seconds (propose to propose, drafting excluded)
         self._last_step: _Step | None = None
+        self._drafting_cost: tuple[float, CostModel] | None = None  # (cost per drafted token, cost model)
         self._takes_min_survival = model is not None and "min_survival" in inspect.signature(model.propose).parameters
         self._requests: dict[str, _RequestState] = {}
 
@@ -132,7 +133,10 @@ class HybridDrafter:
             if not isinstance(self._model_cost, CostModel):
                 self._model_cost = self._model_cost()
             return self._model_cost
-        return self.cost.with_drafting(self._token_cost)
+        token_cost = round(self._token_cost, 3)  # the curve is rebuilt only when the timed cost moves
+        if self._drafting_cost is None or self._drafting_cost[0] != token_cost:
+            self._drafting_cost = (token_cost, self.cost.with_drafting(token_cost))
+        return self._drafting_cost[1]
 
     def start(self, req_id: str, prompt_ids: Sequence[int], structure: PromptStructure | None = None) -> None:
         self.cache.start(req_id, prompt_ids, structure)

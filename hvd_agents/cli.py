@@ -6,6 +6,7 @@ Subcommands:
 * ``demo``: a short agent turn with a tool call on the embedded model.
 * ``bench``: the live engine benchmark against HF ``generate`` (same run, same prompts).
 * ``bench-model``: the model drafter against ``ar``, ``hvd-cache`` and ``hvd`` (chat and agent prompts).
+* ``bench-kernels``: dense vs prepacked CPU linear layers: forward cost per draft length, tok/s.
 * ``bench-drafter``: propose / update cost of the cache drafter at scale (no model).
 * ``bench-prefix``: a multi-turn agent conversation with and without prefix KV reuse.
 * ``analyze``: replay an agent trace through the drafters; estimated speedup per policy (no model).
@@ -124,6 +125,13 @@ def cmd_bench_model(args: argparse.Namespace) -> int:
 
     run_model_benchmark(model=args.model, device=args.device, draft_model=args.draft_model,
                         max_new_tokens=args.max_new_tokens, k=args.k, rounds=args.rounds)
+    return 0
+
+
+def cmd_bench_kernels(args: argparse.Namespace) -> int:
+    from hvd_agents.bench.kernels import run_kernel_benchmark
+
+    run_kernel_benchmark(model=args.model, max_new_tokens=args.max_new_tokens, rounds=args.rounds)
     return 0
 
 
@@ -263,6 +271,12 @@ def build_parser() -> argparse.ArgumentParser:
     model_bench.add_argument("--k", type=int, default=6, help="most tokens per model draft in the model arm")
     model_bench.add_argument("--rounds", type=int, default=2)
     model_bench.set_defaults(func=cmd_bench_model)
+
+    kernels = sub.add_parser("bench-kernels", help="dense vs prepacked CPU linear layers, side by side")
+    kernels.add_argument("--model", default=None)
+    kernels.add_argument("--max-new-tokens", type=int, default=96)
+    kernels.add_argument("--rounds", type=int, default=2)
+    kernels.set_defaults(func=cmd_bench_kernels)
 
     _add_analyze_parser(sub)
 

@@ -43,6 +43,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from hvd_agents.errors import InvalidRequestError, ModelLoadError, ModelNotFoundError
+from hvd_agents.cpu_kernels import prepare_for_cpu
 
 logger = logging.getLogger(__name__)
 
@@ -388,6 +389,7 @@ def load_model(
     *,
     device: str | torch.device | None = None,
     dtype: torch.dtype | str | None = None,
+    packed: bool = True,
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer for inference.
 
@@ -397,6 +399,9 @@ def load_model(
             with one ``.gguf`` file; or a HuggingFace hub id.
         device: see :func:`resolve_device`.
         dtype: weights dtype; defaults to the device's (float32 on CPU, bfloat16 on CUDA).
+        packed: on a float32 CPU model, hold the linear layers' weights prepacked
+            (:mod:`hvd_agents.cpu_kernels`), which makes multi-token verification
+            forwards far cheaper; False keeps PyTorch's dense layers.
 
     Returns:
         The model in eval mode on ``device``, with its tokenizer.
@@ -416,6 +421,8 @@ def load_model(
     else:
         model, tokenizer = _load_hf(location, dtype, local=kind == "hf_dir")
     model = model.to(dev).eval()
+    if packed:
+        prepare_for_cpu(model)
     logger.info("loaded %s on %s (%s) in %.1f s", display, dev, dtype, time.perf_counter() - start)
     return LoadedModel(model=model, tokenizer=tokenizer, name=display, device=dev, dtype=dtype)
 

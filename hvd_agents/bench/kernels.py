@@ -1,0 +1,104 @@
+"""Kernel benchmark (``hvd-agents bench-kernels``): dense vs prepacked CPU linear layers, one run.
+
+The same model is loaded twice, once with PyTorch's dense ``nn.Linear`` layers and
+once with :mod:`hvd_agents.cpu_kernels`. Two parts, interleaved so both
+sides see the same machine state:
+
+1. **Forward cost**: one forward of ``1 + d`` new tokens over a real context, for
+   ``d`` draft tokens in :data:`DRAFT_LENGTHS`: milliseconds (minimum over repeats),
+   the cost relative to a plain step (``verify(d)``) for each kernel, and
+   packed/dense time.
+2. **Decoding**: ``ar`` and ``hvd`` on the agent-style prompts of ``bench`` and
+   the chat prompts of ``bench-model``, greedy, no prefix reuse: tokens/s of each
+   and packed/dense, and how many outputs are identical across the two kernels.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from transformers import DynamicCache
+
+from hvd_agents.bench.live import Tally, _cache_runner, _engine_runner, _Item, _timed
+from hvd_agents.bench.prompts import agent_prompts, chat_prompts
+from hvd_agents.chat import encode_prompt
+from hvd_agents.engine import Engine, GenerationParams
+from hvd_agents.models import load_model
+
+logger = logging.getLogger(__name__)
+DRAFT_LENGTHS = (0, 1, 2, 3, 4, 8, 16)
+KERNELS = ("dense", "packed")
+
+
+def _forward_ms(model, context: torch.Tensor, d: int, repeats: int) -> float:
+    """Minimum milliseconds of one cached forward of ``1 + d`` tokens after ``context``."""
+    cache = DynamicCache(config=model.config)
+    best = float("inf")
+    with torch.inference_mode():
+        model(context, past_key_values=cache, use_cache=True)
+        new = context[:, -1 - d :].flip(1)
+        for _ in range(repeats):
+            start = time.perf_counter()
+            model(new, past_key_values=cache, use_cache=True)
+            best = min(best, time.perf_counter() - start)
+            cache.crop(-(1 + d))
+    return best * 1e3
+
+
+def run_kernel_benchmark(
+    model: str | None = None, max_new_tokens: int = 96, rounds: int = 2, repeats: int = 8
+) -> dict[str, dict[str, Tally]]:
+    """Print both parts' tables; returns the decoding tallies by kernel, then method."""
+    models = {kernel: load_model(model, device="cpu", packed=kernel == "packed") for kernel in KERNELS}
+    loaded = models["packed"]
+    tokenizer = loaded.tokenizer
+    items = [_Item(p, encode_prompt(tokenizer, p.messages, p.tools)) for p in agent_prompts() + chat_prompts()]
+    context = torch.tensor([max((item.ids for item in items), key=len)])
+
+    ms = {kernel: {d: float("inf") for d in DRAFT_LENGTHS} for kernel in KERNELS}
+    for round_index in range(2):
+        for d in DRAFT_LENGTHS:
+            for kernel in KERNELS if round_index % 2 == 0 else reversed(KERNELS):
+                ms[kernel][d] = min(ms[kernel][d], _forward_ms(models[kernel].model, context, d, repeats))
+    print(f"forward of 1 + d tokens after {context.shape[1]} tokens of context (ms, minimum of {2 * repeats}):")
+    print(f"{'d':>4}{'dense ms':>10}{'packed ms':>11}{'dense verify(d)':>17}{'packed verify(d)':>18}"
+          f"{'packed/dense':>14}")
+    for d in DRAFT_LENGTHS:
+        dense, packed = ms["dense"][d], ms["packed"][d]
+        print(f"{d:>4}{dense:>10.1f}{packed:>11.1f}{dense / ms['dense'][0]:>17.2f}"
+              f"{packed / ms['packed'][0]:>18.2f}{packed / dense:>13.2f}x")
+
+    engines = {kernel: Engine(lm.model, lm.tokenizer, eos_token_ids=lm.eos_token_ids,
+                              context_window=lm.context_window, draft_head="auto")
+               for kernel, lm in models.items()}
+    params = GenerationParams(max_new_tokens=max_new_tokens, reuse_prefix=False)
+    runners = {}
+    for kernel, engine in engines.items():
+        runners[(kernel, "ar")] = _engine_runner(engine, GenerationParams(max_new_tokens=max_new_tokens,
+                                                                          method="ar", reuse_prefix=False))
+        runners[(kernel, "hvd")] = _cache_runner(engine, params)
+    for run in runners.values():  # warm-up
+        run(items[0])
+    tallies = {key: Tally() for key in runners}
+    order = list(runners)
+    for round_index in range(rounds):
+        for i, item in enumerate(items):
+            logger.info("round %d, prompt %d/%d", round_index + 1, i + 1, len(items))
+            for key in order if round_index % 2 == 0 else reversed(order):
+                _timed(runners[key], item, tallies[key])
+    runs = len(items) * rounds
+    print(f"\ndecoding: {runs} runs ({len(agent_prompts())} agent + {len(chat_prompts())} chat prompts "
+          f"x {rounds} rounds), greedy, max_new_tokens={max_new_tokens}")
+    print(f"{'method':<8}{'dense tok/s':>13}{'packed tok/s':>14}{'packed/dense':>14}{'same tokens':>13}")
+    for method in ("ar", "hvd"):
+        dense, packed = tallies[("dense", method)], tallies[("packed", method)]
+        same = sum(a == b for a, b in zip(dense.outputs, packed.outputs))
+        print(f"{method:<8}{dense.tokens_per_s:>13.1f}{packed.tokens_per_s:>14.1f}"
+              f"{packed.tokens_per_s / dense.tokens_per_s:>13.2f}x{same:>9}/{runs}")
+    for kernel in KERNELS:
+        same = sum(a == b for a, b in zip(tallies[(kernel, "ar")].outputs, tallies[(kernel, "hvd")].outputs))
+        speedup = tallies[(kernel, "hvd")].tokens_per_s / tallies[(kernel, "ar")].tokens_per_s
+        print(f"{kernel}: hvd/ar {speedup:.2f}x, hvd output = ar output in {same}/{runs}")
+    return {kernel: {method: tallies[(kernel, method)] for method in ("ar", "hvd")} for kernel in KERNELS}

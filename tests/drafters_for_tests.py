@@ -61,13 +61,16 @@ class ScriptedDrafter:
 class FixedDrafter:
     """Always proposes the same deterministic tokens (a bad cache draft)."""
 
-    def __init__(self, tokens: Sequence[int]) -> None:
+    def __init__(self, tokens: Sequence[int], parents: Sequence[int] | None = None) -> None:
         self.tokens = tuple(tokens)
+        self.parents = None if parents is None else tuple(parents)
 
     def start(self, req_id: str, prompt_ids: Sequence[int], structure=None) -> None:
         pass
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
+        if self.parents is not None:  # a tree: all of it (the engine cuts it to k)
+            return Draft(self.tokens, source="fixed-tree", parents=self.parents)
         return Draft(self.tokens[:k], source="fixed")
 
     def observe(self, outcome: Outcome) -> None:
@@ -116,6 +119,74 @@ class OracleDrafter:
 
     def observe(self, outcome: Outcome) -> None:
         pass
+
+    def stop(self, req_id: str) -> None:
+        pass
+
+
+def random_tree(rng: random.Random, size: int, vocab_size: int, plant: Sequence[int] = ()) -> Draft:
+    """A random tree draft of at most ``size`` tokens, with ``plant`` (a correct continuation)
+    planted as a branch at a random place among noise branches."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    siblings: dict[int, set[int]] = {}
+
+    def add(parent: int, token: int) -> int | None:
+        if len(tokens) >= size or token in siblings.setdefault(parent, set()):
+            existing = [i for i, (p, t) in enumerate(zip(parents, tokens)) if p == parent and t == token]
+            return existing[0] if existing else None
+        siblings[parent].add(token)
+        tokens.append(token)
+        parents.append(parent)
+        return len(tokens) - 1
+
+    planted_at = rng.randrange(3)  # plant first, second or last
+    for branch in range(3):
+        if branch == planted_at and plant:
+            node = -1
+            for token in plant[: rng.randint(1, len(plant))]:
+                node = add(node, token)
+                if node is None:
+                    break
+            continue
+        node = rng.choice([-1, *range(len(tokens))])
+        for _ in range(rng.randint(1, max(1, size // 2))):
+            node = add(node, rng.randrange(vocab_size))
+            if node is None:
+                break
+    return Draft(tuple(tokens), source="tree", parents=tuple(parents))
+
+
+class TreeDrafter:
+    """Proposes random tree drafts, some with the reference continuation planted in a branch.
+
+    With ``uses_hidden_states`` it also keeps the hidden states it was last given,
+    so a test can check the engine's buffer against a plain forward.
+    """
+
+    def __init__(self, oracle: Sequence[int], vocab_size: int, seed: int, uses_hidden_states: bool = False) -> None:
+        self.oracle = list(oracle)
+        self.vocab_size = vocab_size
+        self.rng = random.Random(seed)
+        self.uses_hidden_states = uses_hidden_states
+        self.last_hidden: torch.Tensor | None = None
+        self.last_context: tuple[int, ...] = ()
+        self.trees = 0
+
+    def start(self, req_id: str, prompt_ids: Sequence[int], structure=None) -> None:
+        pass
+
+    def propose(self, ctx: DraftContext, k: int) -> Draft:
+        if ctx.hidden_states is not None:
+            self.last_hidden = ctx.hidden_states.clone()
+            self.last_context = tuple(ctx.token_ids)
+        pos = ctx.num_output_tokens
+        draft = random_tree(self.rng, k, self.vocab_size, self.oracle[pos : pos + k])
+        self.trees += draft.is_tree
+        return draft
+
+    def observe(self, outcome: Outcome) -> None:
+        assert len(outcome.draft.path(outcome.new_token_ids)) == outcome.num_accepted
 
     def stop(self, req_id: str) -> None:
         pass

@@ -20,7 +20,7 @@ from hvd_agents import Engine, GenerationParams
 from hvd_agents.drafters import HybridDrafter, SuffixDrafter
 from hvd_agents.policy import CostModel, PayoffPredictor, PayoffWeights
 from hvd_agents.policy.features import FEATURE_NAMES, NUM_FEATURES
-from tests.drafters_for_tests import FixedDrafter, OracleDrafter, RandomQDrafter, ScriptedDrafter
+from tests.drafters_for_tests import FixedDrafter, OracleDrafter, RandomQDrafter, ScriptedDrafter, TreeDrafter
 from tests.tiny import make_tiny_llama
 
 VOCAB = 64
@@ -62,6 +62,40 @@ def test_greedy_equality_under_adversarial_drafts(engine: Engine, prompt, max_ne
     assert result.finish_reason == "length"
     assert result.stats.new_tokens == max_new
     assert drafter.stopped, "drafter.stop must be called at the end of every request"
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=24),
+    max_new=st.integers(1, 40),
+    k=st.integers(1, 12),
+    seed=st.integers(0, 10_000),
+    hidden=st.booleans(),
+)
+def test_greedy_equality_under_tree_drafts(engine: Engine, prompt, max_new, k, seed, hidden) -> None:
+    # random trees with the right continuation planted in some branch: the KV cache keeps only
+    # the accepted path's positions, so every later step depends on that being right
+    reference = engine.generate(prompt, GenerationParams(max_new_tokens=max_new, method="ar"))
+    drafter = TreeDrafter(reference.token_ids, VOCAB, seed, uses_hidden_states=hidden)
+    engine.add_drafter("tree", drafter)
+    params = GenerationParams(max_new_tokens=max_new, method="tree", num_draft_tokens=k, reuse_prefix=False)
+    result = engine.generate(prompt, params)
+    assert result.token_ids == reference.token_ids
+    if hidden and drafter.last_hidden is not None:  # the buffer holds the accepted path's states only
+        context = torch.tensor([list(drafter.last_context[:-1])])
+        with torch.no_grad():
+            expected = engine.model(context, output_hidden_states=True).hidden_states[-1][0]
+        torch.testing.assert_close(drafter.last_hidden, expected, rtol=1e-9, atol=1e-9)
+
+
+def test_tree_drafts_are_verified_as_trees(engine: Engine) -> None:
+    prompt = [3, 17, 42, 5, 9]
+    reference = engine.generate(prompt, GenerationParams(max_new_tokens=30, method="ar")).token_ids
+    drafter = TreeDrafter(reference, VOCAB, seed=1)
+    engine.add_drafter("tree", drafter)
+    result = engine.generate(prompt, GenerationParams(max_new_tokens=30, method="tree", num_draft_tokens=8))
+    assert result.token_ids == reference
+    assert drafter.trees > 0 and result.stats.steps < 30  # planted branches were accepted
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -204,6 +238,8 @@ def chi_square(observed: Counter, expected: dict, n: int) -> tuple[float, int]:
         ("q", 0.7, 5, 0.9),
         ("hvd-q", 1.0, 0, 1.0),  # the hybrid: cache drafts and q-carrying model drafts mixed
         ("hvd-q", 0.7, 5, 0.9),
+        ("tree", 1.0, 0, 1.0),  # deterministic tree drafts: alternatives at the first and second token
+        ("tree", 0.7, 5, 0.9),
     ],
 )
 def test_speculative_sampling_matches_target_distribution(drafter_kind, temperature, top_k, top_p) -> None:
@@ -213,9 +249,12 @@ def test_speculative_sampling_matches_target_distribution(drafter_kind, temperat
     engine = Engine(model, eos_token_ids=())
     engine.add_drafter("fixed", FixedDrafter([2, 2, 5]))
     engine.add_drafter("q", RandomQDrafter(SMALL_VOCAB, seed=5))
+    # two alternatives for the first token: with 3 new tokens the first step verifies both, and the
+    # second token comes from the row of whichever was accepted (its position and mask must be right)
+    engine.add_drafter("tree", FixedDrafter([2, 5, 2, 3], parents=[-1, -1, 0, 1]))
     engine.add_drafter("hvd-q", HybridDrafter(SuffixDrafter(engine.cache_store), cost=CostModel.linear(0.1),
                                               model=RandomQDrafter(SMALL_VOCAB, seed=6)))
     prompt = [1, 4, 2, 7, 1, 4]  # "1 4" repeats: the cache drafter proposes [2, 7, ...]
-    params = GenerationParams(max_new_tokens=2, temperature=temperature, top_k=top_k, top_p=top_p,
-                              method=drafter_kind, num_draft_tokens=3, seed=0)
+    params = GenerationParams(max_new_tokens=3 if drafter_kind == "tree" else 2, temperature=temperature,
+                              top_k=top_k, top_p=top_p, method=drafter_kind, num_draft_tokens=3, seed=0)
     assert_samples_follow(engine, prompt, params, exact_two_token_distribution(model, prompt, params))

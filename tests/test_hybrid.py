@@ -221,3 +221,27 @@ def test_store_drafts_and_stop_release_state() -> None:
     assert first._requests == {}
     ctx = start(first, [9, 9, 40, 41])  # the earlier output is in the store now
     assert first.propose(ctx, 3).token_ids == (42, 43, 44)
+
+
+def test_disagreeing_candidates_grow_a_tree_and_its_outcome_teaches_the_alternative_rate() -> None:
+    prompt = [5, 1, 2, 3, 3, 6, 1, 2, 4, 9, 7, 1, 2, 3, 3, 8, 1, 2]  # after "1 2": 3 3 6, 4 9 7 or 3 3 8
+    drafter = HybridDrafter(SuffixDrafter(None), constant_predictor(0.0), CostModel.linear(0.01))
+    drafter.alternative_rate = 0.9
+    draft = drafter.propose(start(drafter, prompt), 10)
+    assert draft.is_tree and draft.token_ids[: draft.main_length][:3] == (3, 3, 8)
+    roots = [draft.token_ids[i] for i, parent in enumerate(draft.parents) if parent == -1]
+    assert roots == [3, 4]
+    before = drafter.alternative_rate
+    drafter.observe(Outcome("r", draft, 3, (4, 9, 7, 5)))  # the target took the alternative
+    assert drafter.alternative_rate > before
+    # at the prior rate (0.1) an alternative's first token (S = 0.5 * 0.1) does not pay at c = 0.1
+    plain = HybridDrafter(SuffixDrafter(None), constant_predictor(0.0), CostModel.linear(0.1))
+    chain = plain.propose(start(plain, prompt), 10)
+    assert chain.token_ids[:3] == (3, 3, 8) and not chain.is_tree
+
+
+def test_hvd_without_branches_drafts_chains() -> None:
+    prompt = [5, 1, 2, 3, 3, 6, 1, 2, 4, 9, 7, 1, 2, 3, 3, 8, 1, 2]
+    drafter = HybridDrafter(SuffixDrafter(None), constant_predictor(0.0), CostModel.linear(0.01), branches=0)
+    drafter.alternative_rate = 0.9
+    assert not drafter.propose(start(drafter, prompt), 10).is_tree

@@ -56,6 +56,24 @@ def test_cache_methods_with_registered_structure_are_lossless_and_draft(real_eng
         assert later and all(f["has_target"] == 1.0 and f["target_entropy"] >= 0.0 for f in later)
 
 
+def test_tree_drafts_on_the_embedded_model(real_engine, prompts) -> None:
+    """Random trees with the greedy continuation planted in a branch: tree masks, positions and the
+    accepted path's KV and hidden states on the real model's kernels."""
+    from tests.drafters_for_tests import TreeDrafter
+
+    prompt = prompts["json-echo"]
+    expected = hf_generate(real_engine, prompt)
+    drafter = TreeDrafter(expected, real_engine.vocab_size, seed=3, uses_hidden_states=True)
+    real_engine.add_drafter("test-tree", drafter)
+    params = GenerationParams(max_new_tokens=MAX_NEW, method="test-tree", num_draft_tokens=8, reuse_prefix=False)
+    result = real_engine.generate(prompt, params)
+    assert result.token_ids == expected
+    assert drafter.trees > 0 and result.stats.steps < MAX_NEW
+    with torch.inference_mode():
+        plain = real_engine.model(torch.tensor([list(drafter.last_context[:-1])]), output_hidden_states=True)
+    torch.testing.assert_close(drafter.last_hidden, plain.hidden_states[-1][0], rtol=1e-3, atol=1e-3)
+
+
 def test_pld_drafts_are_accepted_on_copy_heavy_prompt(real_engine, prompts) -> None:
     result = real_engine.generate(prompts["json-echo"], GenerationParams(max_new_tokens=MAX_NEW, method="pld"))
     assert result.stats.accepted_tokens > 0

@@ -220,3 +220,28 @@ def test_inconsistent_header_is_refused(tmp_path) -> None:
     np.savez(path, tokens=np.array([1, 2, 3]), header=np.frombuffer(json.dumps(header).encode(), np.uint8))
     with pytest.raises(StoreFormatError, match="inconsistent"):
         CacheStore.load(path)
+
+
+def test_alternatives_are_the_candidates_that_depart_from_the_draft() -> None:
+    # "1 2" is followed by 3 3 6, 4 9 7 and 3 3 8: the draft is 3 3 then the most recent 8
+    prompt = [5, 1, 2, 3, 3, 6, 1, 2, 4, 9, 7, 1, 2, 3, 3, 8, 1, 2]
+    drafter = SuffixDrafter(None)
+    drafter.start("r", prompt)
+    draft = drafter.propose(DraftContext("r", prompt, len(prompt)), 3)
+    assert draft.token_ids == (3, 3, 8)
+    alternatives = drafter.alternatives("r", draft.token_ids, limit=4)
+    assert [(a.depth, a.tokens) for a in alternatives] == [(0, (4, 9, 7)), (2, (6,))]
+    assert [a.share for a in alternatives] == pytest.approx([1 / 3, 1 / 2])
+    assert len(drafter.alternatives("r", draft.token_ids, limit=1)) == 1
+    assert drafter.alternatives("r", draft.token_ids, limit=0) == []
+    drafter.observe(Outcome("r", draft, 0, (5,)))
+    assert drafter.alternatives("r", draft.token_ids, limit=4) == []  # they belong to the last proposal only
+
+
+def test_no_alternatives_when_the_candidates_agree() -> None:
+    prompt = [1, 2, 3, 0, 1, 2, 3, 0, 1, 2]
+    drafter = SuffixDrafter(None)
+    drafter.start("r", prompt)
+    draft = drafter.propose(DraftContext("r", prompt, len(prompt)), 3)
+    assert draft.token_ids == (3, 0, 1)
+    assert drafter.alternatives("r", draft.token_ids, limit=4) == []

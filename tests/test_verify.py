@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hvd_agents.engine.sampling import SamplingParams, target_probs
-from hvd_agents.engine.verify import verify_greedy, verify_sampling
+from hvd_agents.engine.verify import verify_greedy, verify_sampling, verify_tree
 
 
 def one_hot_logits(rows: list[int], vocab: int = 6) -> torch.Tensor:
@@ -70,3 +70,48 @@ def test_target_probs_warpers() -> None:
     assert nucleus[0, 0] == 1.0  # the top token alone already holds more than half the mass
     cold = target_probs(logits, SamplingParams(temperature=0.1))
     assert cold[0, 0] > 0.99
+
+
+# ---------------------------------------------------------------- trees
+
+
+def test_tree_draft_structure() -> None:
+    from hvd_agents.drafters import Draft
+
+    tree = Draft((7, 8, 9, 5, 6), parents=(-1, 0, 1, 0, -1))  # 7 8 9, 7 5, and 6
+    assert tree.is_tree and tree.main_length == 3
+    assert tree.depths() == [1, 2, 3, 2, 1]
+    assert tree.path([7, 5, 1]) == [0, 3] and tree.path([6]) == [4] and tree.path([7, 8, 9, 4]) == [0, 1, 2]
+    assert tree.main_branch() == Draft((7, 8, 9))
+    assert tree.truncated(4).parents == (-1, 0, 1, 0)
+    chain = Draft((7, 8, 9))
+    assert not chain.is_tree and chain.path([7, 8, 1]) == [0, 1] and chain.main_length == 3
+    for bad, why in [((-1, 1), "earlier token"), ((-1,), "one parent per token"), ((-1, -1), "repeats a sibling")]:
+        with pytest.raises(ValueError, match=why):
+            Draft((3, 3) if why == "repeats a sibling" else (3, 4), parents=bad)
+    with pytest.raises(ValueError, match="deterministic"):
+        Draft((3, 4), probs=torch.ones(2, 5) / 5, parents=(-1, -1))
+
+
+def test_verify_tree_greedy_follows_the_argmax_path() -> None:
+    # tokens: 0:(7) 1:(8 after 7) 2:(5 after 7) 3:(6 at the root); rows: root, 7, 8, 5, 6
+    children = {-1: {7: 0, 6: 3}, 0: {8: 1, 5: 2}}
+    logits = torch.full((5, 10), -5.0)
+    for row, best in enumerate([7, 5, 1, 2, 4]):
+        logits[row, best] = 5.0
+    result = verify_tree(logits, children)
+    assert result.path == (0, 2) and result.token_ids == (7, 5, 2) and result.num_accepted == 2
+    logits[0] = -5.0
+    logits[0, 3] = 5.0  # the target wants 3 at the root: nothing accepted
+    assert verify_tree(logits, children).token_ids == (3,)
+
+
+def test_verify_tree_sampling_draws_from_the_target_at_each_node() -> None:
+    children = {-1: {1: 0, 2: 1}}
+    probs = torch.tensor([[0.0, 0.5, 0.5, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
+    seen = set()
+    for seed in range(40):
+        result = verify_tree(probs, children, torch.Generator().manual_seed(seed))
+        seen.add(result.token_ids)
+        assert result.token_ids in {(1, 0), (2, 3)}  # the row of the accepted branch gives the next token
+    assert seen == {(1, 0), (2, 3)}

@@ -43,6 +43,17 @@ class Draft:
             correctness.
         source: where the draft came from (``"pld"``, ``"suffix"``, ...), for stats.
         features: numeric features for the payoff predictor.
+        parents: None for a chain (each token follows the one before it). For a
+            tree of alternatives, the parent of each token: the index of an
+            earlier token, or -1 for a token that follows the context directly.
+            The target verifies every token in one forward and accepts the path
+            it would have produced itself. Trees are deterministic drafts
+            (``probs`` None); their first tokens, up to where ``parents`` first
+            departs from a chain, are the main branch.
+
+    Example (main branch ``7 8 9``, and ``5`` as an alternative to ``8``)::
+
+        Draft((7, 8, 9, 5), parents=(-1, 0, 1, 0))
     """
 
     token_ids: tuple[int, ...] = ()
@@ -50,16 +61,100 @@ class Draft:
     score: float = 0.0
     source: str = "none"
     features: Mapping[str, float] = field(default_factory=lambda: _EMPTY_FEATURES)
+    parents: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.parents is None:
+            return
+        if len(self.parents) != len(self.token_ids):
+            raise ValueError(f"a tree draft needs one parent per token: {len(self.parents)} for {len(self.token_ids)}")
+        if self.probs is not None:
+            raise ValueError("a tree draft must be deterministic (probs None)")
+        seen: set[tuple[int, int]] = set()
+        for i, (parent, token) in enumerate(zip(self.parents, self.token_ids)):
+            if not -1 <= parent < i:
+                raise ValueError(f"token {i} of a tree draft has parent {parent}: it must be -1 or an earlier token")
+            if (parent, token) in seen:
+                raise ValueError(f"token {i} of a tree draft repeats a sibling ({token}) under parent {parent}")
+            seen.add((parent, token))
 
     def __len__(self) -> int:
         return len(self.token_ids)
 
+    @property
+    def is_tree(self) -> bool:
+        """Whether some token is not the child of the one before it."""
+        return self.parents is not None and any(p != i - 1 for i, p in enumerate(self.parents))
+
+    @property
+    def main_length(self) -> int:
+        """How many leading tokens form a chain (all of them for a chain draft)."""
+        if self.parents is None:
+            return len(self.token_ids)
+        for i, parent in enumerate(self.parents):
+            if parent != i - 1:
+                return i
+        return len(self.token_ids)
+
+    def depths(self) -> list[int]:
+        """Each token's depth: 1 for a token that follows the context directly."""
+        if self.parents is None:
+            return list(range(1, len(self.token_ids) + 1))
+        depths: list[int] = []
+        for parent in self.parents:
+            depths.append(1 if parent < 0 else depths[parent] + 1)
+        return depths
+
+    def path(self, tokens: Sequence[int]) -> list[int]:
+        """The indices of the draft tokens that ``tokens`` follow from the root, in order.
+
+        For a chain this is ``range(common prefix length)``. Verification accepts
+        the path of the target's own tokens; a drafter can recover which tokens
+        were accepted from ``Outcome.new_token_ids`` the same way.
+        """
+        if self.parents is None:
+            n = 0
+            for drafted, token in zip(self.token_ids, tokens):
+                if drafted != token:
+                    break
+                n += 1
+            return list(range(n))
+        children = self.children()
+        path: list[int] = []
+        node = -1
+        for token in tokens:
+            child = children.get(node, {}).get(token)
+            if child is None:
+                break
+            path.append(child)
+            node = child
+        return path
+
+    def children(self) -> dict[int, dict[int, int]]:
+        """``{parent: {token: index}}`` over the tree (a chain is a tree too)."""
+        parents = self.parents if self.parents is not None else tuple(range(-1, len(self.token_ids) - 1))
+        out: dict[int, dict[int, int]] = {}
+        for i, (parent, token) in enumerate(zip(parents, self.token_ids)):
+            out.setdefault(parent, {})[token] = i
+        return out
+
     def truncated(self, length: int) -> Draft:
-        """Return this draft cut to at most ``length`` tokens (itself if already short enough)."""
+        """Return this draft cut to its first ``length`` tokens (itself if already short enough).
+
+        A tree keeps a tree: every token's parent comes before it.
+        """
         if length >= len(self.token_ids):
             return self
         probs = None if self.probs is None else self.probs[:length]
-        return Draft(self.token_ids[:length], probs, self.score, self.source, self.features)
+        parents = None if self.parents is None else self.parents[:length]
+        return Draft(self.token_ids[:length], probs, self.score, self.source, self.features, parents)
+
+    def main_branch(self) -> Draft:
+        """The draft without its alternatives (its leading chain)."""
+        if not self.is_tree:
+            return self
+        n = self.main_length
+        return Draft(self.token_ids[:n], None, self.score, self.source, self.features)
 
 
 @dataclass(frozen=True)

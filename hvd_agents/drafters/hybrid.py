@@ -13,6 +13,18 @@ Each step:
    (and costs its own forwards) where it is expected to beat the cache draft;
 4. otherwise no draft: a plain decoding step.
 
+Where the cache drafter's candidates disagree, the chosen cache draft grows into
+a tree: each alternative continuation (:meth:`SuffixDrafter.alternatives`) keeps
+tokens while its own survival pays for them, the same rule as the main branch.
+An alternative that departs at position ``j`` survives its first token with
+``S_{j-1} * (1 - h_j) * a`` (reach ``j``, the main token rejected there, then
+this one is the target's choice), where ``a`` is the rate at which verified
+alternatives were the target's choice, learned online from a prior of 0.1 (on
+agent traces the candidates' shares barely predicted it: about 10% whatever the
+share); later tokens survive with the main branch's hazards at the same depths.
+Accepted alternatives and main tokens are disjoint events, so the tree's
+expected tokens are one plus the sum of its tokens' survivals.
+
 Observation feeds everything back: the cache drafter indexes the new tokens (and
 learns from its own draft's outcome only when that draft was used), the
 predictor takes an online step for the session, the rate estimate ``R`` moves,
@@ -36,7 +48,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hvd_agents.drafters.base import Draft, DraftContext, Drafter, Outcome
-from hvd_agents.drafters.suffix import SuffixDrafter
+from hvd_agents.drafters.suffix import Alternative, SuffixDrafter
 from hvd_agents.policy.cost import CostModel
 from hvd_agents.policy.payoff import PayoffPredictor
 from hvd_agents.policy.selection import Choice, RateEstimate, best_length, no_draft
@@ -45,6 +57,9 @@ from hvd_agents.structure import PromptStructure
 MODEL_PRIOR_ACCEPTANCE = 0.5  # per-token acceptance assumed for a model drafter before any outcome
 MODEL_RATE_EMA = 0.2
 MODEL_PRIOR_TOKEN_COST = 0.05  # a drafted token's cost in target steps, before it is timed
+BRANCHES = 8  # alternative continuations a cache draft may grow into a tree
+ALTERNATIVE_PRIOR = 0.1  # P(an alternative is the target's choice | the main token was rejected there)
+ALTERNATIVE_EMA = 0.05
 TIMING_EMA = 0.1
 
 
@@ -54,6 +69,7 @@ class _Step:
 
     used: str = "none"  # "cache", "model" or "none"
     features: dict[str, float] = field(default_factory=dict)
+    main: int = 0  # tokens of the cache draft's main branch
     cost: float = 1.0
     started: float = 0.0  # perf_counter at propose
     draft_s: float = 0.0  # time the model drafter took
@@ -82,6 +98,7 @@ class HybridDrafter:
             drafter's ``cost_prior`` attribute, else 0.05 target steps). Its
             acceptance starts from the drafter's ``acceptance_prior`` attribute
             when it has one (else 0.5) and is learned from its outcomes.
+        branches: most alternative continuations a cache draft grows (0: chains only).
 
     When a model drafter's ``propose`` takes ``min_survival`` (the project's
     model drafters do), it is told to stop drafting once its own estimate that
@@ -97,8 +114,11 @@ class HybridDrafter:
         *,
         model: Drafter | None = None,
         model_cost: CostModel | Callable[[], CostModel] | None = None,
+        branches: int = BRANCHES,
     ) -> None:
         self.cache = cache
+        self.branches = branches
+        self.alternative_rate = ALTERNATIVE_PRIOR
         self.predictor = predictor if predictor is not None else PayoffPredictor()
         self._cost = cost if cost is not None else CostModel.linear(0.02)
         self.model = model
@@ -162,7 +182,12 @@ class HybridDrafter:
             choice = best_length(survival, cost, rate)
             if choice.length > 0 and choice.value > best.value:
                 best, draft = choice, cached.truncated(choice.length)
+                if self.branches:
+                    alternatives = self.cache.alternatives(ctx.req_id, cached.token_ids, self.branches)
+                    best, draft = _grow_tree(draft, best, alternatives, survival, self.alternative_rate, cost,
+                                             rate, k)
         used = "cache" if draft.token_ids else "none"
+        main = draft.main_length
         draft_s = 0.0
         model_choice = self._model_choice(state, k, rate)
         if model_choice is not None and model_choice.value > best.value:
@@ -177,13 +202,13 @@ class HybridDrafter:
                 self._time_draft(draft_s, len(proposed))
                 best, draft, used = model_choice, proposed, "model"
                 best = Choice(len(proposed), best.expected_tokens, model_cost.verify(len(proposed)), best.value)
-        state.step = _Step(used, features, best.cost, started, draft_s)
+        state.step = _Step(used, features, main if used == "cache" else 0, best.cost, started, draft_s)
         self._last_step = state.step
         if used != "cache":
             return draft
         return Draft(draft.token_ids, draft.probs, draft.score, draft.source,
                      {**features, "full_len": float(len(cached)), "pred_accepted": best.expected_tokens - 1.0,
-                      "rate": rate})
+                      "rate": rate}, draft.parents)
 
     def _model_choice(self, state: _RequestState, k: int, rate: float) -> Choice | None:
         if self.model is None:
@@ -216,11 +241,21 @@ class HybridDrafter:
             return
         step, drafted = state.step, len(outcome.draft)
         from_cache = step.used == "cache"
-        self.cache.observe(outcome if from_cache else Outcome(outcome.req_id, Draft(), 0, outcome.new_token_ids))
+        if from_cache and outcome.draft.is_tree:  # the cache drafter and the predictor learn from the main branch
+            path = outcome.draft.path(outcome.new_token_ids)
+            main_accepted = sum(1 for node in path if node < step.main)
+            cache_outcome = Outcome(outcome.req_id, outcome.draft.main_branch(), main_accepted, outcome.new_token_ids)
+            self._learn_alternatives(outcome.draft, step.main, main_accepted, set(path))
+        elif from_cache:
+            cache_outcome = outcome
+        else:
+            cache_outcome = Outcome(outcome.req_id, Draft(), 0, outcome.new_token_ids)
+        self.cache.observe(cache_outcome)
         if self.model is not None:
             self.model.observe(outcome)
         if from_cache and drafted:
-            self.predictor.update(step.features, drafted, outcome.num_accepted, state.session_id)
+            self.predictor.update(step.features, len(cache_outcome.draft), cache_outcome.num_accepted,
+                                  state.session_id)
         if step.used == "model" and drafted:
             trials = outcome.num_accepted + int(outcome.num_accepted < drafted)  # geometric: tries until a rejection
             observed = outcome.num_accepted / trials
@@ -230,11 +265,62 @@ class HybridDrafter:
         state.target = _target_features(outcome)
         state.step = _Step()
 
+    def _learn_alternatives(self, draft: Draft, main: int, main_accepted: int, path: set[int]) -> None:
+        """Move the alternative rate by the alternatives the target reached (its main token rejected there)."""
+        for node, parent in enumerate(draft.parents or ()):
+            if node < main or parent >= main or parent != main_accepted - 1:
+                continue  # not an alternative's first token, or not where the main branch was rejected
+            self.alternative_rate += ALTERNATIVE_EMA * (float(node in path) - self.alternative_rate)
+
     def stop(self, req_id: str) -> None:
         self.cache.stop(req_id)
         if self.model is not None:
             self.model.stop(req_id)
         self._requests.pop(req_id, None)
+
+
+def _grow_tree(
+    draft: Draft,
+    choice: Choice,
+    alternatives: Sequence[Alternative],
+    survival: np.ndarray,
+    alternative_rate: float,
+    cost: CostModel,
+    rate: float,
+    k: int,
+) -> tuple[Choice, Draft]:
+    """The cache draft (cut to ``choice.length``) with the alternatives' tokens that pay for themselves.
+
+    See the module docstring for the survival of an alternative's tokens; a token
+    is added while its survival exceeds ``rate`` times what it adds to the cost.
+    """
+    main = len(draft)
+    tokens, parents = list(draft.token_ids), list(range(-1, main - 1))
+    expected = choice.expected_tokens
+    reach = np.concatenate([[1.0], survival])  # [n + 1]: reach[j] = S_{j-1}
+    hazard = np.divide(survival, reach[:-1], out=np.zeros_like(survival), where=reach[:-1] > 0)  # [n]
+    for alternative in alternatives:
+        depth = alternative.depth
+        if depth > main or depth >= len(survival):
+            continue
+        alive = reach[depth] * (1.0 - hazard[depth]) * alternative_rate
+        parent = depth - 1
+        for offset, token in enumerate(alternative.tokens):
+            if len(tokens) >= k:
+                break
+            if offset:
+                alive *= hazard[min(depth + offset, len(hazard) - 1)]
+            if alive <= rate * (cost.verify(len(tokens) + 1) - cost.verify(len(tokens))):
+                break
+            tokens.append(token)
+            parents.append(parent)
+            parent = len(tokens) - 1
+            expected += alive
+    if len(tokens) == main:
+        return choice, draft
+    step_cost = cost.verify(len(tokens))
+    tree = Draft(tuple(tokens), None, draft.score, draft.source, draft.features, tuple(parents))
+    return Choice(len(tokens), expected, step_cost, expected - rate * step_cost), tree
 
 
 def _target_features(outcome: Outcome) -> dict[str, float]:

@@ -18,6 +18,11 @@ Worked example (``k = 4``)::
     -> match length 2, candidates: end=1 in the context
     -> draft [12, 13, 20, 10], branch probabilities [1, 1, 1, 1]
 
+When the candidates disagree, :meth:`SuffixDrafter.alternatives` lists the
+other continuations as branches off the proposed path (where each departs from
+it, and its share of the candidates still agreeing there), from which ``hvd``
+builds a tree draft that the target verifies in the same forward.
+
 Lifecycle: ``start`` indexes the prompt (typed by its PromptStructure when given),
 ``observe`` indexes accepted tokens and marks a store span used when its draft was
 accepted, ``stop`` registers the request's output in the store (kind ``generated``).
@@ -44,12 +49,29 @@ class _Candidate:
     span_id: int | None
 
 
+@dataclass(frozen=True)
+class Alternative:
+    """A continuation that departs from a proposed draft.
+
+    Attributes:
+        depth: the draft position it replaces (0: the first draft token).
+        share: its share of the candidates that agree with the draft before ``depth``.
+        tokens: its tokens from ``depth`` on.
+    """
+
+    depth: int
+    share: float
+    tokens: tuple[int, ...]
+
+
 @dataclass
 class _RequestState:
     index: NgramIndex
     num_prompt: int
     prompt_kinds: list[SpanKind]
     session_id: str | None
+    candidates: list[_Candidate] = field(default_factory=list)  # of the last proposal
+    k: int = 0
     last_span: int | None = None
     last_kind: SpanKind | None = None
     output: list[int] = field(default_factory=list)
@@ -97,6 +119,7 @@ class SuffixDrafter:
         if state is None or k <= 0:
             return Draft()
         candidates, match_len = self._candidates(state, ctx.token_ids, k)
+        state.candidates, state.k = candidates, k
         if not candidates:
             return Draft()
         tokens, probs, support, chosen = _frequent_path(candidates, k)
@@ -124,6 +147,37 @@ class SuffixDrafter:
         features.update({f"prob_{i}": p for i, p in enumerate(probs)})
         features.update({f"support_{i}": float(n) for i, n in enumerate(support)})
         return Draft(tuple(tokens), None, float(match_len), f"{self.source}:{chosen.kind.value}", features)
+
+    def alternatives(self, req_id: str, draft: Sequence[int], limit: int) -> list[Alternative]:
+        """Up to ``limit`` continuations of the last proposal's candidates that depart from ``draft``.
+
+        One per departure point and token, the most shared first (ties: the most
+        recent). ``draft`` is the proposal's tokens (a prefix of them is fine).
+        """
+        state = self._requests.get(req_id)
+        if state is None or limit <= 0 or len(state.candidates) < 2:
+            return []
+        groups: dict[tuple[int, ...], int] = {}
+        for candidate in state.candidates:
+            key = tuple(candidate.tokens[: state.k])
+            groups[key] = groups.get(key, 0) + 1
+        if len(groups) < 2:
+            return []
+        draft = tuple(draft)
+        out: list[Alternative] = []
+        seen: set[tuple[int, int]] = set()
+        for tokens, weight in sorted(groups.items(), key=lambda item: -item[1]):
+            depth = 0
+            while depth < min(len(tokens), len(draft)) and tokens[depth] == draft[depth]:
+                depth += 1
+            if depth >= len(tokens) or depth >= len(draft) or (depth, tokens[depth]) in seen:
+                continue  # agrees with the draft as far as either goes, or departs like an earlier one
+            seen.add((depth, tokens[depth]))
+            agreeing = sum(w for t, w in groups.items() if len(t) > depth and t[:depth] == draft[:depth])
+            out.append(Alternative(depth, weight / agreeing, tokens[depth:]))
+            if len(out) >= limit:
+                break
+        return out
 
     def _candidates(self, state: _RequestState, context: Sequence[int], k: int) -> tuple[list[_Candidate], int]:
         """Continuations of the longest suffix matches in the context and the store."""
@@ -159,6 +213,7 @@ class SuffixDrafter:
             self.store.touch(state.last_span)
         state.last_span = None
         state.last_kind = None
+        state.candidates = []
 
     def stop(self, req_id: str) -> None:
         state = self._requests.pop(req_id, None)

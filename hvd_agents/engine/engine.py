@@ -11,6 +11,8 @@ Contract:
 * Each step: the method's drafter proposes a draft (possibly empty), the target
   verifies ``[last token] + draft`` in ONE forward pass, the accepted prefix plus one
   target token are emitted, and the KV cache is truncated to what was accepted.
+  A tree draft (alternative continuations, ``Draft.parents``) is verified the same
+  way under a tree attention mask; the accepted path's KV positions are kept.
   Output is lossless (see :mod:`hvd_agents.engine.verify`).
 * Requests on one engine are serialised (batch size 1): a lock is held while a
   stream runs. Closing the iterator early (``close()``, garbage collection, a
@@ -56,13 +58,13 @@ from hvd_agents.drafters import (
 )
 from hvd_agents.engine.detok import IncrementalDetokenizer
 from hvd_agents.engine.hidden import HiddenStateBuffer
-from hvd_agents.engine.kv import new_cache, truncate
+from hvd_agents.engine.kv import keep, new_cache, supports_trees, truncate
 from hvd_agents.engine.params import GenerationParams
 from hvd_agents.engine.prefix_cache import PrefixCache, PrefixMatch
 from hvd_agents.engine.sampling import SamplingParams, target_probs
 from hvd_agents.engine.stats import RequestStats, StepRecord, TokenEvent
 from hvd_agents.engine.stops import StopStringMatcher
-from hvd_agents.engine.verify import Verification, target_signal, verify_greedy, verify_sampling
+from hvd_agents.engine.verify import Verification, target_signal, verify_greedy, verify_sampling, verify_tree
 from hvd_agents.errors import ContextLengthError, InvalidRequestError
 from hvd_agents.policy.cost import CostModel
 from hvd_agents.structure import PromptStructure
@@ -347,6 +349,8 @@ class Engine:
         while finish is None:
             room = req.budget - req.num_output  # >= 1
             draft = self._propose(req, drafter, room - 1)
+            if draft.is_tree and not supports_trees(cache):
+                draft = draft.main_branch()  # a sliding-window cache cannot drop a rejected branch's positions
             verification, signal = self._verify(req, cache, draft)
             emitted, text, finish = self._emit(req, verification.token_ids)
             self._account(req, draft, verification, len(emitted))
@@ -413,6 +417,8 @@ class Engine:
         Returns the verification and the target's signal at its last token
         (log-probability, entropy), which drafters may use as features.
         """
+        if draft.is_tree:
+            return self._verify_tree(req, cache, draft)
         past = cache.get_seq_length()
         hidden = [] if req.hidden is not None else None
         logits = self._forward([req.token_ids[-1], *draft.token_ids], cache, hidden=hidden)  # [d + 1, vocab]
@@ -428,13 +434,44 @@ class Engine:
             req.hidden.extend(hidden[0][: 1 + result.num_accepted])
         return result, target_signal(logits[result.num_accepted], result.token_ids[-1])
 
+    def _verify_tree(self, req: _Request, cache, draft: Draft) -> tuple[Verification, tuple[float, float]]:
+        """:meth:`_verify` for a tree draft: every branch in one forward under a tree attention mask."""
+        past = cache.get_seq_length()
+        n = len(draft) + 1  # the root (last token) and the draft tokens
+        visible = torch.zeros(n, n, dtype=torch.bool)  # [n, n]: row attends to column (root and ancestors)
+        visible[:, 0] = True
+        for i, parent in enumerate(draft.parents):
+            visible[i + 1] = visible[parent + 1]
+            visible[i + 1, i + 1] = True
+        mask = torch.cat([torch.ones(n, past, dtype=torch.bool), visible], dim=1)[None, None]  # [1, 1, n, past + n]
+        positions = torch.tensor([[past] + [past + depth for depth in draft.depths()]], dtype=torch.long)  # [1, n]
+        hidden = [] if req.hidden is not None else None
+        logits = self._forward([req.token_ids[-1], *draft.token_ids], cache, hidden=hidden,
+                               position_ids=positions.to(self.device), attention_mask=mask.to(self.device))
+        if req.sampling.greedy:
+            result = verify_tree(logits, draft.children())
+        else:
+            result = verify_tree(target_probs(logits, req.sampling), draft.children(), req.generator)
+        rows = [0] + [1 + node for node in result.path]  # positions of the accepted path among the new ones
+        keep(cache, past, rows)
+        if hidden:
+            req.hidden.extend(hidden[0][rows])
+        return result, target_signal(logits[rows[-1]], result.token_ids[-1])
+
     def _forward(
-        self, token_ids: Sequence[int], cache, logits_to_keep: int = 0, hidden: HiddenStateBuffer | list | None = None
+        self,
+        token_ids: Sequence[int],
+        cache,
+        logits_to_keep: int = 0,
+        hidden: HiddenStateBuffer | list | None = None,
+        position_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Run the target on ``token_ids`` after the cached positions; returns ``[n, vocab]`` logits.
 
         With ``hidden`` (a buffer or a list), the last-layer hidden states ``[n, hidden]``
-        of the new positions are appended to it.
+        of the new positions are appended to it. ``position_ids`` ``[1, n]`` and a 4D
+        boolean ``attention_mask`` ``[1, 1, n, cached + n]`` are given for tree drafts.
         """
         if not token_ids:
             return torch.empty(0, self.vocab_size, device=self.device)
@@ -446,6 +483,8 @@ class Engine:
                 use_cache=True,
                 logits_to_keep=logits_to_keep,
                 output_hidden_states=hidden is not None,
+                position_ids=position_ids,
+                attention_mask=attention_mask,
             )
         if hidden is not None:
             rows = out.hidden_states[-1][0]  # [n, hidden]

@@ -25,6 +25,16 @@ Sampling (Leviathan et al. / Chen et al.): ``x`` is accepted with probability
 ``norm(max(p - q, 0))``. With a point-mass q this is: accept with probability
 ``p(x)``, recover from ``p`` with ``x`` removed and renormalised. Either way each
 emitted token is distributed exactly as under plain sampling from p.
+
+Trees (deterministic drafts whose tokens branch, ``Draft.parents``): row ``i + 1``
+is the target's distribution after draft token ``i`` and its ancestors (row 0:
+after ``last``). From the root, greedy takes the argmax and moves to the child
+with that token; sampling draws ``x ~ p`` at the current node and moves to the
+child with token ``x``. The walk ends at the first token with no such child,
+which is emitted as the extra token. Each emitted token is the argmax of, or a
+draw from, the target at its position, so greedy output is plain greedy output
+and sampled output has the target's distribution: point-mass drafts never
+change what is drawn, only how many positions one forward covers.
 """
 
 from __future__ import annotations
@@ -45,6 +55,42 @@ class Verification:
 
     num_accepted: int
     token_ids: tuple[int, ...]
+    path: tuple[int, ...] | None = None  # for a tree: the indices of the accepted draft tokens
+
+
+def verify_tree(
+    scores: torch.Tensor,
+    children: dict[int, dict[int, int]],
+    generator: torch.Generator | None = None,
+) -> Verification:
+    """Verify a tree draft: greedy on logits (``generator`` None) or sampling on probabilities.
+
+    Args:
+        scores: ``[d + 1, vocab]``: logits for greedy, target distributions p for
+            sampling; row ``i + 1`` belongs to draft token ``i``, row 0 to the root.
+        children: ``{parent: {token: index}}`` (``Draft.children()``).
+        generator: the request's RNG for sampling (one categorical draw per level).
+
+    Returns:
+        The :class:`Verification`, with ``path`` set.
+    """
+    greedy = generator is None
+    argmax = scores.argmax(dim=-1).tolist() if greedy else None  # [d + 1]
+    path: list[int] = []
+    emitted: list[int] = []
+    node = -1
+    while True:
+        row = node + 1
+        if greedy:
+            token = argmax[row]
+        else:
+            token = int(torch.multinomial(scores[row], 1, generator=generator).item())
+        emitted.append(token)
+        child = children.get(node, {}).get(token)
+        if child is None:
+            return Verification(len(path), tuple(emitted), tuple(path))
+        path.append(child)
+        node = child
 
 
 def verify_greedy(logits: torch.Tensor, draft_ids: torch.Tensor) -> Verification:

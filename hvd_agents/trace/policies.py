@@ -22,10 +22,12 @@ Policies (:data:`POLICIES`; ``hvd-cache`` is an alias of ``suffix``):
 * ``hvd``: the engine's ``hvd`` method (:class:`~hvd_agents.drafters.hybrid.HybridDrafter`):
   the ``suffix`` drafter whose draft length is chosen per step by the payoff
   predictor (packaged weights, adapted online per conversation) and the cost
-  model ``1 + c * d`` of the replay (``--verify-cost``).
+  model ``1 + c * d`` of the replay (``--verify-cost``); where the candidates
+  disagree, the draft may carry alternative branches (a tree: its ``d`` counts
+  every token, and the target follows whichever branch the reply does).
 * ``oracle``: the ``suffix`` draft truncated to exactly the tokens that will be
   accepted: the same steps as ``suffix`` with no wasted verification, i.e. the
-  upper bound of any draft-length rule applied to that drafter.
+  upper bound of any draft-length rule applied to that drafter's single path.
 * ``arctic``: ArcticInference's ``SuffixDecodingCache`` with its defaults (depth
   64, draft <= 1x match length, min token probability 0.1); only when
   ``arctic_inference`` imports, else skipped with a note.

@@ -10,7 +10,8 @@ so each assistant message is replayed as a generation target:
   target is the reply as the model would emit it (:func:`reply_tokens`).
 * The loop is the engine's (``Engine._run``): ``start``; per step
   ``k' = min(k, remaining - 1)``, a draft of at most ``k'`` tokens (none when
-  ``k' = 0``), ``accepted`` = its common prefix with the rest of the target, the
+  ``k' = 0``), ``accepted`` = its common prefix with the rest of the target (for
+  a tree draft: its longest path that the target follows), the
   accepted tokens plus one target token are emitted and observed; ``stop``.
 * Every step is a :class:`~hvd_agents.trace.stats.StepRecord`, added to the
   policy's :class:`~hvd_agents.trace.stats.PolicyStats` and passed to an optional sink.
@@ -36,7 +37,7 @@ from hvd_agents.errors import InvalidRequestError
 from hvd_agents.structure import PromptStructure
 from hvd_agents.templates import Template, apply_system_template, canonicalize_tools
 from hvd_agents.trace.loader import Conversation, TraceFile
-from hvd_agents.trace.policies import Policy, common_prefix, make_policy
+from hvd_agents.trace.policies import Policy, make_policy
 from hvd_agents.trace.stats import TARGET_KIND, PolicyStats, StepRecord, source_kind
 
 logger = logging.getLogger(__name__)
@@ -186,7 +187,7 @@ def replay_turn(
             k_step = min(k, len(target) - position - 1)
             ctx = DraftContext(req_id, context, len(prompt))
             draft = policy.propose(ctx, k_step, target[position:]).truncated(k_step) if k_step > 0 else Draft()
-            accepted = common_prefix(draft.token_ids, target[position:])
+            accepted = len(draft.path(target[position:]))  # a chain's common prefix; a tree's matching path
             emitted = target[position : position + accepted + 1]
             policy.observe(Outcome(req_id, draft, accepted, emitted))
             context.extend(emitted)

@@ -216,7 +216,9 @@ def test_head_cache_is_cropped_to_verified_entries(target) -> None:
         hidden = target(input_ids=torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states[-1][0]
     drafter.start("r", tokens)
     draft = drafter.propose(DraftContext("r", tokens, 3, hidden_states=hidden), k=5, min_survival=0.0)
-    assert len(draft) == 5 and draft.probs is None  # greedy: deterministic draft
+    assert draft.main_length == 5 and draft.probs is None  # greedy: deterministic draft
+    # with it: the next three first tokens as alternatives to the first (min_survival 0 keeps them all)
+    assert len(draft) == 8 and draft.parents[5:] == (-1, -1, -1) and draft.token_ids[0] not in draft.token_ids[5:]
     assert drafter.cache.positions == [0, 1, 2, 3, 4]  # drafting steps were dropped again
     assert set(draft.token_ids) <= set(drafter.head.draft_vocab.tolist())
 
@@ -244,8 +246,8 @@ def test_min_survival_stops_model_drafts_early(target) -> None:
     drafter.start("r", [1, 2, 3])
     full = drafter.propose(DraftContext("r", [1, 2, 3], 3), k=8, min_survival=0.0)
     cut = drafter.propose(DraftContext("r", [1, 2, 3], 3), k=8, min_survival=0.999)
-    assert len(full) == 8 and len(cut) < 8
-    assert full.token_ids[: len(cut)] == cut.token_ids
+    assert full.main_length == 8 and cut.main_length < 8
+    assert full.token_ids[: cut.main_length] == cut.token_ids[: cut.main_length]
     assert cut.score >= 0.999 and full.features["model_survival"] <= cut.score
 
 

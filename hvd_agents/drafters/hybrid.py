@@ -257,6 +257,7 @@ class HybridDrafter:
             self.predictor.update(step.features, len(cache_outcome.draft), cache_outcome.num_accepted,
                                   state.session_id)
         if step.used == "model" and drafted:
+            drafted = outcome.draft.main_length  # a tree's first-token alternatives are not part of the chain's rate
             trials = outcome.num_accepted + int(outcome.num_accepted < drafted)  # geometric: tries until a rejection
             observed = outcome.num_accepted / trials
             state.model_acceptance += MODEL_RATE_EMA * (observed - state.model_acceptance)

@@ -14,6 +14,11 @@ that depended on the drawn token would change the proposal distribution and
 break exactness), falls below ``min_survival`` (the hybrid policy sets it to the marginal cost of a token
 times the running rate): model drafts cost forwards, so tokens unlikely to be
 accepted are not worth drafting.
+
+Under greedy decoding the draft also carries the drafter's next most likely
+first tokens (up to :data:`FIRST_ALTERNATIVES`, each as likely as
+``min_survival``) as alternatives to its first token: a tree draft whose extra
+tokens cost the target almost nothing to verify and no drafting forward at all.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from hvd_agents.drafters.base import Draft
 # Used by method ``model`` alone (no policy to set it): stop once the drafter gives the whole
 # draft less than this chance of surviving.
 DEFAULT_MIN_SURVIVAL = 0.1
+FIRST_ALTERNATIVES = 3  # greedy drafts: other likely first tokens verified alongside the first
 
 
 def distribution(logits: torch.Tensor, temperature: float) -> tuple[torch.Tensor, float]:
@@ -56,6 +62,7 @@ def draft_loop(
     to_target: Sequence[int] | torch.Tensor | None,
     target_vocab: int,
     source: str,
+    alternatives: int = FIRST_ALTERNATIVES,
 ) -> Draft:
     """Draft up to ``k`` tokens, starting from the next-token ``logits`` ``[V']``.
 
@@ -64,14 +71,20 @@ def draft_loop(
         to_target: maps a logits index to a target id (a reduced draft
             vocabulary); None when indices are target ids.
         target_vocab: the target's vocabulary size (the width of reported q rows).
+        alternatives: greedy only: most other first tokens added as a tree's siblings of the first.
     """
     tokens: list[int] = []
     q_rows: list[torch.Tensor] = []
+    others: list[int] = []
     survival = 1.0
     for i in range(k):
         probs, confidence = distribution(logits, temperature)
         if survival * confidence < min_survival:  # decided before drawing: the token drawn must not decide it
             break
+        if i == 0 and temperature <= 0.0 and alternatives > 0 and k > 1:
+            top = torch.topk(probs, min(1 + alternatives, probs.shape[0]))
+            others = [int(index) for index, p in zip(top.indices[1:].tolist(), top.values[1:].tolist())
+                      if p >= min_survival]
         survival *= confidence
         index, probs = draw(probs, temperature, generator)
         token = index if to_target is None else int(to_target[index])
@@ -82,7 +95,11 @@ def draft_loop(
             logits = advance(token)
     probs = torch.stack(q_rows) if q_rows else None
     features = {"model_survival": survival, "model_tokens": float(len(tokens))}
-    return Draft(tuple(tokens), probs, survival, source, features)
+    if not others:
+        return Draft(tuple(tokens), probs, survival, source, features)
+    chain = list(range(-1, len(tokens) - 1))
+    extra = [index if to_target is None else int(to_target[index]) for index in others]
+    return Draft(tuple(tokens + extra), None, survival, source, features, tuple(chain + [-1] * len(extra)))
 
 
 def _to_target_vocab(probs: torch.Tensor, to_target: Sequence[int] | torch.Tensor | None, target_vocab: int) -> torch.Tensor:

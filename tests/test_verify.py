@@ -115,3 +115,20 @@ def test_verify_tree_sampling_draws_from_the_target_at_each_node() -> None:
         seen.add(result.token_ids)
         assert result.token_ids in {(1, 0), (2, 3)}  # the row of the accepted branch gives the next token
     assert seen == {(1, 0), (2, 3)}
+
+
+def test_kv_keep_selects_positions_and_refuses_bad_offsets() -> None:
+    from transformers import DynamicCache
+
+    from hvd_agents.engine.kv import keep, supports_trees
+
+    cache = DynamicCache()
+    keys = torch.arange(10, dtype=torch.float64).view(1, 1, 10, 1).expand(1, 2, 10, 3).contiguous()
+    cache.update(keys, keys + 100, layer_idx=0)
+    assert supports_trees(cache)
+    keep(cache, 4, [0, 2, 5])  # keep 0..3, then 4, 6 and 9
+    assert cache.layers[0].keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 4, 6, 9]
+    assert cache.layers[0].values[0, 1, :, 0].tolist() == [100, 101, 102, 103, 104, 106, 109]
+    for bad in ([2, 1], [0, 3]):  # not increasing; past the end
+        with pytest.raises(ValueError, match="cannot keep"):
+            keep(cache, 4, bad)

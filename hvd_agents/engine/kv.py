@@ -47,7 +47,8 @@ def keep(cache: DynamicCache, start: int, offsets: Sequence[int]) -> None:
         ValueError: an offset is out of range or the offsets do not increase.
     """
     current = cache.get_seq_length()
-    if any(b <= a for a, b in zip(offsets, offsets[1:])) or (offsets and (offsets[0] < 0 or start + offsets[-1] >= current)):
+    increasing = all(a < b for a, b in zip(offsets, offsets[1:]))
+    if not increasing or (offsets and (offsets[0] < 0 or start + offsets[-1] >= current)):
         raise ValueError(f"cannot keep offsets {list(offsets)[:8]} after {start} of a cache of {current} positions")
     if list(offsets) == list(range(len(offsets))):
         truncate(cache, start + len(offsets))

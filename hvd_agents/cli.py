@@ -171,10 +171,11 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
     from hvd_agents.draft_head.pipeline import DataConfig, train_drafter
     from hvd_agents.draft_head.train import TrainConfig
 
-    if args.prompts < 2 or args.epochs < 1 or args.draft_vocab < 2:
-        raise HVDError("--prompts must be >= 2, --epochs >= 1 and --draft-vocab >= 2")
+    if args.prompts < 2 or args.epochs < 1 or args.draft_vocab < 2 or args.batch_tokens < 1:
+        raise HVDError("--prompts must be >= 2, --epochs >= 1, --draft-vocab >= 2 and --batch-tokens >= 1")
     data = DataConfig(prompts=args.prompts, max_new_tokens=args.max_new_tokens, seed=args.seed)
-    train = TrainConfig(draft_vocab=args.draft_vocab, epochs=args.epochs, lr=args.lr, seed=args.seed)
+    train = TrainConfig(draft_vocab=args.draft_vocab, epochs=args.epochs, lr=args.lr,
+                        batch_tokens=args.batch_tokens, seed=args.seed)
     train_drafter(args.output, model=args.model, device=args.device, data=data, train=train, data_file=args.data)
     return 0
 
@@ -287,15 +288,23 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--l2", type=float, default=1.0, help="ridge penalty of the fit")
     train.set_defaults(func=cmd_train_payoff)
 
+    from hvd_agents.draft_head.pipeline import DataConfig
+    from hvd_agents.draft_head.train import TrainConfig
+
+    data_defaults, train_defaults = DataConfig(), TrainConfig()
     drafter = sub.add_parser("train-drafter", help="distil a draft head from the target (the model drafter)")
     drafter.add_argument("-o", "--output", required=True, help="where to write the head (.safetensors)")
     drafter.add_argument("--model", default=None, help="the target (default: embedded SmolLM2)")
     drafter.add_argument("--device", default=None)
-    drafter.add_argument("--prompts", type=int, default=640, help="templated chat prompts the target answers")
-    drafter.add_argument("--max-new-tokens", type=int, default=160, help="longest answer")
-    drafter.add_argument("--epochs", type=int, default=8)
-    drafter.add_argument("--draft-vocab", type=int, default=8192, help="size of the reduced draft vocabulary")
-    drafter.add_argument("--lr", type=float, default=1e-3)
+    drafter.add_argument("--prompts", type=int, default=data_defaults.prompts,
+                         help="templated chat prompts the target answers")
+    drafter.add_argument("--max-new-tokens", type=int, default=data_defaults.max_new_tokens, help="longest answer")
+    drafter.add_argument("--epochs", type=int, default=train_defaults.epochs)
+    drafter.add_argument("--draft-vocab", type=int, default=train_defaults.draft_vocab,
+                         help="size of the reduced draft vocabulary")
+    drafter.add_argument("--lr", type=float, default=train_defaults.lr)
+    drafter.add_argument("--batch-tokens", type=int, default=train_defaults.batch_tokens,
+                         help="padded sequence tokens per optimizer step (length-sorted batches)")
     drafter.add_argument("--data", default=None,
                          help="a file for the generated data: reused when it exists, written when it does not")
     drafter.add_argument("--seed", type=int, default=0)

@@ -50,10 +50,10 @@ class TrainConfig:
     draft_vocab: int = 8192
     intermediate_size: int = 1536
     num_heads: int = 0  # 0: the target's attention heads
-    epochs: int = 8
+    epochs: int = 6
     lr: float = 1e-3
     weight_decay: float = 0.01
-    batch_tokens: int = 4096
+    batch_tokens: int = 1024
     ttt_passes: int = 3
     feature_weight: float = 0.1
     held_out: float = 0.1

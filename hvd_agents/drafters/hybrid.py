@@ -56,7 +56,11 @@ from hvd_agents.structure import PromptStructure
 
 MODEL_PRIOR_ACCEPTANCE = 0.5  # per-token acceptance assumed for a model drafter before any outcome
 MODEL_RATE_EMA = 0.2
-MODEL_PRIOR_TOKEN_COST = 0.05  # a drafted token's cost in target steps, before it is timed
+# A drafted token's cost in target steps before it is timed. The first model draft of a request also
+# ingests the context verified since the drafter last ran: the draft head measured about 0.2 of a
+# target step per drafted token there (0.1 once it drafts every step); a lower prior lets hvd spend
+# drafts where they do not pay before the timing corrects it.
+MODEL_PRIOR_TOKEN_COST = 0.2
 BRANCHES = 8  # alternative continuations a cache draft may grow into a tree
 ALTERNATIVE_PRIOR = 0.1  # P(an alternative is the target's choice | the main token was rejected there)
 ALTERNATIVE_EMA = 0.05
@@ -95,7 +99,7 @@ class HybridDrafter:
         model_cost: the cost of a step with a model draft, drafting included;
             when None it is ``cost`` plus the model drafter's cost per drafted
             token, timed online against the target's steps (starting from the
-            drafter's ``cost_prior`` attribute, else 0.05 target steps). Its
+            drafter's ``cost_prior`` attribute, else 0.2 target steps). Its
             acceptance starts from the drafter's ``acceptance_prior`` attribute
             when it has one (else 0.5) and is learned from its outcomes.
         branches: most alternative continuations a cache draft grows (0: chains only).

@@ -25,6 +25,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from hvd_agents.draft_head.pipeline import DataConfig
+from hvd_agents.draft_head.train import TrainConfig
 from hvd_agents.drafters import available_methods
 from hvd_agents.engine import GenerationParams
 from hvd_agents.errors import HVDError
@@ -168,8 +170,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def cmd_train_drafter(args: argparse.Namespace) -> int:
-    from hvd_agents.draft_head.pipeline import DataConfig, train_drafter
-    from hvd_agents.draft_head.train import TrainConfig
+    from hvd_agents.draft_head.pipeline import train_drafter
 
     if args.prompts < 2 or args.epochs < 1 or args.draft_vocab < 2 or args.batch_tokens < 1:
         raise HVDError("--prompts must be >= 2, --epochs >= 1, --draft-vocab >= 2 and --batch-tokens >= 1")
@@ -288,9 +289,6 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--l2", type=float, default=1.0, help="ridge penalty of the fit")
     train.set_defaults(func=cmd_train_payoff)
 
-    from hvd_agents.draft_head.pipeline import DataConfig
-    from hvd_agents.draft_head.train import TrainConfig
-
     data_defaults, train_defaults = DataConfig(), TrainConfig()
     drafter = sub.add_parser("train-drafter", help="distil a draft head from the target (the model drafter)")
     drafter.add_argument("-o", "--output", required=True, help="where to write the head (.safetensors)")
@@ -307,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="padded sequence tokens per optimizer step (length-sorted batches)")
     drafter.add_argument("--data", default=None,
                          help="a file for the generated data: reused when it exists, written when it does not")
-    drafter.add_argument("--seed", type=int, default=0)
+    drafter.add_argument("--seed", type=int, default=data_defaults.seed)
     drafter.set_defaults(func=cmd_train_drafter)
     return parser
 

@@ -300,3 +300,18 @@ def test_cost_with_drafting_adds_per_token_cost() -> None:
     assert cost.verify(8) == pytest.approx(1.16 + 0.4)
     assert cost.verify(24) == pytest.approx(1.64 + 1.2)
     assert CostModel.linear(0.02).with_drafting(0.1).verify(3) == pytest.approx(1.36)
+
+
+def test_train_drafter_command_defaults_are_the_recipe_and_bad_arguments_are_refused(tmp_path, capsys) -> None:
+    from hvd_agents.cli import build_parser, main
+    from hvd_agents.draft_head.pipeline import DataConfig
+
+    args = build_parser().parse_args(["train-drafter", "-o", str(tmp_path / "head.safetensors")])
+    data, train = DataConfig(), TrainConfig()
+    assert (args.prompts, args.max_new_tokens, args.seed) == (data.prompts, data.max_new_tokens, data.seed)
+    assert (args.epochs, args.draft_vocab, args.lr, args.batch_tokens) == (
+        train.epochs, train.draft_vocab, train.lr, train.batch_tokens)
+    # refused before any model is loaded or file written
+    assert main(["train-drafter", "-o", str(tmp_path / "head.safetensors"), "--batch-tokens", "0"]) == 2
+    assert "--batch-tokens" in capsys.readouterr().err
+    assert not (tmp_path / "head.safetensors").exists()

@@ -6,7 +6,7 @@ Subcommands:
 * ``demo``: a short agent turn with a tool call on the embedded model.
 * ``bench``: the live engine benchmark against HF ``generate`` (same run, same prompts).
 * ``bench-model``: the model drafter against ``ar``, ``hvd-cache`` and ``hvd`` (chat and agent prompts).
-* ``bench-kernels``: dense vs prepacked CPU linear layers: forward cost per draft length, tok/s.
+* ``bench-kernels``: the CPU linear-layer kernels (dense, packed, row): forward cost per draft length, tok/s.
 * ``bench-drafter``: propose / update cost of the cache drafter at scale (no model).
 * ``bench-prefix``: a multi-turn agent conversation with and without prefix KV reuse.
 * ``analyze``: replay an agent trace through the drafters; estimated speedup per policy (no model).
@@ -274,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     model_bench.add_argument("--rounds", type=int, default=2)
     model_bench.set_defaults(func=cmd_bench_model)
 
-    kernels = sub.add_parser("bench-kernels", help="dense vs prepacked CPU linear layers, side by side")
+    kernels = sub.add_parser("bench-kernels", help="the CPU linear-layer kernels (dense, packed, row), side by side")
     kernels.add_argument("--model", default=None)
     kernels.add_argument("--max-new-tokens", type=int, default=96)
     kernels.add_argument("--rounds", type=int, default=2)

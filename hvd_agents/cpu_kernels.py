@@ -5,29 +5,38 @@ On a CPU, PyTorch's defaults make those few-token forwards far dearer than a
 one-token step, for two reasons, each fixed here at load time:
 
 * **Linear layers.** One row runs a matrix-vector kernel; several rows run a
-  generic matrix-matrix kernel that repacks the weight on every call.
-  :class:`PackedLinear` holds each weight in oneDNN's blocked layout, packed once.
+  matrix-matrix kernel that costs 1.3-2x as much. Three kernels can hold the
+  linear layers (:data:`LINEAR_KERNELS`):
+
+  - ``row``: :class:`hvd_agents.native_linear.RowLinear`, a small native kernel
+    that streams each weight row once for all input rows (x86-64 with AVX2; built
+    at first use). Verifying a short draft costs little more than one token, and
+    a row's result is bitwise independent of how many rows share the call.
+  - ``packed``: :class:`PackedLinear`, each weight held in oneDNN's blocked
+    layout, packed once (any CPU with oneDNN).
+  - ``dense``: PyTorch's ``nn.Linear`` as loaded.
+
+  ``auto`` takes ``row`` when it is available, else ``packed``, else ``dense``;
+  the environment variable ``HVD_AGENTS_CPU_LINEAR`` overrides it.
 * **Grouped-query attention.** For more than one query token with a mask,
   transformers' ``sdpa`` copies the whole KV cache to repeat its heads
   (``repeat_kv``) in every layer. :func:`gqa_sdpa_attention` asks PyTorch's SDPA
   for grouped-query attention instead (``enable_gqa``), which reads the cache as is.
 
-On SmolLM2-135M at 401 tokens of context (``hvd-agents bench-kernels``), a
-forward of 1 + 1 tokens cost 92.8 ms with the defaults and 60.5 ms with these
-kernels, and a one-token step 56.1 vs 49.4 ms. The same products are computed by other
-kernels: logits agree with the dense layers to about 1e-4 and every argmax
-agreed on the embedded model; the attention change is exact. As with any change
-of kernel, the engine's greedy output is the target's greedy output under these
-kernels, for every method alike.
+``hvd-agents bench-kernels`` measures the three side by side. The same products
+are computed by other kernels: logits agree with the dense layers to about 1e-4;
+the attention change is exact. As with any change of kernel, the engine's greedy
+output is the target's greedy output under these kernels, for every method alike.
 
 :func:`prepare_for_cpu` applies both to a float32 CPU model (the loader does this
-unless ``packed=False``). The output embedding keeps its dense ``weight`` (draft
-heads and the engine read its rows); the other linear layers keep only the packed copy.
+unless ``cpu_linear="dense"``). The output embedding keeps its dense ``weight``
+(draft heads and the engine read its rows).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +44,8 @@ from torch import nn
 
 logger = logging.getLogger(__name__)
 ATTENTION_NAME = "hvd_cpu_sdpa"
+LINEAR_KERNELS = ("auto", "row", "packed", "dense")
+LINEAR_ENV = "HVD_AGENTS_CPU_LINEAR"
 
 
 class PackedLinear(nn.Module):
@@ -121,35 +132,84 @@ def _use_gqa_attention(model: nn.Module) -> bool:
 
 
 def can_pack(model: nn.Module) -> bool:
-    """Whether :func:`prepare_for_cpu` applies: oneDNN is available and every weight is float32 on the CPU."""
-    if not torch.backends.mkldnn.is_available():
-        return False
+    """Whether :func:`prepare_for_cpu` applies: every weight is float32 on the CPU."""
     params = list(model.parameters())
     return bool(params) and all(p.device.type == "cpu" and p.dtype == torch.float32 for p in params)
 
 
-def prepare_for_cpu(model: nn.Module) -> int:
-    """Pack every ``nn.Linear`` of ``model`` (:class:`PackedLinear`) and switch GQA attention, in place.
+def resolve_linear_kernel(linear: str = "auto") -> str:
+    """The kernel ``linear`` names, with ``auto`` (and the environment override) resolved.
 
-    Returns the number of layers packed (0 when :func:`can_pack` is false, and
-    then nothing changes). The model must be in its final place (CPU, float32)
-    and used for inference only: packed layers take no gradient.
+    Raises:
+        ValueError: ``linear`` (or ``HVD_AGENTS_CPU_LINEAR``) is not one of :data:`LINEAR_KERNELS`,
+            or ``row`` was asked for where the native kernel is unavailable.
     """
+    from hvd_agents import native_linear
+
+    chosen = linear
+    if linear == "auto":
+        chosen = os.environ.get(LINEAR_ENV, "").strip().lower() or "auto"
+        if chosen not in LINEAR_KERNELS:
+            raise ValueError(f"{LINEAR_ENV}={chosen!r} is not one of {', '.join(LINEAR_KERNELS)}")
+    elif linear not in LINEAR_KERNELS:
+        raise ValueError(f"cpu_linear={linear!r} is not one of {', '.join(LINEAR_KERNELS)}")
+    if chosen == "auto":
+        if native_linear.available():
+            return "row"
+        return "packed" if torch.backends.mkldnn.is_available() else "dense"
+    if chosen == "row" and not native_linear.available():
+        raise ValueError(f"the row kernel is unavailable here: {native_linear.unavailable_reason()}")
+    if chosen == "packed" and not torch.backends.mkldnn.is_available():
+        raise ValueError("the packed kernel needs oneDNN, which this torch build lacks")
+    return chosen
+
+
+def prepare_for_cpu(model: nn.Module, linear: str = "auto") -> int:
+    """Put ``model``'s ``nn.Linear`` layers on the ``linear`` kernel and switch GQA attention, in place.
+
+    Returns the number of layers replaced (0 when :func:`can_pack` is false or
+    the kernel is ``dense``; then the linear layers stay as they are). The
+    model must be in its final place (CPU, float32) and used for inference only:
+    the replaced layers take no gradient.
+
+    Raises:
+        ValueError: see :func:`resolve_linear_kernel`.
+    """
+    if linear not in LINEAR_KERNELS:
+        raise ValueError(f"cpu_linear={linear!r} is not one of {', '.join(LINEAR_KERNELS)}")
     if not can_pack(model):
         return 0
+    kernel = resolve_linear_kernel(linear)
+    from hvd_agents.native_linear import RowLinear
+
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    packed = 0
-    with torch.no_grad():
-        for parent in list(model.modules()):
-            for name, child in list(parent.named_children()):
-                if type(child) is nn.Linear:
-                    setattr(parent, name, PackedLinear(child, keep_dense=child is output))
-                    packed += 1
+    replaced = 0
+    if kernel != "dense":
+        with torch.no_grad():
+            for parent in list(model.modules()):
+                for name, child in list(parent.named_children()):
+                    if type(child) is nn.Linear:
+                        layer = (RowLinear(child) if kernel == "row"
+                                 else PackedLinear(child, keep_dense=child is output))
+                        setattr(parent, name, layer)
+                        replaced += 1
     gqa = _use_gqa_attention(model)
-    logger.debug("packed %d linear layers for the CPU; grouped-query attention kernel: %s", packed, gqa)
-    return packed
+    logger.debug("%d linear layers on the %s kernel; grouped-query attention kernel: %s", replaced, kernel, gqa)
+    return replaced
+
+
+def linear_kernel(model: nn.Module) -> str:
+    """Which kernel holds ``model``'s linear layers: ``row``, ``packed`` or ``dense``."""
+    from hvd_agents.native_linear import RowLinear
+
+    for module in model.modules():
+        if isinstance(module, RowLinear):
+            return "row"
+        if isinstance(module, PackedLinear):
+            return "packed"
+    return "dense"
 
 
 def is_packed(model: nn.Module) -> bool:
-    """Whether ``model`` has packed linear layers."""
-    return any(isinstance(m, PackedLinear) for m in model.modules())
+    """Whether ``model``'s linear layers are on a CPU kernel of this module (``row`` or ``packed``)."""
+    return linear_kernel(model) != "dense"

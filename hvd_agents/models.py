@@ -43,7 +43,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from hvd_agents.errors import InvalidRequestError, ModelLoadError, ModelNotFoundError
-from hvd_agents.cpu_kernels import prepare_for_cpu
+from hvd_agents.cpu_kernels import LINEAR_KERNELS, prepare_for_cpu
 
 logger = logging.getLogger(__name__)
 
@@ -389,7 +389,7 @@ def load_model(
     *,
     device: str | torch.device | None = None,
     dtype: torch.dtype | str | None = None,
-    packed: bool = True,
+    cpu_linear: str = "auto",
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer for inference.
 
@@ -399,9 +399,11 @@ def load_model(
             with one ``.gguf`` file; or a HuggingFace hub id.
         device: see :func:`resolve_device`.
         dtype: weights dtype; defaults to the device's (float32 on CPU, bfloat16 on CUDA).
-        packed: on a float32 CPU model, hold the linear layers' weights prepacked
-            (:mod:`hvd_agents.cpu_kernels`), which makes multi-token verification
-            forwards far cheaper; False keeps PyTorch's dense layers.
+        cpu_linear: on a float32 CPU model, the kernel for the linear layers
+            (:mod:`hvd_agents.cpu_kernels`): "auto" (the row-streaming kernel where it
+            builds, else oneDNN's packed layers), "row", "packed", or "dense" to keep
+            PyTorch's layers. The first two make multi-token verification forwards
+            far cheaper.
 
     Returns:
         The model in eval mode on ``device``, with its tokenizer.
@@ -409,8 +411,10 @@ def load_model(
     Raises:
         ModelNotFoundError: ``name`` names no path, GGUF file or hub model.
         ModelLoadError: the model exists but cannot be loaded (e.g. unsupported architecture).
-        InvalidRequestError: bad ``device`` or ``dtype``.
+        InvalidRequestError: bad ``device``, ``dtype`` or ``cpu_linear``.
     """
+    if cpu_linear not in LINEAR_KERNELS:
+        raise InvalidRequestError(f"cpu_linear={cpu_linear!r} is not one of {', '.join(LINEAR_KERNELS)}")
     dev, default_dtype = resolve_device(device)
     dtype = _resolve_dtype(dtype, default_dtype)
     kind, location = _resolve_source(name)
@@ -421,8 +425,10 @@ def load_model(
     else:
         model, tokenizer = _load_hf(location, dtype, local=kind == "hf_dir")
     model = model.to(dev).eval()
-    if packed:
-        prepare_for_cpu(model)
+    try:
+        prepare_for_cpu(model, cpu_linear)
+    except ValueError as exc:
+        raise InvalidRequestError(str(exc)) from exc
     logger.info("loaded %s on %s (%s) in %.1f s", display, dev, dtype, time.perf_counter() - start)
     return LoadedModel(model=model, tokenizer=tokenizer, name=display, device=dev, dtype=dtype)
 

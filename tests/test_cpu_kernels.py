@@ -1,4 +1,4 @@
-"""The CPU kernels the loader installs: packed linear layers and copy-free grouped-query attention."""
+"""The CPU kernels the loader installs: row-streaming or packed linear layers and copy-free GQA attention."""
 
 from __future__ import annotations
 
@@ -8,22 +8,101 @@ from torch import nn
 from transformers import DynamicCache
 
 from hvd_agents import Engine, GenerationParams
-from hvd_agents.cpu_kernels import ATTENTION_NAME, PackedLinear, can_pack, is_packed, prepare_for_cpu
+from hvd_agents import native_linear
+from hvd_agents.cpu_kernels import (
+    ATTENTION_NAME,
+    LINEAR_ENV,
+    PackedLinear,
+    can_pack,
+    is_packed,
+    linear_kernel,
+    prepare_for_cpu,
+    resolve_linear_kernel,
+)
+from hvd_agents.errors import InvalidRequestError
+from hvd_agents.native_linear import RowLinear
 from hvd_agents.policy.cost import profile_key
 from tests.drafters_for_tests import FixedDrafter
 from tests.tiny import make_tiny_llama
 
-pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN")
+needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN")
+# Where the CPU has AVX2 the row kernel must build: a build failure there fails these tests.
+needs_avx2 = pytest.mark.skipif(not native_linear.cpu_supports_kernel(), reason="the row kernel needs x86-64 with AVX2")
+KERNELS = [pytest.param("packed", marks=needs_onednn), pytest.param("row", marks=needs_avx2)]
 
 
-def _pair(seed: int = 3):
-    """The same tiny float32 GQA Llama twice: dense, and prepared for the CPU."""
+def _pair(seed: int = 3, kernel: str = "packed"):
+    """The same tiny float32 GQA Llama twice: dense, and prepared for the CPU with ``kernel``."""
     dense = make_tiny_llama(96, seed=seed, dtype=torch.float32)
-    packed = make_tiny_llama(96, seed=seed, dtype=torch.float32)
-    assert prepare_for_cpu(packed) == 2 * 7 + 1  # q, k, v, o, gate, up, down per layer + lm_head
-    return dense, packed
+    prepared = make_tiny_llama(96, seed=seed, dtype=torch.float32)
+    assert prepare_for_cpu(prepared, kernel) == 2 * 7 + 1  # q, k, v, o, gate, up, down per layer + lm_head
+    assert linear_kernel(prepared) == kernel
+    return dense, prepared
 
 
+@needs_avx2
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 17, 32, 33, 70])
+@pytest.mark.parametrize("in_features", [24, 29, 576])
+@pytest.mark.parametrize("bias", [False, True])
+def test_row_linear_computes_the_linear_layer(rows: int, in_features: int, bias: bool) -> None:
+    """Every tile shape (rows mod 4, output rows mod 3), a K that is not a multiple of 8, and the prefill path."""
+    torch.manual_seed(rows * in_features)
+    linear = nn.Linear(in_features, 41, bias=bias)
+    x = torch.randn(1, rows, in_features)
+    got = RowLinear(linear)(x)
+    assert got.shape == (1, rows, 41)
+    torch.testing.assert_close(got, linear(x), rtol=1e-5, atol=1e-5)
+
+
+@needs_avx2
+def test_row_linear_gives_a_row_the_same_bits_alone_or_among_others() -> None:
+    """What makes a verified token's logits those of a one-token step, bit for bit."""
+    torch.manual_seed(0)
+    layer = RowLinear(nn.Linear(200, 67))
+    x = torch.randn(native_linear.MAX_ROWS, 200)
+    together = layer(x)
+    for i in range(x.shape[0]):
+        assert torch.equal(layer(x[i : i + 1]), together[i : i + 1])
+    assert torch.equal(layer(x[5:12]), together[5:12])
+
+
+@needs_avx2
+def test_row_linear_refuses_what_it_cannot_compute() -> None:
+    with pytest.raises(ValueError, match="float32 CPU weights"):
+        RowLinear(nn.Linear(4, 4).double())
+    with pytest.raises(ValueError, match="float32 CPU inputs"):
+        RowLinear(nn.Linear(8, 4))(torch.zeros(1, 8, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="last dimension"):
+        torch.ops.hvd.row_linear(torch.zeros(2, 7), torch.zeros(4, 8), None)
+
+
+def test_kernel_names_are_checked(monkeypatch) -> None:
+    from hvd_agents.models import load_model
+
+    with pytest.raises(InvalidRequestError, match="cpu_linear='fast'"):
+        load_model("embedded", cpu_linear="fast")
+    with pytest.raises(ValueError, match="cpu_linear='fast'"):
+        prepare_for_cpu(make_tiny_llama(96, dtype=torch.float32), "fast")
+    monkeypatch.setenv(LINEAR_ENV, "turbo")
+    with pytest.raises(ValueError, match=f"{LINEAR_ENV}='turbo'"):
+        resolve_linear_kernel("auto")
+    monkeypatch.setenv(LINEAR_ENV, "dense")
+    assert resolve_linear_kernel("auto") == "dense"
+    assert resolve_linear_kernel("packed") == "packed" or not torch.backends.mkldnn.is_available()
+
+
+def test_without_the_native_kernel_auto_falls_back_and_row_says_why(monkeypatch) -> None:
+    monkeypatch.delenv(LINEAR_ENV, raising=False)
+    monkeypatch.setattr(native_linear, "_state", {"ok": False, "why": "no compiler here"})
+    assert resolve_linear_kernel("auto") == ("packed" if torch.backends.mkldnn.is_available() else "dense")
+    with pytest.raises(ValueError, match="no compiler here"):
+        resolve_linear_kernel("row")
+    model = make_tiny_llama(96, dtype=torch.float32)
+    prepare_for_cpu(model)
+    assert linear_kernel(model) != "row"
+
+
+@needs_onednn
 @pytest.mark.parametrize("rows", [1, 2, 3, 8, 33])
 @pytest.mark.parametrize("bias", [False, True])
 def test_packed_linear_computes_the_linear_layer(rows: int, bias: bool) -> None:
@@ -38,6 +117,7 @@ def test_packed_linear_computes_the_linear_layer(rows: int, bias: bool) -> None:
     assert PackedLinear(linear, keep_dense=True).weight is linear.weight
 
 
+@needs_onednn
 def test_packed_linear_refuses_other_dtypes() -> None:
     with pytest.raises(ValueError, match="float32 CPU weights"):
         PackedLinear(nn.Linear(4, 4).double())
@@ -45,9 +125,10 @@ def test_packed_linear_refuses_other_dtypes() -> None:
         PackedLinear(nn.Linear(4, 4))(torch.zeros(1, 4, dtype=torch.float64))
 
 
-def test_prepared_model_matches_dense_through_a_cache() -> None:
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_prepared_model_matches_dense_through_a_cache(kernel: str) -> None:
     """Prefill, a multi-token verification chunk (masked GQA) and single steps, against the dense model."""
-    dense, packed = _pair()
+    dense, packed = _pair(kernel=kernel)
     assert packed.config._attn_implementation == ATTENTION_NAME
     assert is_packed(packed) and not is_packed(dense)
     assert packed.get_output_embeddings().weight is not None  # draft heads read its rows
@@ -67,14 +148,18 @@ def test_float64_models_are_left_as_they_are() -> None:
     assert not is_packed(model) and model.config._attn_implementation != ATTENTION_NAME
 
 
-def test_cost_profiles_of_packed_and_dense_models_are_kept_apart() -> None:
+@needs_onednn
+@needs_avx2
+def test_cost_profiles_of_each_kernel_are_kept_apart() -> None:
     dense, packed = _pair()
-    assert profile_key(dense) != profile_key(packed)
+    _, row = _pair(kernel="row")
+    assert len({profile_key(dense), profile_key(packed), profile_key(row)}) == 3
 
 
-def test_engine_greedy_equality_on_a_prepared_model(byte_tokenizer) -> None:
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_engine_greedy_equality_on_a_prepared_model(byte_tokenizer, kernel: str) -> None:
     """Every token of a drafted run equals the same engine's one-token-per-step run."""
-    _, packed = _pair(seed=11)
+    _, packed = _pair(seed=11, kernel=kernel)
     engine = Engine(packed, byte_tokenizer, eos_token_ids=(), draft_head=None)
     prompt = list(range(5, 45))
     reference = engine.generate(prompt, GenerationParams(max_new_tokens=40, method="ar")).token_ids

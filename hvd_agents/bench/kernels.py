@@ -1,16 +1,16 @@
-"""Kernel benchmark (``hvd-agents bench-kernels``): dense vs prepacked CPU linear layers, one run.
+"""Kernel benchmark (``hvd-agents bench-kernels``): the CPU linear-layer kernels side by side, one run.
 
-The same model is loaded twice, once with PyTorch's dense ``nn.Linear`` layers and
-once with :mod:`hvd_agents.cpu_kernels`. Two parts, interleaved so both
-sides see the same machine state:
+The same model is loaded once per kernel of :mod:`hvd_agents.cpu_kernels`
+available here: PyTorch's ``dense`` ``nn.Linear`` layers, oneDNN's ``packed``
+layers and the native ``row`` kernel. Two parts, interleaved so every kernel sees
+the same machine state:
 
 1. **Forward cost**: one forward of ``1 + d`` new tokens over a real context, for
-   ``d`` draft tokens in :data:`DRAFT_LENGTHS`: milliseconds (minimum over repeats),
-   the cost relative to a plain step (``verify(d)``) for each kernel, and
-   packed/dense time.
+   ``d`` draft tokens in :data:`DRAFT_LENGTHS`: milliseconds (minimum over repeats)
+   and the cost relative to the same kernel's plain step (``verify(d)``).
 2. **Decoding**: ``ar`` and ``hvd`` on the agent-style prompts of ``bench`` and
-   the chat prompts of ``bench-model``, greedy, no prefix reuse: tokens/s of each
-   and packed/dense, and how many outputs are identical across the two kernels.
+   the chat prompts of ``bench-model``, greedy, no prefix reuse: tokens/s of each,
+   each kernel against dense, and how many outputs are identical to dense's.
 """
 
 from __future__ import annotations
@@ -29,7 +29,15 @@ from hvd_agents.models import load_model
 
 logger = logging.getLogger(__name__)
 DRAFT_LENGTHS = (0, 1, 2, 3, 4, 8, 16)
-KERNELS = ("dense", "packed")
+KERNELS = ("dense", "packed", "row")
+
+
+def available_kernels() -> tuple[str, ...]:
+    """The kernels of :data:`KERNELS` that run here (``row`` needs the native kernel, ``packed`` oneDNN)."""
+    from hvd_agents import native_linear
+
+    usable = {"dense": True, "packed": torch.backends.mkldnn.is_available(), "row": native_linear.available()}
+    return tuple(kernel for kernel in KERNELS if usable[kernel])
 
 
 def _forward_ms(model, context: torch.Tensor, d: int, repeats: int) -> float:
@@ -51,24 +59,23 @@ def run_kernel_benchmark(
     model: str | None = None, max_new_tokens: int = 96, rounds: int = 2, repeats: int = 8
 ) -> dict[str, dict[str, Tally]]:
     """Print both parts' tables; returns the decoding tallies by kernel, then method."""
-    models = {kernel: load_model(model, device="cpu", packed=kernel == "packed") for kernel in KERNELS}
-    loaded = models["packed"]
+    kernels = available_kernels()
+    models = {kernel: load_model(model, device="cpu", cpu_linear=kernel) for kernel in kernels}
+    loaded = models["dense"]
     tokenizer = loaded.tokenizer
     items = [_Item(p, encode_prompt(tokenizer, p.messages, p.tools)) for p in agent_prompts() + chat_prompts()]
     context = torch.tensor([max((item.ids for item in items), key=len)])
 
-    ms = {kernel: {d: float("inf") for d in DRAFT_LENGTHS} for kernel in KERNELS}
+    ms = {kernel: {d: float("inf") for d in DRAFT_LENGTHS} for kernel in kernels}
     for round_index in range(2):
         for d in DRAFT_LENGTHS:
-            for kernel in KERNELS if round_index % 2 == 0 else reversed(KERNELS):
+            for kernel in kernels if round_index % 2 == 0 else reversed(kernels):
                 ms[kernel][d] = min(ms[kernel][d], _forward_ms(models[kernel].model, context, d, repeats))
-    print(f"forward of 1 + d tokens after {context.shape[1]} tokens of context (ms, minimum of {2 * repeats}):")
-    print(f"{'d':>4}{'dense ms':>10}{'packed ms':>11}{'dense verify(d)':>17}{'packed verify(d)':>18}"
-          f"{'packed/dense':>14}")
+    print(f"forward of 1 + d tokens after {context.shape[1]} tokens of context (ms, minimum of {2 * repeats}; "
+          f"verify(d) = ms / the same kernel's ms at d=0):")
+    print(f"{'d':>4}" + "".join(f"{kernel + ' ms':>11}{kernel + ' verify(d)':>17}" for kernel in kernels))
     for d in DRAFT_LENGTHS:
-        dense, packed = ms["dense"][d], ms["packed"][d]
-        print(f"{d:>4}{dense:>10.1f}{packed:>11.1f}{dense / ms['dense'][0]:>17.2f}"
-              f"{packed / ms['packed'][0]:>18.2f}{packed / dense:>13.2f}x")
+        print(f"{d:>4}" + "".join(f"{ms[k][d]:>11.1f}{ms[k][d] / ms[k][0]:>17.2f}" for k in kernels))
 
     engines = {kernel: Engine(lm.model, lm.tokenizer, eos_token_ids=lm.eos_token_ids,
                               context_window=lm.context_window, draft_head="auto")
@@ -91,14 +98,18 @@ def run_kernel_benchmark(
     runs = len(items) * rounds
     print(f"\ndecoding: {runs} runs ({len(agent_prompts())} agent + {len(chat_prompts())} chat prompts "
           f"x {rounds} rounds), greedy, max_new_tokens={max_new_tokens}")
-    print(f"{'method':<8}{'dense tok/s':>13}{'packed tok/s':>14}{'packed/dense':>14}{'same tokens':>13}")
+    others = [kernel for kernel in kernels if kernel != "dense"]
+    print(f"{'method':<8}" + "".join(f"{kernel + ' tok/s':>13}" for kernel in kernels)
+          + "".join(f"{k + '/dense':>14}{k + ' = dense':>14}" for k in others))
     for method in ("ar", "hvd"):
-        dense, packed = tallies[("dense", method)], tallies[("packed", method)]
-        same = sum(a == b for a, b in zip(dense.outputs, packed.outputs))
-        print(f"{method:<8}{dense.tokens_per_s:>13.1f}{packed.tokens_per_s:>14.1f}"
-              f"{packed.tokens_per_s / dense.tokens_per_s:>13.2f}x{same:>9}/{runs}")
-    for kernel in KERNELS:
+        dense = tallies[("dense", method)]
+        line = f"{method:<8}" + "".join(f"{tallies[(k, method)].tokens_per_s:>13.1f}" for k in kernels)
+        for k in others:
+            same = sum(a == b for a, b in zip(dense.outputs, tallies[(k, method)].outputs))
+            line += f"{tallies[(k, method)].tokens_per_s / dense.tokens_per_s:>13.2f}x{same:>9}/{runs:<4}"
+        print(line)
+    for kernel in kernels:
         same = sum(a == b for a, b in zip(tallies[(kernel, "ar")].outputs, tallies[(kernel, "hvd")].outputs))
         speedup = tallies[(kernel, "hvd")].tokens_per_s / tallies[(kernel, "ar")].tokens_per_s
         print(f"{kernel}: hvd/ar {speedup:.2f}x, hvd output = ar output in {same}/{runs}")
-    return {kernel: {method: tallies[(kernel, method)] for method in ("ar", "hvd")} for kernel in KERNELS}
+    return {kernel: {method: tallies[(kernel, method)] for method in ("ar", "hvd")} for kernel in kernels}

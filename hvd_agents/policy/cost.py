@@ -204,12 +204,12 @@ def _sync(device: torch.device) -> None:
 def profile_key(model: torch.nn.Module) -> str:
     """What a cost profile depends on: the model and its kernels (linear layers, attention), device, dtype,
     threads, torch and the machine."""
-    from hvd_agents.cpu_kernels import is_packed
+    from hvd_agents.cpu_kernels import linear_kernel
 
     param = next(model.parameters())
     parts = [
         f"profile v{PROFILE_VERSION}",
-        "packed" if is_packed(model) else "dense",
+        linear_kernel(model),
         str(getattr(model.config, "_attn_implementation", "")),
         str(getattr(model.config, "_name_or_path", "")),
         json.dumps(model.config.to_diff_dict(), sort_keys=True, default=str),

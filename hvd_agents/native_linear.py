@@ -4,10 +4,12 @@ A verification forward multiplies a handful of rows (the last token plus a
 draft) by weights far larger than any cache, so its cost is reading the weights.
 PyTorch's CPU kernels read them once for one row (a matrix-vector product) but
 switch to matrix-matrix kernels for two rows or more, which on an AVX2 machine
-cost 1.3-2x a one-row product (SmolLM2-135M's layers, measured here: 43.5 ms for
-one row, 69.2 ms for two, 71.6 ms for eight). ``hvd::row_linear``
-(``native/row_linear.cpp``) streams each weight row once and multiplies it by
-every input row while it is in registers: 42.4, 43.8 and 69.7 ms for the same.
+cost far more than a one-row product. ``hvd::row_linear`` (``native/row_linear.cpp``)
+streams each weight row once and multiplies it by every input row while it is in
+registers. On SmolLM2-135M at 401 tokens of context (``hvd-agents bench-kernels``,
+2-core AMD EPYC), a forward of 1 + 1 tokens cost 85.5 ms with it, against 118.6 ms
+with PyTorch's layers and 125.5 ms with oneDNN's packed ones (one token: 67.7,
+63.2 and 85.6 ms).
 
 It also makes verification exact in a stronger sense: every output element is
 summed in the same order whatever the number of rows, so a token's logits are

@@ -100,13 +100,13 @@ def run_kernel_benchmark(
           f"x {rounds} rounds), greedy, max_new_tokens={max_new_tokens}")
     others = [kernel for kernel in kernels if kernel != "dense"]
     print(f"{'method':<8}" + "".join(f"{kernel + ' tok/s':>13}" for kernel in kernels)
-          + "".join(f"{k + '/dense':>14}{k + ' = dense':>14}" for k in others))
+          + "".join(f"{k + '/dense':>14}{k + ' = dense':>16}" for k in others))
     for method in ("ar", "hvd"):
         dense = tallies[("dense", method)]
         line = f"{method:<8}" + "".join(f"{tallies[(k, method)].tokens_per_s:>13.1f}" for k in kernels)
         for k in others:
             same = sum(a == b for a, b in zip(dense.outputs, tallies[(k, method)].outputs))
-            line += f"{tallies[(k, method)].tokens_per_s / dense.tokens_per_s:>13.2f}x{same:>9}/{runs:<4}"
+            line += f"{tallies[(k, method)].tokens_per_s / dense.tokens_per_s:>13.2f}x{f'{same}/{runs}':>16}"
         print(line)
     for kernel in kernels:
         same = sum(a == b for a, b in zip(tallies[(kernel, "ar")].outputs, tallies[(kernel, "hvd")].outputs))

@@ -198,6 +198,27 @@ def prepare_for_cpu(model: nn.Module, linear: str = "auto") -> int:
     return replaced
 
 
+def match_linear_kernel(module: nn.Module, target: nn.Module) -> int:
+    """Give a drafter ``module`` (e.g. a draft head) the row kernel when ``target`` runs on it; returns layers replaced.
+
+    Drafters run one token at a time, where the row kernel matches or beats
+    PyTorch's and oneDNN's packed layers were measured slower, so only ``row`` is
+    carried over. Float32 CPU modules only; anything else is left as it is.
+    """
+    if linear_kernel(target) != "row" or not can_pack(module):
+        return 0
+    from hvd_agents.native_linear import RowLinear
+
+    replaced = 0
+    with torch.no_grad():
+        for parent in list(module.modules()):
+            for name, child in list(parent.named_children()):
+                if type(child) is nn.Linear:
+                    setattr(parent, name, RowLinear(child))
+                    replaced += 1
+    return replaced
+
+
 def linear_kernel(model: nn.Module) -> str:
     """Which kernel holds ``model``'s linear layers: ``row``, ``packed`` or ``dense``."""
     from hvd_agents.native_linear import RowLinear

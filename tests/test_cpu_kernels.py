@@ -16,6 +16,7 @@ from hvd_agents.cpu_kernels import (
     can_pack,
     is_packed,
     linear_kernel,
+    match_linear_kernel,
     prepare_for_cpu,
     resolve_linear_kernel,
 )
@@ -64,6 +65,22 @@ def test_row_linear_gives_a_row_the_same_bits_alone_or_among_others() -> None:
     for i in range(x.shape[0]):
         assert torch.equal(layer(x[i : i + 1]), together[i : i + 1])
     assert torch.equal(layer(x[5:12]), together[5:12])
+
+
+@needs_avx2
+def test_row_linear_splits_work_across_threads_without_changing_a_bit() -> None:
+    torch.manual_seed(1)
+    layer = RowLinear(nn.Linear(576, 193))
+    x = torch.randn(5, 576)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = layer(x)
+        torch.set_num_threads(max(2, threads))
+        shared = layer(x)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(alone, shared)
 
 
 @needs_avx2
@@ -169,3 +186,18 @@ def test_engine_greedy_equality_on_a_prepared_model(byte_tokenizer, kernel: str)
         assert got.token_ids == reference
     pld = engine.generate(prompt, GenerationParams(max_new_tokens=40, method="pld", num_draft_tokens=8))
     assert pld.token_ids == reference
+
+
+@needs_avx2
+def test_a_drafter_takes_the_row_kernel_only_from_a_row_target() -> None:
+    torch.manual_seed(2)
+    head = nn.Sequential(nn.Linear(16, 32), nn.SiLU(), nn.Linear(32, 8))
+    x = torch.randn(3, 16)
+    want = head(x)
+    _, packed = _pair(kernel="packed") if torch.backends.mkldnn.is_available() else (None, None)
+    if packed is not None:
+        assert match_linear_kernel(head, packed) == 0 and linear_kernel(head) == "dense"
+    _, row = _pair(kernel="row")
+    assert match_linear_kernel(head, row) == 2 and linear_kernel(head) == "row"
+    torch.testing.assert_close(head(x), want, rtol=1e-5, atol=1e-5)
+    assert match_linear_kernel(nn.Linear(4, 4).double(), row) == 0

@@ -19,6 +19,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from hvd_agents.cpu_kernels import match_linear_kernel
 from hvd_agents.draft_head.model import DraftHead, DraftHeadConfig, target_signature
 from hvd_agents.errors import HVDError
 
@@ -73,6 +74,7 @@ def load_head(path: str | Path, target: nn.Module | None = None) -> DraftHead:
             head.attach(target)
         except ValueError as exc:
             raise DraftHeadError(f"{path}: {exc}") from exc
+        match_linear_kernel(head, target)
     return head
 
 

@@ -207,9 +207,14 @@ def profile_key(model: torch.nn.Module) -> str:
     from hvd_agents.cpu_kernels import linear_kernel
 
     param = next(model.parameters())
+    kernel = linear_kernel(model)
+    if kernel == "row":
+        from hvd_agents.native_linear import build_key
+
+        kernel = f"row {build_key()}"  # a rebuilt kernel may cost differently
     parts = [
         f"profile v{PROFILE_VERSION}",
-        linear_kernel(model),
+        kernel,
         str(getattr(model.config, "_attn_implementation", "")),
         str(getattr(model.config, "_name_or_path", "")),
         json.dumps(model.config.to_diff_dict(), sort_keys=True, default=str),

@@ -137,6 +137,24 @@ def can_pack(model: nn.Module) -> bool:
     return bool(params) and all(p.device.type == "cpu" and p.dtype == torch.float32 for p in params)
 
 
+def check_linear_kernel_name(name: str, source: str = "cpu_linear") -> None:
+    """Raise ValueError naming ``source`` unless ``name`` is one of :data:`LINEAR_KERNELS`."""
+    if name not in LINEAR_KERNELS:
+        raise ValueError(f"{source}={name!r} is not one of {', '.join(LINEAR_KERNELS)}")
+
+
+def _replace_linears(module: nn.Module, make) -> int:
+    """Replace every plain ``nn.Linear`` of ``module`` by ``make(layer)``, in place; returns how many."""
+    replaced = 0
+    with torch.no_grad():
+        for parent in list(module.modules()):
+            for name, child in list(parent.named_children()):
+                if type(child) is nn.Linear:
+                    setattr(parent, name, make(child))
+                    replaced += 1
+    return replaced
+
+
 def resolve_linear_kernel(linear: str = "auto") -> str:
     """The kernel ``linear`` names, with ``auto`` (and the environment override) resolved.
 
@@ -146,13 +164,11 @@ def resolve_linear_kernel(linear: str = "auto") -> str:
     """
     from hvd_agents import native_linear
 
+    check_linear_kernel_name(linear)
     chosen = linear
     if linear == "auto":
         chosen = os.environ.get(LINEAR_ENV, "").strip().lower() or "auto"
-        if chosen not in LINEAR_KERNELS:
-            raise ValueError(f"{LINEAR_ENV}={chosen!r} is not one of {', '.join(LINEAR_KERNELS)}")
-    elif linear not in LINEAR_KERNELS:
-        raise ValueError(f"cpu_linear={linear!r} is not one of {', '.join(LINEAR_KERNELS)}")
+        check_linear_kernel_name(chosen, source=LINEAR_ENV)
     if chosen == "auto":
         if native_linear.available():
             return "row"
@@ -175,8 +191,7 @@ def prepare_for_cpu(model: nn.Module, linear: str = "auto") -> int:
     Raises:
         ValueError: see :func:`resolve_linear_kernel`.
     """
-    if linear not in LINEAR_KERNELS:
-        raise ValueError(f"cpu_linear={linear!r} is not one of {', '.join(LINEAR_KERNELS)}")
+    check_linear_kernel_name(linear)
     if not can_pack(model):
         return 0
     kernel = resolve_linear_kernel(linear)
@@ -184,15 +199,10 @@ def prepare_for_cpu(model: nn.Module, linear: str = "auto") -> int:
 
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     replaced = 0
-    if kernel != "dense":
-        with torch.no_grad():
-            for parent in list(model.modules()):
-                for name, child in list(parent.named_children()):
-                    if type(child) is nn.Linear:
-                        layer = (RowLinear(child) if kernel == "row"
-                                 else PackedLinear(child, keep_dense=child is output))
-                        setattr(parent, name, layer)
-                        replaced += 1
+    if kernel == "row":
+        replaced = _replace_linears(model, RowLinear)
+    elif kernel == "packed":
+        replaced = _replace_linears(model, lambda layer: PackedLinear(layer, keep_dense=layer is output))
     gqa = _use_gqa_attention(model)
     logger.debug("%d linear layers on the %s kernel; grouped-query attention kernel: %s", replaced, kernel, gqa)
     return replaced
@@ -209,14 +219,7 @@ def match_linear_kernel(module: nn.Module, target: nn.Module) -> int:
         return 0
     from hvd_agents.native_linear import RowLinear
 
-    replaced = 0
-    with torch.no_grad():
-        for parent in list(module.modules()):
-            for name, child in list(parent.named_children()):
-                if type(child) is nn.Linear:
-                    setattr(parent, name, RowLinear(child))
-                    replaced += 1
-    return replaced
+    return _replace_linears(module, RowLinear)
 
 
 def linear_kernel(model: nn.Module) -> str:

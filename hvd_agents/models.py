@@ -43,7 +43,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from hvd_agents.errors import InvalidRequestError, ModelLoadError, ModelNotFoundError
-from hvd_agents.cpu_kernels import LINEAR_KERNELS, prepare_for_cpu
+from hvd_agents.cpu_kernels import check_linear_kernel_name, prepare_for_cpu
 
 logger = logging.getLogger(__name__)
 
@@ -413,8 +413,10 @@ def load_model(
         ModelLoadError: the model exists but cannot be loaded (e.g. unsupported architecture).
         InvalidRequestError: bad ``device``, ``dtype`` or ``cpu_linear``.
     """
-    if cpu_linear not in LINEAR_KERNELS:
-        raise InvalidRequestError(f"cpu_linear={cpu_linear!r} is not one of {', '.join(LINEAR_KERNELS)}")
+    try:
+        check_linear_kernel_name(cpu_linear)  # before the load, not after it
+    except ValueError as exc:
+        raise InvalidRequestError(str(exc)) from exc
     dev, default_dtype = resolve_device(device)
     dtype = _resolve_dtype(dtype, default_dtype)
     kind, location = _resolve_source(name)

@@ -77,8 +77,24 @@ def test_rate_estimate_moves_towards_observed_rate() -> None:
 def test_robust_fit_ignores_one_disturbed_timing() -> None:
     # 100 ms per step and 0.5 ms per draft token, but the d=8 timing was hit by other load
     profile = cost_module._robust_profile([0, 4, 8, 16, 32], [0.100, 0.102, 0.300, 0.108, 0.116], 512)
-    assert profile.verify(8) == pytest.approx(1.04) and profile.verify(32) == pytest.approx(1.16)
+    assert profile.verify(8) == pytest.approx(1.08)  # bounded by the longer draft's timing, not 3.0
+    assert profile.verify(4) == pytest.approx(1.02) and profile.verify(32) == pytest.approx(1.16)
     assert profile.per_token == pytest.approx(0.005)
+    assert all(b >= a for a, b in zip(profile.verify_curve(40), profile.verify_curve(40)[1:]))
+
+
+def test_profile_keeps_a_cheap_first_draft_token_and_a_kernel_step() -> None:
+    # a row-streaming kernel: the first draft tokens cost little, then about 6% of a step each,
+    # and past 32 rows the layers fall back to a matrix-matrix kernel (a jump); d=12 was disturbed
+    lengths = [0, 1, 2, 4, 8, 12, 16, 24, 32]
+    seconds = [0.049, 0.052, 0.055, 0.062, 0.070, 0.140, 0.095, 0.123, 0.192]
+    profile = cost_module._robust_profile(lengths, seconds, 512)
+    assert profile.verify(1) == pytest.approx(0.052 / 0.049)
+    assert profile.verify(8) == pytest.approx(0.070 / 0.049)
+    assert profile.verify(12) == pytest.approx(0.095 / 0.049)  # the disturbed timing is bounded by d=16's
+    assert profile.verify(32) == pytest.approx(0.192 / 0.049)  # the jump is kept
+    assert profile.verify(28) == pytest.approx((0.123 + 0.192) / 2 / 0.049)
+    assert profile.marginal(2)[0] < 0.1  # an affine fit through all points would charge the first token ~0.4
 
 
 def test_profile_keeps_the_jump_of_the_first_draft_token() -> None:

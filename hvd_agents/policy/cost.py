@@ -7,10 +7,16 @@ last one). ``CostModel.linear(c)`` is the ``1 + c * d`` model that trace replays
 ``draft_cost`` is what producing a draft costs per step (cache drafting is a
 dictionary lookup, about 0; a model drafter costs forwards of its own).
 
-:func:`measure_cost_model` times the target at a few draft lengths on a real
-context (the minimum over repeats, which is robust to other load on the
-machine) and fits an affine cost through the timings by Theil-Sen, which one
-disturbed timing cannot bend; :func:`cached_cost_model` keeps the result per
+:func:`measure_cost_model` times the target at draft lengths from 0 to 32 on a
+real context, in interleaved rounds, and keeps the minimum over rounds (other
+load on the machine only ever adds time); the curve runs through those timings,
+each lowered to the cheapest timing of any longer draft (a forward over more
+tokens never costs less, so one disturbed timing cannot raise the curve).
+No shape is assumed: a CPU's first draft token can cost far more than the next
+ones (a one-token forward runs matrix-vector kernels, a longer one
+matrix-matrix kernels), or about as little as the next ones (a row-streaming
+kernel), and the cost can jump where a kernel changes strategy at some number
+of rows. :func:`cached_cost_model` keeps the result per
 model, device, dtype, thread count and torch version under the cache
 directory, so it is measured once, at first use, per machine. A profile that breaks ``verify(d) <= 1 + d`` (timings
 disturbed by other load) is measured again; after a few failures the linear
@@ -38,8 +44,8 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-PROFILE_DRAFT_LENGTHS: tuple[int, ...] = (0, 1, 2, 4, 8, 16, 32)
-PROFILE_VERSION = 2  # part of the cache key: profiles measured by an older method are measured again
+PROFILE_DRAFT_LENGTHS: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+PROFILE_VERSION = 3  # part of the cache key: profiles measured by an older method are measured again
 PROFILE_CONTEXT = 512  # tokens of context the profile is measured at
 PROFILE_REPEATS = 5
 CURVE_CACHE = 257  # verify costs precomputed for drafts up to 256 tokens
@@ -145,6 +151,8 @@ def measure_cost_model(
     """Time one verification forward of ``1 + d`` tokens after ``context`` cached tokens, per ``d``."""
     from hvd_agents.engine.kv import new_cache, truncate
 
+    if 0 not in lengths:
+        raise ValueError("a cost profile needs a timing at 0 draft tokens")
     device = next(model.parameters()).device
     vocab = int(model.get_output_embeddings().weight.shape[0])
     window = int(getattr(model.config, "max_position_embeddings", context + max(lengths) + 1))
@@ -153,47 +161,50 @@ def measure_cost_model(
     ids = torch.randint(0, vocab, (1, context + max(lengths) + 1), generator=generator).to(device)  # [1, n]
     cache = new_cache(model.config)
     times = {d: float("inf") for d in lengths}
+    # every round visits the lengths in a new order, each after a plain step: the plain step, which every
+    # ratio divides by, is timed len(lengths) times per round, and no length always follows the same one
+    order = [d for d in lengths if d != 0]
     with torch.inference_mode():
         model(input_ids=ids[:, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
         for _ in range(repeats):
-            for d in lengths:
-                _sync(device)
-                start = time.perf_counter()
-                model(input_ids=ids[:, context : context + d + 1], past_key_values=cache, use_cache=True)
-                _sync(device)
-                times[d] = min(times[d], time.perf_counter() - start)
-                truncate(cache, context)
+            for i in torch.randperm(len(order), generator=generator).tolist():
+                for d in (0, order[i]):
+                    _sync(device)
+                    start = time.perf_counter()
+                    model(input_ids=ids[:, context : context + d + 1], past_key_values=cache, use_cache=True)
+                    _sync(device)
+                    times[d] = min(times[d], time.perf_counter() - start)
+                    truncate(cache, context)
     return _robust_profile(lengths, [times[d] for d in lengths], context)
 
 
 def _robust_profile(lengths: Sequence[int], seconds: Sequence[float], context: int) -> CostModel:
-    """The plain step as measured, and an affine fit ``t(d) = a + b * d`` over the drafted lengths
-    (``d >= 1``) by Theil-Sen (median of pairwise slopes, median intercept).
+    """The cost curve through the (minimum) timings ``seconds`` of forwards over ``1 + d`` tokens.
 
-    The first draft token can cost far more than the next ones: on a CPU, a
-    one-token forward runs matrix-vector kernels and a forward over two or more
-    tokens runs matrix-matrix kernels, which are slower per call at these sizes
-    (measured here: 56 ms for 1 token, 92 ms for 2, at 300 tokens of context).
-    So ``verify(0) = 1`` is the measured step and the fit does not pass through
-    it. The robust fit keeps one disturbed timing from bending the curve.
+    ``verify(0) = 1`` is the measured plain step. Each other point is the cheapest
+    timing at ``d`` or any longer draft, over the plain step (and at least 1): the
+    true cost never falls as ``d`` grows, so a timing above a longer draft's was
+    disturbed and is replaced by that bound, while the shape the kernels give
+    (a jump at the first draft token, steps where a kernel changes strategy) is kept.
     """
     xs = np.asarray(lengths, dtype=np.float64)
     ts = np.asarray(seconds, dtype=np.float64)
     if not (xs == 0).any():
         raise ValueError("a cost profile needs a timing at 0 draft tokens")
+    order = np.argsort(xs)
+    xs, ts = xs[order], ts[order]
     base = float(ts[xs == 0].min())
-    dx, dt = xs[xs >= 1], ts[xs >= 1]
+    drafted = xs >= 1
+    dx, dt = xs[drafted], ts[drafted]
     if len(dx) == 0:
         return CostModel(((0, 1.0),), source=f"measured at {context} tokens of context, {base * 1e3:.1f} ms per step")
-    slopes = [(dt[j] - dt[i]) / (dx[j] - dx[i]) for i in range(len(dx)) for j in range(i + 1, len(dx))]
-    slope = max(float(np.median(slopes)), 0.0) if slopes else 0.0
-    intercept = float(np.median(dt - slope * dx))
-    first, last = int(dx.min()), int(dx.max())
-    at_first = max(1.0, (intercept + slope * first) / base)
-    at_last = max(at_first, (intercept + slope * last) / base)
-    points = ((0, 1.0), (first, at_first)) if last == first else ((0, 1.0), (first, at_first), (last, at_last))
-    return CostModel(points, source=f"measured at {context} tokens of context, {base * 1e3:.1f} ms per step, "
-                                    f"first draft token {at_first - 1.0:.3f}, then {slope / base:.4f} per draft token")
+    bound = np.minimum.accumulate(dt[::-1])[::-1]  # cheapest timing at d or beyond
+    costs = np.maximum(bound / base, 1.0)
+    points = ((0, 1.0), *((int(d), float(c)) for d, c in zip(dx, costs)))
+    at = {d: c for d, c in points}
+    summary = ", ".join(f"d={d} {at[d]:.2f}" for d in (1, 4, 8, 16, 32) if d in at)
+    return CostModel(points, source=f"measured at {context} tokens of context, {base * 1e3:.1f} ms per step; "
+                                    f"verify cost in steps: {summary}")
 
 
 def _sync(device: torch.device) -> None:

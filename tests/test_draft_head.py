@@ -21,6 +21,7 @@ from hvd_agents.draft_head.model import init_weights, target_signature
 from hvd_agents.draft_head.train import TrainConfig, evaluate, train_head, ttt_forward
 from hvd_agents.draft_head.weights import shipped_head_for
 from hvd_agents.drafters import DraftContext, DraftHeadDrafter, DraftModelDrafter, HybridDrafter, SuffixDrafter
+from hvd_agents.drafters.model_draft import draft_loop
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.policy import CostModel
 from tests.test_engine_lossless import SMALL_VOCAB, assert_samples_follow, exact_two_token_distribution
@@ -249,6 +250,25 @@ def test_min_survival_stops_model_drafts_early(target) -> None:
     assert full.main_length == 8 and cut.main_length < 8
     assert full.token_ids[: cut.main_length] == cut.token_ids[: cut.main_length]
     assert cut.score >= 0.999 and full.features["model_survival"] <= cut.score
+
+
+def test_draft_loop_skips_the_forward_it_could_not_use() -> None:
+    # every distribution puts 0.6 on token 2: survival 0.6, then 0.36, then 0.216 < 0.3, so two tokens;
+    # after the second, 0.36 * 0.6 < 0.3: no third forward is run just to learn that
+    logits = torch.log(torch.tensor([0.1, 0.1, 0.6, 0.1, 0.1]))
+    calls = []
+
+    def advance(token: int) -> torch.Tensor:
+        calls.append(token)
+        return logits
+
+    draft = draft_loop(logits, advance, 8, temperature=0.0, generator=None, min_survival=0.3, to_target=None,
+                       target_vocab=5, source="test", alternatives=0)
+    assert draft.token_ids == (2, 2) and calls == [2]
+    assert draft.score == pytest.approx(0.36)
+    longer = draft_loop(logits, advance, 8, temperature=0.0, generator=None, min_survival=0.2, to_target=None,
+                        target_vocab=5, source="test", alternatives=0)
+    assert longer.token_ids == (2, 2, 2) and len(calls) == 1 + 2
 
 
 def test_head_file_round_trip_and_errors(target, tmp_path) -> None:

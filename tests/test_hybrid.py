@@ -200,6 +200,31 @@ def test_model_draft_where_the_cache_has_nothing_and_not_where_it_is_confident()
     assert model.proposed == 1  # the model drafter was not even run
 
 
+class ThresholdRecordingDrafter(CountingModelDrafter):
+    """Records the ``min_survival`` the hybrid policy asks a model draft to stop at."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.min_survival: list[float] = []
+
+    def propose(self, ctx: DraftContext, k: int, min_survival: float | None = None) -> Draft:
+        self.min_survival.append(min_survival)
+        return super().propose(ctx, k)
+
+
+def test_model_draft_continues_while_a_further_token_pays_for_itself() -> None:
+    # the first draft token costs 0.4 of a step to verify, each further one 0.05, drafting 0.1 per token:
+    # whether to draft at all is the value comparison; the draft continues while S > R * (0.05 + 0.1)
+    model = ThresholdRecordingDrafter()
+    model.acceptance_prior = 0.9
+    cost = CostModel(((0, 1.0), (1, 1.4), (9, 1.8)))
+    drafter = HybridDrafter(SuffixDrafter(None), constant_predictor(6.0), cost, model=model,
+                            model_cost=cost.with_drafting(0.1))
+    draft = drafter.propose(start(drafter, [1, 2, 3, 4]), 4)
+    assert draft.source == "model"
+    assert model.min_survival == [pytest.approx(drafter.rate.rate * 0.15)]
+
+
 def test_model_rejections_make_the_model_drafter_give_way() -> None:
     model = CountingModelDrafter()
     drafter = HybridDrafter(SuffixDrafter(None), constant_predictor(6.0), CostModel.linear(0.3), model=model)

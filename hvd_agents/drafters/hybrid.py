@@ -196,7 +196,9 @@ class HybridDrafter:
         model_choice = self._model_choice(state, k, rate)
         if model_choice is not None and model_choice.value > best.value:
             model_cost = self.model_cost()
-            min_survival = rate * float(model_cost.marginal(1)[0])  # a token is worth its cost iff S > R * marginal
+            # a further token is worth its cost iff S > R * marginal (whether to draft at all was decided above,
+            # so the first token's dearer share of the cost is not charged to the tokens after it)
+            min_survival = rate * float(model_cost.marginal(2)[-1])
             if self._takes_min_survival:
                 proposed = self.model.propose(ctx, model_choice.length, min_survival=min_survival)
             else:

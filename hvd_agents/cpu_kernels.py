@@ -48,6 +48,12 @@ LINEAR_KERNELS = ("auto", "row", "packed", "dense")
 LINEAR_ENV = "HVD_AGENTS_CPU_LINEAR"
 
 
+def require_float32_cpu(tensor: torch.Tensor, owner: str, what: str) -> None:
+    """Raise ``ValueError`` naming ``owner`` unless ``tensor`` is float32 on the CPU (what the CPU kernels compute)."""
+    if tensor.dtype != torch.float32 or tensor.device.type != "cpu":
+        raise ValueError(f"{owner} takes float32 CPU {what}, not {tensor.dtype} on {tensor.device}")
+
+
 class PackedLinear(nn.Module):
     """``y = x W^T + b`` with ``W`` held in oneDNN's packed layout (float32, CPU, inference only).
 
@@ -59,8 +65,7 @@ class PackedLinear(nn.Module):
     def __init__(self, linear: nn.Linear, *, keep_dense: bool = False) -> None:
         super().__init__()
         weight = linear.weight.detach()
-        if weight.dtype != torch.float32 or weight.device.type != "cpu":
-            raise ValueError(f"PackedLinear takes float32 CPU weights, not {weight.dtype} on {weight.device}")
+        require_float32_cpu(weight, "PackedLinear", "weights")
         self.in_features = linear.in_features
         self.out_features = linear.out_features
         self.weight = linear.weight if keep_dense else None
@@ -69,8 +74,7 @@ class PackedLinear(nn.Module):
         self._packed_bias = None if linear.bias is None else linear.bias.detach().contiguous().to_mkldnn()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != torch.float32 or x.device.type != "cpu":
-            raise ValueError(f"PackedLinear takes float32 CPU inputs, not {x.dtype} on {x.device}")
+        require_float32_cpu(x, "PackedLinear", "inputs")
         out = torch._C._nn.mkldnn_linear(x.contiguous().to_mkldnn(), self._packed, self._packed_bias)
         return out.to_dense()
 

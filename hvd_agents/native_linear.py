@@ -37,6 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hvd_agents.cpu_kernels import require_float32_cpu
+
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native") / "row_linear.cpp"
@@ -121,8 +123,7 @@ class RowLinear(nn.Module):
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         weight = linear.weight
-        if weight.dtype != torch.float32 or weight.device.type != "cpu":
-            raise ValueError(f"RowLinear takes float32 CPU weights, not {weight.dtype} on {weight.device}")
+        require_float32_cpu(weight, "RowLinear", "weights")
         if not available():
             raise RuntimeError(f"the row-streaming kernel is unavailable: {unavailable_reason()}")
         self.in_features = linear.in_features
@@ -133,8 +134,7 @@ class RowLinear(nn.Module):
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != torch.float32 or x.device.type != "cpu":
-            raise ValueError(f"RowLinear takes float32 CPU inputs, not {x.dtype} on {x.device}")
+        require_float32_cpu(x, "RowLinear", "inputs")
         if x.numel() > MAX_ROWS * self.in_features:
             return F.linear(x, self.weight, self.bias)
         return torch.ops.hvd.row_linear(x, self.weight, self.bias)

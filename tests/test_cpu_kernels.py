@@ -83,12 +83,17 @@ def test_row_linear_splits_work_across_threads_without_changing_a_bit() -> None:
     assert torch.equal(alone, shared)
 
 
+@pytest.mark.parametrize("layer", [pytest.param(RowLinear, marks=needs_avx2, id="row"),
+                                   pytest.param(PackedLinear, marks=needs_onednn, id="packed")])
+def test_cpu_linear_layers_refuse_other_dtypes(layer) -> None:
+    with pytest.raises(ValueError, match=f"{layer.__name__} takes float32 CPU weights"):
+        layer(nn.Linear(4, 4).double())
+    with pytest.raises(ValueError, match=f"{layer.__name__} takes float32 CPU inputs"):
+        layer(nn.Linear(8, 4))(torch.zeros(1, 8, dtype=torch.float64))
+
+
 @needs_avx2
-def test_row_linear_refuses_what_it_cannot_compute() -> None:
-    with pytest.raises(ValueError, match="float32 CPU weights"):
-        RowLinear(nn.Linear(4, 4).double())
-    with pytest.raises(ValueError, match="float32 CPU inputs"):
-        RowLinear(nn.Linear(8, 4))(torch.zeros(1, 8, dtype=torch.float64))
+def test_row_linear_refuses_mismatched_shapes() -> None:
     with pytest.raises(RuntimeError, match="last dimension"):
         torch.ops.hvd.row_linear(torch.zeros(2, 7), torch.zeros(4, 8), None)
 
@@ -132,14 +137,6 @@ def test_packed_linear_computes_the_linear_layer(rows: int, bias: bool) -> None:
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     assert PackedLinear(linear).weight is None
     assert PackedLinear(linear, keep_dense=True).weight is linear.weight
-
-
-@needs_onednn
-def test_packed_linear_refuses_other_dtypes() -> None:
-    with pytest.raises(ValueError, match="float32 CPU weights"):
-        PackedLinear(nn.Linear(4, 4).double())
-    with pytest.raises(ValueError, match="float32 CPU inputs"):
-        PackedLinear(nn.Linear(4, 4))(torch.zeros(1, 4, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

@@ -172,8 +172,10 @@ class RecordingHeadDrafter(DraftHeadDrafter):
         super().__init__(head)
         self.seen: list[tuple[int, torch.Tensor, list[int]]] = []
         self.fed: list[int] = []
+        self.pending_before: list[int] = []
 
     def propose(self, ctx: DraftContext, k: int, min_survival: float | None = None):
+        self.pending_before.append(self.pending(ctx))
         before = len(self.cache)
         draft = super().propose(ctx, k, min_survival)
         self.fed.append(len(self.cache) - before)
@@ -193,10 +195,12 @@ def test_engine_hands_over_the_targets_hidden_states(target) -> None:
         full = target(input_ids=torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states[-1][0]
     assert torch.allclose(hidden, full, atol=1e-8)
     assert all(fed >= 1 for fed in drafter.fed)  # each step ingests the newly verified indices
+    assert drafter.pending_before == drafter.fed  # and says beforehand how many (what the hvd policy charges)
     # the next turn extends the conversation: the engine reuses its prefix KV (no hidden states there)
     # and the head keeps its own entries for the shared prefix, ingesting only the new ones
     drafter.seen.clear()
     drafter.fed.clear()
+    drafter.pending_before.clear()
     cached_before = len(drafter.cache)
     extended = prompt + list(first.token_ids) + [5, 6]
     second = engine.generate(extended, GenerationParams(max_new_tokens=6, method="rec", num_draft_tokens=3))
@@ -205,6 +209,7 @@ def test_engine_hands_over_the_targets_hidden_states(target) -> None:
     # entries kept: the shared prefix up to the head's last verified index; it then ingests from the first
     # position it has neither an entry nor a reused KV for (the last step of the first request never reached it)
     assert drafter.fed[0] == len(extended) - 1 - max(cached_before, start) < len(extended) - 1
+    assert drafter.pending_before == drafter.fed
     ref = Engine(target, eos_token_ids=(), prefix_cache_bytes=0).generate(
         extended, GenerationParams(max_new_tokens=6, method="ar"))
     assert second.token_ids == ref.token_ids
@@ -269,6 +274,18 @@ def test_draft_loop_skips_the_forward_it_could_not_use() -> None:
     longer = draft_loop(logits, advance, 8, temperature=0.0, generator=None, min_survival=0.2, to_target=None,
                         target_vocab=5, source="test", alternatives=0)
     assert longer.token_ids == (2, 2, 2) and len(calls) == 1 + 2
+
+
+def test_ingesting_indices_at_once_gives_the_last_ones_logits(target) -> None:
+    head = random_head(target)
+    features = torch.randn(5, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    tokens = torch.tensor([1, 2, 3, 4, 5])
+    _, at_once = head.step(features, tokens, list(range(5)), HeadCache())
+    cache = HeadCache()
+    for t in range(5):
+        _, one = head.step(features[t : t + 1], tokens[t : t + 1], [t], cache)
+    assert at_once.shape == head.draft_vocab.shape  # [V']: only the last index's logits are computed
+    assert torch.allclose(at_once, one, atol=1e-9)
 
 
 def test_head_file_round_trip_and_errors(target, tmp_path) -> None:

@@ -286,3 +286,101 @@ def test_hvd_without_branches_drafts_chains() -> None:
     drafter = HybridDrafter(SuffixDrafter(None), constant_predictor(0.0), CostModel.linear(0.01), branches=0)
     drafter.alternative_rate = 0.9
     assert not drafter.propose(start(drafter, prompt), 10).is_tree
+
+
+class FakeClock:
+    """Stands in for ``time`` in the hybrid module: time moves only when the test says so."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def test_hvd_calibrates_a_measured_profile_to_the_engine_step_timings(monkeypatch) -> None:
+    from hvd_agents.drafters import hybrid
+
+    clock = FakeClock()
+    monkeypatch.setattr(hybrid, "time", clock)
+    profile = CostModel(((0, 1.0), (1, 1.5), (16, 2.0)))
+    measured = HybridDrafter(SuffixDrafter(None), constant_predictor(6.0), lambda: profile, branches=0)
+    given = HybridDrafter(SuffixDrafter(None), constant_predictor(6.0), profile, branches=0)
+    assert measured.calibrate and not given.calibrate
+    cycle = [1, 2, 3, 4, 5, 6]
+    for drafter in (measured, given):
+        ctx = start(drafter, cycle + [1])
+        fresh = 1000
+        for _ in range(120):
+            draft = drafter.propose(ctx, 4)
+            # the engine's step: 0.1 s, plus 0.4 of what the profile says the draft adds
+            clock.now += 0.1 * (1.0 + 0.4 * (profile.verify(len(draft)) - 1.0))
+            if draft.token_ids:  # the cycle continues: all accepted, then a token nobody has seen
+                emitted = draft.token_ids + (fresh,)
+                fresh += 1
+            else:  # after a fresh token the cycle starts again
+                emitted = (1,)
+            drafter.observe(Outcome("r", draft, len(draft), emitted))
+            ctx.token_ids.extend(emitted)
+        assert drafter.calibration.plain_s == pytest.approx(0.1)
+    assert measured.calibration.steps > 30
+    assert measured.calibration.alpha == pytest.approx(0.4, abs=0.03)
+    assert measured.cost.verify(1) == pytest.approx(1.0 + measured.calibration.alpha * 0.5, abs=0.01)
+    assert given.cost is profile  # a given cost model is taken as is
+
+
+class TimedModelDrafter(CountingModelDrafter):
+    """A model drafter whose drafts take ``seconds[i]`` of the fake clock."""
+
+    def __init__(self, clock: FakeClock, seconds: list[float]) -> None:
+        super().__init__()
+        self.clock, self.seconds = clock, seconds
+
+    def propose(self, ctx: DraftContext, k: int) -> Draft:
+        self.clock.now += self.seconds[self.proposed]
+        return super().propose(ctx, k)
+
+
+def test_model_drafting_is_timed_only_once_the_drafter_is_caught_up(monkeypatch) -> None:
+    # the first draft of a request ingests the whole prompt (1 s here): charging that to its 4 tokens would
+    # price the drafter out; the next draft, right after a model step, is its cost per token
+    from hvd_agents.drafters import hybrid
+
+    clock = FakeClock()
+    monkeypatch.setattr(hybrid, "time", clock)
+    model = TimedModelDrafter(clock, [1.0, 0.02, 0.02])
+    model.acceptance_prior = 0.9
+    profile = CostModel.linear(0.02)
+    drafter = HybridDrafter(SuffixDrafter(None), constant_predictor(6.0), profile, model=model)
+    ctx = start(drafter, [1, 2, 3, 4])
+    for step in range(2):
+        draft = drafter.propose(ctx, 4)
+        assert draft.source == "model"
+        clock.now += 0.1 * profile.verify(4)  # the target's step
+        drafter.observe(Outcome("r", draft, 4, (7, 7, 7, 7, 60 + step)))
+        ctx.token_ids.extend((7, 7, 7, 7, 60 + step))
+        if step == 0:
+            assert drafter.model_cost().verify(4) == pytest.approx(profile.verify(4) + 4 * 0.1)  # still the prior
+    drafter.propose(ctx, 4)  # times the step before it, then drafts
+    # 0.02 s for 4 tokens against 0.1 s plain steps: 0.05 of a step per drafted token
+    assert drafter.model_cost().verify(4) == pytest.approx(profile.verify(4) + 4 * 0.05, abs=1e-3)
+
+
+class CaughtUpModelDrafter(CountingModelDrafter):
+    """Says it has nothing to ingest (a draft head that kept its entries from an earlier request)."""
+
+    def pending(self, ctx: DraftContext) -> int:
+        return 0
+
+
+@pytest.mark.parametrize(("drafter_class", "length", "drafts"), [
+    (CountingModelDrafter, 8, True),
+    (CountingModelDrafter, 3000, False),  # ingesting 3,000 tokens first costs more than a draft can gain
+    (CaughtUpModelDrafter, 3000, True),  # ... unless the drafter has them already
+])
+def test_model_drafter_is_charged_for_the_context_it_must_catch_up_on(drafter_class, length, drafts) -> None:
+    model = drafter_class()
+    model.acceptance_prior = 0.6
+    drafter = HybridDrafter(SuffixDrafter(None), constant_predictor(6.0), CostModel.linear(0.02), model=model)
+    draft = drafter.propose(start(drafter, list(range(100, 100 + length))), 4)  # no repeat: no cache draft
+    assert (draft.source == "model") is drafts and model.proposed == int(drafts)

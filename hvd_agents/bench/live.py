@@ -32,6 +32,7 @@ from hvd_agents.conversation import prepare
 from hvd_agents.drafters import CacheStore
 from hvd_agents.engine import Engine, GenerationParams
 from hvd_agents.engine.shared import shared_engine
+from hvd_agents.engine.stats import SourceStats
 
 logger = logging.getLogger(__name__)
 
@@ -88,10 +89,17 @@ def _engine_runner(engine: Engine, params: GenerationParams) -> Runner:
     return run
 
 
-def _cache_runner(engine: Engine, params: GenerationParams, *, model_drafter: bool = True) -> Runner:
+def _cache_runner(
+    engine: Engine,
+    params: GenerationParams,
+    *,
+    model_drafter: bool = True,
+    sources: dict[str, SourceStats] | None = None,
+) -> Runner:
     """A cache method with the prompt's structure registered in a FRESH store (and drafter) per
     run, so no run can copy an earlier run's output of the same prompt; ``model_drafter=False``
-    leaves the engine's model drafter out."""
+    leaves the engine's model drafter out. ``sources`` adds up the runs' steps by draft source
+    (``"suffix"``, ``"head"``, ``"none"``, ...)."""
     cost = engine.cost_model()
 
     def run(item: _Item) -> tuple[int, ...]:
@@ -100,7 +108,14 @@ def _cache_runner(engine: Engine, params: GenerationParams, *, model_drafter: bo
                        draft_model=engine.draft_model if model_drafter else None,
                        draft_head=engine.draft_head if model_drafter else None)
         structure = prepare(fresh, item.prompt.messages, item.prompt.tools)
-        return fresh.generate(structure.prompt_ids, params, structure=structure).token_ids
+        result = fresh.generate(structure.prompt_ids, params, structure=structure)
+        if sources is not None:
+            for name, per in result.stats.per_source.items():
+                total = sources.setdefault(name.split(":")[0], SourceStats())
+                total.steps += per.steps
+                total.drafted += per.drafted
+                total.accepted += per.accepted
+        return result.token_ids
 
     return run
 

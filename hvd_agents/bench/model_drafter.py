@@ -13,7 +13,8 @@ policy over the cache drafter only) and ``hvd`` (payoff-guided choice between
 both drafters); "best single" is the best of the three single-drafter arms. The cache arms start from a fresh store per run (no copying an earlier
 run's answer). Reported, per workload and for the two together (mixed): tokens
 per second of each arm and the ratios; for ``model``: mean accepted tokens per
-model draft and the drafter's time per step as a fraction of a target step.
+model draft and the drafter's time per step as a fraction of a target step;
+for ``hvd``: its steps by draft source (which drafter it chose, how often).
 Runs are interleaved prompt by prompt with the arm order alternating per round;
 outputs must match ``ar`` token for token.
 """
@@ -31,6 +32,7 @@ from hvd_agents.chat import encode_prompt
 from hvd_agents.drafters import DraftContext, Drafter, Outcome
 from hvd_agents.engine import GenerationParams
 from hvd_agents.engine.shared import shared_engine
+from hvd_agents.engine.stats import SourceStats
 from hvd_agents.errors import HVDError
 
 logger = logging.getLogger(__name__)
@@ -98,6 +100,7 @@ def run_model_benchmark(
         "agent": [_Item(p, encode_prompt(engine.tokenizer, p.messages, p.tools)) for p in agent_prompts()],
     }
     figures = ModelFigures()
+    hvd_sources: dict[str, SourceStats] = {}
 
     def run_model(item: _Item) -> tuple[int, ...]:
         params = GenerationParams(max_new_tokens=max_new_tokens, reuse_prefix=False, method="model-timed",
@@ -119,11 +122,13 @@ def run_model_benchmark(
                                                             method="hvd-cache", num_draft_tokens=10)),
         "hvd-no-model": _cache_runner(engine, GenerationParams(max_new_tokens=max_new_tokens, reuse_prefix=False,
                                                                method="hvd"), model_drafter=False),
-        "hvd": _cache_runner(engine, GenerationParams(max_new_tokens=max_new_tokens, reuse_prefix=False, method="hvd")),
+        "hvd": _cache_runner(engine, GenerationParams(max_new_tokens=max_new_tokens, reuse_prefix=False, method="hvd"),
+                             sources=hvd_sources),
     }
     for run in runners.values():  # warm-up
         run(workloads["chat"][0])
     figures.__init__()
+    hvd_sources.clear()
     timed.seconds, timed.calls = 0.0, 0
     tallies = {w: {arm: Tally() for arm in ARMS} for w in workloads}
     for round_index in range(rounds):
@@ -133,7 +138,7 @@ def run_model_benchmark(
                 logger.info("round %d, %s prompt %d/%d", round_index + 1, workload, i + 1, len(items))
                 for arm in order:
                     _timed(runners[arm], item, tallies[workload][arm])
-    _print(tallies, figures, timed, inner, max_new_tokens, k, engine.device)
+    _print(tallies, figures, timed, inner, max_new_tokens, k, engine.device, hvd_sources)
     return tallies
 
 
@@ -146,7 +151,8 @@ def _merge(tallies: Sequence[Tally]) -> Tally:
     return merged
 
 
-def _print(tallies, figures: ModelFigures, timed: TimedDrafter, inner, max_new_tokens: int, k: int, device) -> None:
+def _print(tallies, figures: ModelFigures, timed: TimedDrafter, inner, max_new_tokens: int, k: int, device,
+           hvd_sources: dict[str, SourceStats]) -> None:
     source = getattr(inner, "source", type(inner).__name__)
     print(f"model drafter: {source}; greedy, max_new_tokens={max_new_tokens}, model k={k}, hvd k=32, device={device}")
     rows = dict(tallies)
@@ -167,3 +173,6 @@ def _print(tallies, figures: ModelFigures, timed: TimedDrafter, inner, max_new_t
     print(f"model drafts: {figures.drafts} drafts, {figures.accepted_per_draft:.2f} accepted tokens per draft "
           f"({figures.accepted}/{figures.drafted} drafted tokens), {figures.steps} steps; drafting "
           f"{draft_step * 1e3:.1f} ms per step = {draft_step / target_step:.2f} of a target step ({target_step * 1e3:.1f} ms)")
+    parts = [f"{name} {per.steps}" + (f" ({per.accepted}/{per.drafted} drafted tokens accepted)" if per.drafted else "")
+             for name, per in sorted(hvd_sources.items())]
+    print(f"hvd steps by draft source: {', '.join(parts)}, of {sum(per.steps for per in hvd_sources.values())}")

@@ -220,7 +220,9 @@ class DraftHead(nn.Module):
             cache: the sequence's cache (entries attend to all earlier ones).
 
         Returns:
-            predicted features ``[n, d]`` and draft-vocabulary logits ``[n, V']``.
+            predicted features ``[n, d]`` and the draft-vocabulary logits ``[V']`` of the last index
+            (the only ones drafting reads: ingesting many verified indices at once does not pay the
+            LM projection for each).
         """
         if self.embed is None:
             raise RuntimeError("attach(target) the draft head before using it")
@@ -236,7 +238,7 @@ class DraftHead(nn.Module):
             mask = torch.ones(n, old + n, dtype=torch.bool, device=x.device).tril(old)  # new i sees <= old + i
             attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
         predicted = self.finish(x, attended)
-        return predicted, self.logits(predicted)
+        return predicted, self.logits(predicted[-1])
 
     @property
     def acceptance_prior(self) -> float | None:

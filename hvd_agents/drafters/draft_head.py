@@ -59,17 +59,27 @@ class DraftHeadDrafter:
         del req_id, prompt_ids, structure
         self._fresh = True
 
+    def _catch_up(self, ctx: DraftContext) -> tuple[int, int, int]:
+        """``(shared, kept, first)``: tokens shared with what the cache was built from, the cache
+        entries still valid, and the first index to ingest."""
+        shared = common_prefix(self._tokens, ctx.token_ids) if self._fresh else len(self._tokens)
+        kept = bisect.bisect_left(self.cache.positions, shared - 1)  # entries t <= shared - 2 stay valid
+        first = max(self.cache.positions[kept - 1] + 1 if kept else 0, ctx.hidden_start)
+        return shared, kept, first
+
+    def pending(self, ctx: DraftContext) -> int:
+        """Context indices the next ``propose`` would ingest before drafting (what catching up costs)."""
+        return max(len(ctx.token_ids) - 1 - self._catch_up(ctx)[2], 0)
+
     def propose(self, ctx: DraftContext, k: int, min_survival: float | None = None) -> Draft:
         hidden = ctx.hidden_states
         tokens = ctx.token_ids
         n = len(tokens) - 1  # verified indices are t <= n - 1 (x_n has no hidden state yet)
         if hidden is None or k <= 0 or n < 1:
             return Draft()
-        shared = common_prefix(self._tokens, tokens) if self._fresh else len(self._tokens)
+        shared, kept, first = self._catch_up(ctx)
         self._fresh = False
-        kept = bisect.bisect_left(self.cache.positions, shared - 1)  # entries t <= shared - 2 stay valid
         self.cache.crop(kept)
-        first = max(self.cache.positions[-1] + 1 if kept else 0, ctx.hidden_start)
         if first > n - 1:  # nothing new: run the last verified entry again for its output
             if not kept or self.cache.positions[-1] != n - 1:
                 return Draft()
@@ -93,11 +103,11 @@ class DraftHeadDrafter:
                 state["feature"], torch.tensor([token], device=device), [state["position"]], self.cache
             )
             state["feature"], state["position"] = feature, state["position"] + 1
-            return step_logits[0]
+            return step_logits
 
         try:
             return draft_loop(
-                logits[-1],
+                logits,
                 advance,
                 k,
                 temperature=ctx.temperature,

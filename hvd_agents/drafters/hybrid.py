@@ -28,7 +28,10 @@ expected tokens are one plus the sum of its tokens' survivals.
 Observation feeds everything back: the cache drafter indexes the new tokens (and
 learns from its own draft's outcome only when that draft was used), the
 predictor takes an online step for the session, the rate estimate ``R`` moves,
-and the model drafter sees every outcome (it must follow the context).
+and the model drafter sees every outcome (it must follow the context). Each
+step is also timed: a measured profile is calibrated to what the engine's steps
+cost (:mod:`hvd_agents.policy.calibration`), and a model drafter's tokens are
+priced in the engine's plain steps.
 
 Worked example (cost ``1 + 0.02 d``, ``R = 5``): a draft copied from an earlier
 tool call with ``S = [0.97, 0.95, 0.9, 0.3, 0.08]`` keeps tokens while
@@ -49,6 +52,7 @@ import numpy as np
 
 from hvd_agents.drafters.base import Draft, DraftContext, Drafter, Outcome
 from hvd_agents.drafters.suffix import Alternative, SuffixDrafter
+from hvd_agents.policy.calibration import StepCalibration
 from hvd_agents.policy.cost import CostModel
 from hvd_agents.policy.payoff import PayoffPredictor
 from hvd_agents.policy.selection import Choice, RateEstimate, best_length, no_draft
@@ -56,11 +60,12 @@ from hvd_agents.structure import PromptStructure
 
 MODEL_PRIOR_ACCEPTANCE = 0.5  # per-token acceptance assumed for a model drafter before any outcome
 MODEL_RATE_EMA = 0.2
-# A drafted token's cost in target steps before it is timed. The first model draft of a request also
-# ingests the context verified since the drafter last ran: the draft head measured about 0.2 of a
-# target step per drafted token there (0.1 once it drafts every step); a lower prior lets hvd spend
-# drafts where they do not pay before the timing corrects it.
-MODEL_PRIOR_TOKEN_COST = 0.2
+# A drafted token's cost in the engine's plain steps before it is timed: about one drafter forward per
+# drafted token, which for the shipped draft head measured 0.08-0.2 of a plain step on a 2-core CPU.
+MODEL_PRIOR_TOKEN_COST = 0.1
+# What the model drafter's catching up on one context token costs before it is timed, in plain steps: the
+# shipped draft head ingests 600 tokens in about one target step on a 2-core CPU.
+MODEL_PRIOR_INGEST_COST = 0.002
 BRANCHES = 8  # alternative continuations a cache draft may grow into a tree
 ALTERNATIVE_PRIOR = 0.1  # P(an alternative is the target's choice | the main token was rejected there)
 ALTERNATIVE_EMA = 0.05
@@ -75,6 +80,7 @@ class _Step:
     features: dict[str, float] = field(default_factory=dict)
     main: int = 0  # tokens of the cache draft's main branch
     cost: float = 1.0
+    verified: int = 0  # draft tokens the target verifies (a tree's nodes included)
     started: float = 0.0  # perf_counter at propose
     draft_s: float = 0.0  # time the model drafter took
 
@@ -85,6 +91,8 @@ class _RequestState:
     model_acceptance: float = MODEL_PRIOR_ACCEPTANCE
     target: dict[str, float] = field(default_factory=dict)
     step: _Step = field(default_factory=_Step)
+    model_drafted: bool = False  # the previous step was a model draft (so the drafter is caught up)
+    model_seen: int = 0  # context tokens when the model drafter last drafted (it has ingested them)
 
 
 class HybridDrafter:
@@ -98,11 +106,20 @@ class HybridDrafter:
         model: an optional model drafter (its drafts carry their probabilities q).
         model_cost: the cost of a step with a model draft, drafting included;
             when None it is ``cost`` plus the model drafter's cost per drafted
-            token, timed online against the target's steps (starting from the
-            drafter's ``cost_prior`` attribute, else 0.2 target steps). Its
-            acceptance starts from the drafter's ``acceptance_prior`` attribute
-            when it has one (else 0.5) and is learned from its outcomes.
+            token, timed online against the engine's plain steps (starting from the
+            drafter's ``cost_prior`` attribute, else :data:`MODEL_PRIOR_TOKEN_COST`;
+            a draft is timed only when the drafter drafted at the step before, so
+            catching up on the context since it last ran is not charged to its
+            tokens). Its acceptance starts from the drafter's ``acceptance_prior``
+            attribute when it has one (else 0.5) and is learned from its outcomes.
+            The context the drafter must ingest before drafting (its ``pending(ctx)``
+            when it has one, else the tokens since it last drafted) is charged to the
+            step that drafts, per token timed online from catch-up drafts (starting
+            from its ``ingest_cost_prior``, else :data:`MODEL_PRIOR_INGEST_COST`).
         branches: most alternative continuations a cache draft grows (0: chains only).
+        calibrate: scale ``cost`` to what the engine's steps are timed to cost
+            (:mod:`hvd_agents.policy.calibration`); by default only when ``cost`` is
+            a callable (a profile measured on first use), not for a given CostModel.
 
     When a model drafter's ``propose`` takes ``min_survival`` (the project's
     model drafters do), it is told to stop drafting once its own estimate that
@@ -119,12 +136,18 @@ class HybridDrafter:
         model: Drafter | None = None,
         model_cost: CostModel | Callable[[], CostModel] | None = None,
         branches: int = BRANCHES,
+        calibrate: bool | None = None,
     ) -> None:
         self.cache = cache
         self.branches = branches
         self.alternative_rate = ALTERNATIVE_PRIOR
         self.predictor = predictor if predictor is not None else PayoffPredictor()
         self._cost = cost if cost is not None else CostModel.linear(0.02)
+        # a profile measured on this machine is calibrated against the engine's step timings; a cost given as a
+        # CostModel (trace replays, where no step is a forward) is taken as is
+        self.calibrate = callable(cost) and not isinstance(cost, CostModel) if calibrate is None else calibrate
+        self.calibration = StepCalibration()
+        self._calibrated: tuple[float, CostModel] | None = None  # (alpha, the profile scaled by it)
         self.model = model
         self._model_cost = model_cost
         self.rate = RateEstimate()
@@ -132,19 +155,33 @@ class HybridDrafter:
         # held-out agreement with the target)
         self.model_acceptance = float(getattr(model, "acceptance_prior", None) or MODEL_PRIOR_ACCEPTANCE)
         self._token_cost = float(getattr(model, "cost_prior", MODEL_PRIOR_TOKEN_COST))
+        self._ingest_cost = float(getattr(model, "ingest_cost_prior", MODEL_PRIOR_INGEST_COST))
         self._draft_token_s = 0.0  # EMA of a drafted token's seconds
-        self._step_s = 0.0  # EMA of a target step's seconds (propose to propose, drafting excluded)
         self._last_step: _Step | None = None
-        self._drafting_cost: tuple[float, CostModel] | None = None  # (cost per drafted token, cost model)
+        self._drafting_cost: tuple[float, CostModel, CostModel] | None = None  # (per drafted token, cost, with it)
         self._takes_min_survival = model is not None and "min_survival" in inspect.signature(model.propose).parameters
         self._requests: dict[str, _RequestState] = {}
 
     @property
-    def cost(self) -> CostModel:
-        """The target's cost model (resolved on first use when given as a callable)."""
+    def profile(self) -> CostModel:
+        """The target's cost model as given or measured (resolved on first use when given as a callable)."""
         if not isinstance(self._cost, CostModel):
             self._cost = self._cost()
         return self._cost
+
+    @property
+    def cost(self) -> CostModel:
+        """The cost model the policy uses: :attr:`profile`, calibrated against the engine's step timings
+        when ``calibrate`` (see :mod:`hvd_agents.policy.calibration`)."""
+        profile = self.profile
+        if not self.calibrate:
+            return profile
+        alpha = round(self.calibration.alpha, 2)  # the curve is rebuilt only when the calibration moves
+        if alpha == 1.0:
+            return profile
+        if self._calibrated is None or self._calibrated[0] != alpha:
+            self._calibrated = (alpha, profile.scaled(alpha))
+        return self._calibrated[1]
 
     @property
     def uses_hidden_states(self) -> bool:
@@ -158,9 +195,10 @@ class HybridDrafter:
                 self._model_cost = self._model_cost()
             return self._model_cost
         token_cost = round(self._token_cost, 3)  # the curve is rebuilt only when the timed cost moves
-        if self._drafting_cost is None or self._drafting_cost[0] != token_cost:
-            self._drafting_cost = (token_cost, self.cost.with_drafting(token_cost))
-        return self._drafting_cost[1]
+        cost = self.cost
+        if self._drafting_cost is None or self._drafting_cost[0] != token_cost or self._drafting_cost[1] is not cost:
+            self._drafting_cost = (token_cost, cost, cost.with_drafting(token_cost))
+        return self._drafting_cost[2]
 
     def start(self, req_id: str, prompt_ids: Sequence[int], structure: PromptStructure | None = None) -> None:
         self.cache.start(req_id, prompt_ids, structure)
@@ -194,21 +232,29 @@ class HybridDrafter:
         main = draft.main_length
         draft_s = 0.0
         model_choice = self._model_choice(state, k, rate)
-        if model_choice is not None and model_choice.value > best.value:
+        pending = self._pending(state, ctx) if model_choice is not None else 0
+        catch_up = pending * self._ingest_cost  # the context the drafter must ingest first, charged to this step
+        if model_choice is not None and model_choice.value - rate * catch_up > best.value:
             model_cost = self.model_cost()
             # a further token is worth its cost iff S > R * marginal (whether to draft at all was decided above,
             # so the first token's dearer share of the cost is not charged to the tokens after it)
             min_survival = rate * float(model_cost.marginal(2)[-1])
+            model_started = time.perf_counter()
             if self._takes_min_survival:
                 proposed = self.model.propose(ctx, model_choice.length, min_survival=min_survival)
             else:
                 proposed = self.model.propose(ctx, model_choice.length)
-            draft_s = time.perf_counter() - started
+            draft_s = time.perf_counter() - model_started
+            state.model_seen = len(ctx.token_ids)
             if proposed.token_ids:
-                self._time_draft(draft_s, len(proposed))
+                if state.model_drafted:  # caught up: no context to ingest beyond the last step's tokens
+                    self._time_draft(draft_s, proposed.main_length)
+                elif pending > 0 and self._draft_token_s:
+                    self._time_ingest(draft_s - self._draft_token_s * proposed.main_length, pending)
                 best, draft, used = model_choice, proposed, "model"
-                best = Choice(len(proposed), best.expected_tokens, model_cost.verify(len(proposed)), best.value)
-        state.step = _Step(used, features, main if used == "cache" else 0, best.cost, started, draft_s)
+                best = Choice(len(proposed), best.expected_tokens,
+                              model_cost.verify(len(proposed)) + catch_up, best.value - rate * catch_up)
+        state.step = _Step(used, features, main if used == "cache" else 0, best.cost, len(draft), started, draft_s)
         self._last_step = state.step
         if used != "cache":
             return draft
@@ -223,12 +269,28 @@ class HybridDrafter:
         choice = best_length(survival, self.model_cost(), rate)
         return choice if choice.length > 0 else None
 
+    def _pending(self, state: _RequestState, ctx: DraftContext) -> int:
+        """Context tokens the model drafter would ingest before drafting: its own count when it keeps
+        one (``pending(ctx)``: a draft head keeps entries across requests), else those since it last drafted."""
+        own = getattr(self.model, "pending", None)
+        if own is not None:
+            return int(own(ctx))
+        return max(len(ctx.token_ids) - state.model_seen, 0)
+
+    def _time_ingest(self, seconds: float, tokens: int) -> None:
+        """Fold a catch-up's seconds (its drafted tokens' share taken out) per ingested token, in plain steps."""
+        step_s = self.calibration.step_s
+        if step_s > 0 and self._model_cost is None:
+            per_token = max(seconds, 0.0) / tokens / step_s
+            self._ingest_cost += TIMING_EMA * (per_token - self._ingest_cost)
+
     def _time_step(self, now: float) -> None:
-        """Fold the time since the last propose (one target step, drafting excluded) into the step EMA."""
+        """Fold the time since the last propose (one target step, model drafting excluded) into the
+        calibration of the cost profile and of the plain step's seconds."""
         last = self._last_step
         if last is not None and last.started:
-            step_s = now - last.started - last.draft_s
-            self._step_s = step_s if not self._step_s else self._step_s + TIMING_EMA * (step_s - self._step_s)
+            extra = self.profile.verify(last.verified) - 1.0 if last.verified else 0.0
+            self.calibration.observe(now - last.started - last.draft_s, extra)
             self._update_token_cost()
 
     def _time_draft(self, seconds: float, tokens: int) -> None:
@@ -238,8 +300,8 @@ class HybridDrafter:
         self._update_token_cost()
 
     def _update_token_cost(self) -> None:
-        if self._draft_token_s and self._step_s > 0 and self._model_cost is None:
-            self._token_cost = self._draft_token_s / self._step_s
+        if self._draft_token_s and self.calibration.step_s > 0 and self._model_cost is None:
+            self._token_cost = self._draft_token_s / self.calibration.step_s
 
     def observe(self, outcome: Outcome) -> None:
         state = self._requests.get(outcome.req_id)
@@ -270,6 +332,7 @@ class HybridDrafter:
             self.model_acceptance += MODEL_RATE_EMA * (observed - self.model_acceptance)
         self.rate.observe(len(outcome.new_token_ids), step.cost)
         state.target = _target_features(outcome)
+        state.model_drafted = step.used == "model"
         state.step = _Step()
 
     def _learn_alternatives(self, draft: Draft, main: int, main_accepted: int, path: set[int]) -> None:

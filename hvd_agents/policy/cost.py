@@ -120,6 +120,14 @@ class CostModel:
             points = (*points, (1, points[0][1] + per_token))
         return CostModel(points, self.draft_cost, f"{self.source} + draft {per_token:.3f}/token")
 
+    def scaled(self, alpha: float) -> CostModel:
+        """This cost with every draft's extra cost multiplied by ``alpha``: ``1 + alpha * (verify(d) - 1)``
+        (see :mod:`hvd_agents.policy.calibration`)."""
+        if alpha < 0:
+            raise ValueError(f"a cost scale must be >= 0, got {alpha}")
+        points = tuple((d, 1.0 + alpha * (c - 1.0)) for d, c in self.points)
+        return CostModel(points, self.draft_cost, f"{self.source} x{alpha:.2f} in the engine")
+
     @property
     def plausible(self) -> bool:
         """Whether ``verify(d) <= 1 + d``: one forward over ``1 + d`` tokens can never cost more than

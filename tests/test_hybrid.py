@@ -384,3 +384,20 @@ def test_model_drafter_is_charged_for_the_context_it_must_catch_up_on(drafter_cl
     drafter = HybridDrafter(SuffixDrafter(None), constant_predictor(6.0), CostModel.linear(0.02), model=model)
     draft = drafter.propose(start(drafter, list(range(100, 100 + length))), 4)  # no repeat: no cache draft
     assert (draft.source == "model") is drafts and model.proposed == int(drafts)
+
+
+def test_sampled_requests_decide_from_the_profile_not_from_step_timings() -> None:
+    # under sampling the drafts decide which random numbers are drawn: a seeded request's output must not depend
+    # on how long steps took, so only greedy requests use the calibration
+    profile = CostModel(((0, 1.0), (1, 1.5), (16, 2.0)))
+    drafter = HybridDrafter(SuffixDrafter(None), constant_predictor(-1.0), lambda: profile, branches=0)
+    for _ in range(300):  # the engine's steps: a draft costs 0.4 of what the profile says
+        drafter.calibration.observe(0.1, 0.0)
+        drafter.calibration.observe(0.1 * (1.0 + 0.4 * 0.5), 0.5)
+    prompt = [10, 11, 12, 13, 20, 21, 5, 10, 11]
+    drafter.start("greedy", prompt)
+    drafter.start("sampled", prompt)
+    # S = 0.27, 0.07, 0.02, ...: worth 3 tokens at the calibrated 1.2 + 0.013 per further token, none at the
+    # profile's 1.5 + 0.033
+    assert drafter.propose(DraftContext("greedy", list(prompt), len(prompt)), 4).token_ids == (12, 13, 20)
+    assert drafter.propose(DraftContext("sampled", list(prompt), len(prompt), temperature=0.9), 4) == Draft()

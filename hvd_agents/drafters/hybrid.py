@@ -154,8 +154,10 @@ class HybridDrafter:
         # across requests: each request starts from it; a model drafter may know its own (a trained head's
         # held-out agreement with the target)
         self.model_acceptance = float(getattr(model, "acceptance_prior", None) or MODEL_PRIOR_ACCEPTANCE)
-        self._token_cost = float(getattr(model, "cost_prior", MODEL_PRIOR_TOKEN_COST))
-        self._ingest_cost = float(getattr(model, "ingest_cost_prior", MODEL_PRIOR_INGEST_COST))
+        self._token_cost_prior = float(getattr(model, "cost_prior", MODEL_PRIOR_TOKEN_COST))
+        self._ingest_cost_prior = float(getattr(model, "ingest_cost_prior", MODEL_PRIOR_INGEST_COST))
+        self._token_cost, self._ingest_cost = self._token_cost_prior, self._ingest_cost_prior
+        self._untimed_model_cost: CostModel | None = None
         self._draft_token_s = 0.0  # EMA of a drafted token's seconds
         self._last_step: _Step | None = None
         self._drafting_cost: tuple[float, CostModel, CostModel] | None = None  # (per drafted token, cost, with it)
@@ -188,12 +190,17 @@ class HybridDrafter:
         """Whether the model drafter drafts from the target's hidden states."""
         return bool(getattr(self.model, "uses_hidden_states", False))
 
-    def model_cost(self) -> CostModel:
-        """The cost of a step with a model draft of ``d`` tokens, drafting included."""
+    def model_cost(self, timed: bool = True) -> CostModel:
+        """The cost of a step with a model draft of ``d`` tokens, drafting included (``timed=False``:
+        from the profile and the priors alone, no timing)."""
         if self._model_cost is not None:
             if not isinstance(self._model_cost, CostModel):
                 self._model_cost = self._model_cost()
             return self._model_cost
+        if not timed:
+            if self._untimed_model_cost is None:
+                self._untimed_model_cost = self.profile.with_drafting(self._token_cost_prior)
+            return self._untimed_model_cost
         token_cost = round(self._token_cost, 3)  # the curve is rebuilt only when the timed cost moves
         cost = self.cost
         if self._drafting_cost is None or self._drafting_cost[0] != token_cost or self._drafting_cost[1] is not cost:
@@ -215,7 +222,11 @@ class HybridDrafter:
         started = time.perf_counter()
         self._time_step(started)
         rate = max(self.rate.rate, 1.0)
-        cost = self.cost
+        # Under sampling the drafts decide which random numbers are drawn, so a seeded request's output must not
+        # depend on how long steps took: timings (calibration, the model drafter's timed costs) inform greedy
+        # requests only, whose output never depends on the drafts.
+        timed = ctx.temperature <= 0.0
+        cost = self.cost if timed else self.profile
         best, draft, features = no_draft(cost, rate), Draft(), {}
         cached = self.cache.propose(ctx, k)
         if cached.token_ids:
@@ -231,11 +242,12 @@ class HybridDrafter:
         used = "cache" if draft.token_ids else "none"
         main = draft.main_length
         draft_s = 0.0
-        model_choice = self._model_choice(state, k, rate)
+        model_cost = self.model_cost(timed) if self.model is not None else cost
+        model_choice = self._model_choice(state, k, rate, model_cost)
         pending = self._pending(state, ctx) if model_choice is not None else 0
-        catch_up = pending * self._ingest_cost  # the context the drafter must ingest first, charged to this step
+        # the context the drafter must ingest first, charged to this step
+        catch_up = pending * (self._ingest_cost if timed else self._ingest_cost_prior)
         if model_choice is not None and model_choice.value - rate * catch_up > best.value:
-            model_cost = self.model_cost()
             # a further token is worth its cost iff S > R * marginal (whether to draft at all was decided above,
             # so the first token's dearer share of the cost is not charged to the tokens after it)
             min_survival = rate * float(model_cost.marginal(2)[-1])
@@ -262,11 +274,11 @@ class HybridDrafter:
                      {**features, "full_len": float(len(cached)), "pred_accepted": best.expected_tokens - 1.0,
                       "rate": rate}, draft.parents)
 
-    def _model_choice(self, state: _RequestState, k: int, rate: float) -> Choice | None:
+    def _model_choice(self, state: _RequestState, k: int, rate: float, model_cost: CostModel) -> Choice | None:
         if self.model is None:
             return None
         survival = np.cumprod(np.full(k, state.model_acceptance))  # [k]
-        choice = best_length(survival, self.model_cost(), rate)
+        choice = best_length(survival, model_cost, rate)
         return choice if choice.length > 0 else None
 
     def _pending(self, state: _RequestState, ctx: DraftContext) -> int:

@@ -61,10 +61,10 @@ from hvd_agents.structure import PromptStructure
 MODEL_PRIOR_ACCEPTANCE = 0.5  # per-token acceptance assumed for a model drafter before any outcome
 MODEL_RATE_EMA = 0.2
 # A drafted token's cost in the engine's plain steps before it is timed: about one drafter forward per
-# drafted token, which for the shipped draft head measured 0.08-0.2 of a plain step on a 2-core CPU.
+# drafted token (`hvd-agents bench-model` reports the shipped head's drafting per step against a target step).
 MODEL_PRIOR_TOKEN_COST = 0.1
 # What the model drafter's catching up on one context token costs before it is timed, in plain steps: the
-# shipped draft head ingests 600 tokens in about one target step on a 2-core CPU.
+# new tokens go through the drafter in one batch, so each costs a small share of a drafted token's forward.
 MODEL_PRIOR_INGEST_COST = 0.002
 BRANCHES = 8  # alternative continuations a cache draft may grow into a tree
 ALTERNATIVE_PRIOR = 0.1  # P(an alternative is the target's choice | the main token was rejected there)
@@ -145,7 +145,7 @@ class HybridDrafter:
         self._cost = cost if cost is not None else CostModel.linear(0.02)
         # a profile measured on this machine is calibrated against the engine's step timings; a cost given as a
         # CostModel (trace replays, where no step is a forward) is taken as is
-        self.calibrate = callable(cost) and not isinstance(cost, CostModel) if calibrate is None else calibrate
+        self.calibrate = callable(cost) if calibrate is None else calibrate
         self.calibration = StepCalibration()
         self._calibrated: tuple[float, CostModel] | None = None  # (alpha, the profile scaled by it)
         self.model = model

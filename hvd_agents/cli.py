@@ -304,7 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
     drafter.add_argument("--batch-tokens", type=int, default=train_defaults.batch_tokens,
                          help="padded sequence tokens per optimizer step (length-sorted batches)")
     drafter.add_argument("--data", default=None,
-                         help="a file for the generated data: reused when it exists, written when it does not")
+                         help="a file for the generated data: reused when it exists, written when it does not "
+                              "(batches are kept in <file>.parts/ meanwhile, so an interrupted run resumes)")
     drafter.add_argument("--seed", type=int, default=data_defaults.seed)
     drafter.set_defaults(func=cmd_train_drafter)
     return parser

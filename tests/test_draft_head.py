@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from hvd_agents import Engine, GenerationParams
 from hvd_agents.draft_head import DraftHead, DraftHeadConfig, DraftHeadError, HeadCache, load_head, save_head
-from hvd_agents.draft_head.data import teacher_forced_samples
+from hvd_agents.draft_head.data import answer_samples, generate_samples, teacher_forced_samples
 from hvd_agents.draft_head.model import init_weights, target_signature
 from hvd_agents.draft_head.train import TrainConfig, evaluate, train_head, ttt_forward
 from hvd_agents.draft_head.weights import shipped_head_for
@@ -78,6 +78,65 @@ def test_training_learns_the_targets_greedy_tokens(trained) -> None:
     assert report.accuracy[0] > 0.5
     assert report.expected_accepted > 0.5
     assert report.epochs[-1]["train_loss"] < report.epochs[0]["train_loss"]
+
+
+def test_answer_samples_match_teacher_forcing_of_the_same_answers(target) -> None:
+    """The data ``train-drafter`` makes: answers and hidden states from ``generate`` alone, for left-padded
+    prompts of different lengths, equal the engine's greedy answers and a teacher-forced forward over them.
+    An answer keeps the EOS it ends at; an answer cut at ``max_new_tokens`` loses its last token, whose
+    hidden state ``generate`` never computes."""
+    rng = random.Random(3)
+    prompts = [[rng.randrange(1, VOCAB) for _ in range(n)] for n in (4, 9, 6)]
+    engine = Engine(target, eos_token_ids=(), prefix_cache_bytes=0)
+    full = [list(engine.generate(p, GenerationParams(max_new_tokens=12, method="ar")).token_ids) for p in prompts]
+    eos = {full[1][4]}
+    expected = []
+    for answer in full:
+        cut = answer[:11]
+        ends = [i for i, token in enumerate(cut) if token in eos]
+        expected.append(cut[: ends[0] + 1] if ends else cut)
+    assert len(expected[1]) <= 5 and any(len(a) == 11 for a in expected)  # both endings are exercised
+
+    samples = answer_samples(target, prompts, eos, pad=0, max_new_tokens=12)
+    forced = teacher_forced_samples(target, [p + a for p, a in zip(prompts, expected)], [len(p) for p in prompts])
+    for prompt, answer, sample, reference in zip(prompts, expected, samples, forced):
+        assert sample.tokens.tolist() == prompt + answer
+        assert sample.answer_start == len(prompt)
+        assert sample.greedy.tolist() == reference.greedy.tolist()
+        torch.testing.assert_close(sample.hidden.float(), reference.hidden.float(), atol=2e-3, rtol=2e-3)
+
+
+def test_interrupted_data_generation_resumes_with_the_same_samples(tiny_model, byte_tokenizer, tmp_path) -> None:
+    """``train-drafter --data`` keeps each batch as it is made: a run stopped part way and started again
+    gives exactly the samples of an uninterrupted run (greedy and sampled batches alike), and a batch
+    directory made with other settings is refused by name."""
+    prompts = [f"Tell me about topic {i}." for i in range(6)]
+    eos = [byte_tokenizer.eos_token_id]
+    settings = dict(max_new_tokens=6, batch_size=2, sampled_fraction=0.5, temperature=1.0, seed=3)
+    whole = generate_samples(tiny_model, byte_tokenizer, prompts, eos, **settings)
+    rng, kinds = random.Random(settings["seed"]), set()  # the draws generate_samples makes per batch
+    for _ in range(3):
+        kinds.add(rng.random() < settings["sampled_fraction"])
+        rng.randrange(2**31)
+    assert kinds == {True, False}  # both greedy and sampled batches are resumed
+
+    def stop_after_two_batches(message: str) -> None:
+        if message.startswith("generated 4/"):
+            raise KeyboardInterrupt
+
+    parts = tmp_path / "data.pt.parts"
+    with pytest.raises(KeyboardInterrupt):
+        generate_samples(tiny_model, byte_tokenizer, prompts, eos, progress=stop_after_two_batches, parts=parts,
+                         **settings)
+    assert len(list(parts.glob("batch-*.pt"))) == 2
+    torch.manual_seed(123)  # resuming must not depend on the global RNG state
+    resumed = generate_samples(tiny_model, byte_tokenizer, prompts, eos, parts=parts, **settings)
+    assert len(resumed) == len(whole) == 6
+    for a, b in zip(resumed, whole):
+        assert a.tokens.tolist() == b.tokens.tolist() and a.answer_start == b.answer_start
+        assert torch.equal(a.greedy, b.greedy) and torch.equal(a.hidden, b.hidden)
+    with pytest.raises(ValueError, match="data.pt.parts holds batches made with other max_new_tokens"):
+        generate_samples(tiny_model, byte_tokenizer, prompts, eos, parts=parts, **{**settings, "max_new_tokens": 7})
 
 
 def test_training_time_test_equals_drafting(target) -> None:

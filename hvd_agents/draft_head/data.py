@@ -2,14 +2,18 @@
 
 For each prompt the target writes an answer (greedy for some prompts, sampled
 for the rest, so the head sees both the greedy path it must match and nearby
-sequences), then one teacher-forced forward over prompt + answer records, at
-every position ``i``, the last-layer hidden state ``h_i`` and the target's
-greedy next token ``argmax p(. | x_0..x_i)``. Nothing else is needed: the head's
+sequences). The hidden states ``generate`` computes on the way give, at every
+position ``i`` of prompt + answer, the last-layer hidden state ``h_i`` and the
+target's greedy next token ``argmax p(. | x_0..x_i)`` (its LM head on ``h_i``);
+:func:`teacher_forced_samples` records the same from one forward over given
+sequences. Nothing else is needed: the head's
 soft targets are the target's LM rows applied to ``h``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import random
 import time
@@ -57,10 +61,19 @@ def generate_samples(
     temperature: float = 0.7,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
+    parts: str | Path | None = None,
 ) -> list[Sample]:
     """The target's answers to ``prompts`` (ending at an ``eos_token_ids`` token or ``max_new_tokens``),
     with hidden states (see the module docstring). Prompts are rendered as the engine renders a
-    one-turn chat (:func:`hvd_agents.chat.encode_prompt`)."""
+    one-turn chat (:func:`hvd_agents.chat.encode_prompt`).
+
+    With ``parts`` (a directory), each batch's samples are saved there as they are made and a batch
+    already saved is loaded instead of generated, so an interrupted run resumes where it stopped
+    (the random draws of every batch are made in the same order either way).
+
+    Raises:
+        ValueError: ``parts`` holds batches made from other prompts or settings.
+    """
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos = set(eos_token_ids)
@@ -69,37 +82,96 @@ def generate_samples(
     rng = random.Random(seed)
     samples: list[Sample] = []
     start = time.perf_counter()
+    if parts is not None:
+        _claim_parts(Path(parts), {
+            "prompts": hashlib.sha256(json.dumps([rendered[i] for i in order]).encode()).hexdigest()[:16],
+            "batch_size": batch_size, "max_new_tokens": max_new_tokens, "sampled_fraction": sampled_fraction,
+            "temperature": temperature, "seed": seed,
+        })
     for b in range(0, len(order), batch_size):
         batch = [rendered[i] for i in order[b : b + batch_size]]
         sampled = rng.random() < sampled_fraction
-        width = max(len(ids) for ids in batch)
-        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in batch], device=device)
-        mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch], device=device)
-        torch.manual_seed(rng.randrange(2**31))
-        with torch.inference_mode():
-            out = model.generate(
-                input_ids=input_ids,
-                attention_mask=mask,
-                max_new_tokens=max_new_tokens,
-                do_sample=sampled,
-                temperature=temperature if sampled else None,
-                top_p=None,
-                top_k=None,
-                pad_token_id=pad,
-            )
-        answers = []
-        for row in out[:, width:].tolist():
-            answer = []
-            for token in row:
-                answer.append(token)
-                if token in eos:
-                    break
-            answers.append(answer)
-        samples.extend(teacher_forced_samples(model, [p + a for p, a in zip(batch, answers)], [len(p) for p in batch], pad))
+        batch_seed = rng.randrange(2**31)
+        part = None if parts is None else Path(parts) / f"batch-{b:06d}.pt"
+        if part is not None and part.is_file():
+            samples.extend(load_samples(part))
+            continue
+        torch.manual_seed(batch_seed)
+        made = answer_samples(model, batch, eos, pad, max_new_tokens=max_new_tokens,
+                              temperature=temperature if sampled else 0.0)
+        if part is not None:
+            save_samples(made, part)
+        samples.extend(made)
         if progress is not None:
             done = min(b + batch_size, len(order))
             tokens = sum(len(s) - s.answer_start for s in samples)
             progress(f"generated {done}/{len(order)} answers, {tokens} answer tokens, {time.perf_counter() - start:.0f} s")
+    return samples
+
+
+def _claim_parts(parts: Path, settings: dict) -> None:
+    """Make ``parts`` the batch directory of a run with ``settings``, or check that it already is."""
+    manifest = parts / "settings.json"
+    if manifest.is_file():
+        saved = json.loads(manifest.read_text())
+        differ = sorted(key for key in settings.keys() | saved.keys() if settings.get(key) != saved.get(key))
+        if differ:
+            raise ValueError(f"{parts} holds batches made with other {', '.join(differ)}: "
+                             "remove it, or give another data file")
+        return
+    parts.mkdir(parents=True, exist_ok=True)
+    manifest.write_text(json.dumps(settings, sort_keys=True))
+
+
+def answer_samples(
+    model: PreTrainedModel,
+    prompts: list[list[int]],
+    eos: set[int],
+    pad: int,
+    *,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+) -> list[Sample]:
+    """The target's answers to a batch of tokenized ``prompts`` (greedy, or sampled at ``temperature``
+    from the global torch RNG), with the hidden states ``generate`` computed on the way.
+
+    Prompts are left-padded. Each step's last-layer output is kept (``[B, width, d]`` for the
+    prompts, then ``[B, 1, d]`` per token fed back). The last generated token is never fed back,
+    so an answer cut at ``max_new_tokens`` loses that token (its hidden state is unknown); an answer
+    ending at an EOS token keeps it. The greedy next tokens are the target's LM head applied to
+    those hidden states: no second forward over the sequences.
+    """
+    device = next(model.parameters()).device
+    width = max(len(ids) for ids in prompts)
+    input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts], device=device)
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=input_ids,
+            attention_mask=mask,
+            max_new_tokens=max_new_tokens,
+            do_sample=temperature > 0.0,
+            temperature=temperature if temperature > 0.0 else None,
+            top_p=None,
+            top_k=None,
+            pad_token_id=pad,
+            return_dict_in_generate=True,
+            output_hidden_states=True,
+        )
+        hidden = torch.cat([step[-1] for step in out.hidden_states], dim=1)  # [B, width + fed, d]
+        fed = len(out.hidden_states) - 1  # generated tokens fed back: their hidden states exist
+        lm_head = model.get_output_embeddings()
+        samples = []
+        for i, (prompt, row) in enumerate(zip(prompts, out.sequences[:, width:].tolist())):
+            answer: list[int] = []
+            for token in row[:fed]:
+                answer.append(token)
+                if token in eos:
+                    break
+            h = hidden[i, width - len(prompt) : width + len(answer)]  # [len(prompt) + len(answer), d]
+            greedy = torch.cat([lm_head(chunk).argmax(-1) for chunk in h.split(512)])
+            samples.append(Sample(torch.tensor(prompt + answer), h.to("cpu", torch.float16).clone(), greedy.cpu(),
+                                  len(prompt)))
     return samples
 
 

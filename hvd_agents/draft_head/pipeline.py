@@ -11,6 +11,7 @@ the held-out figures are stored in the file's metadata, see ``read_recipe``).
 from __future__ import annotations
 
 import platform
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +37,10 @@ class DataConfig:
     seed: int = 0
 
 
+def _parts_dir(data_file: str | Path) -> Path:
+    return Path(f"{data_file}.parts")
+
+
 def train_drafter(
     output: str | Path,
     *,
@@ -48,7 +53,9 @@ def train_drafter(
 ) -> TrainReport:
     """Generate data (or reuse ``data_file`` when it exists), train a head and write it to ``output``.
 
-    With ``data_file`` given but missing, the generated data are saved there.
+    With ``data_file`` given but missing, the generated data are saved there; until then each
+    batch is kept next to it (``<data_file>.parts/``), so an interrupted run given the same
+    arguments resumes generating where it stopped.
     """
     from hvd_agents.models import load_model
 
@@ -72,9 +79,11 @@ def train_drafter(
             temperature=data.temperature,
             seed=data.seed,
             progress=log,
+            parts=None if data_file is None else _parts_dir(data_file),
         )
         if data_file is not None:
             save_samples(samples, data_file)
+            shutil.rmtree(_parts_dir(data_file), ignore_errors=True)
     data_s = time.perf_counter() - start
     head, report = train_head(target, samples, train, always_tokens=loaded.eos_token_ids, log=log)
     extra = {

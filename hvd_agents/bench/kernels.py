@@ -19,12 +19,12 @@ import logging
 import time
 
 import torch
-from transformers import DynamicCache
 
 from hvd_agents.bench.live import Tally, _cache_runner, _engine_runner, _Item, _timed
 from hvd_agents.bench.prompts import agent_prompts, chat_prompts
 from hvd_agents.chat import encode_prompt
 from hvd_agents.engine import Engine, GenerationParams
+from hvd_agents.engine.kv import new_cache
 from hvd_agents.models import load_model
 
 logger = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ def available_kernels() -> tuple[str, ...]:
 
 def _forward_ms(model, context: torch.Tensor, d: int, repeats: int) -> float:
     """Minimum milliseconds of one cached forward of ``1 + d`` tokens after ``context``."""
-    cache = DynamicCache(config=model.config)
+    cache = new_cache(model.config)
     best = float("inf")
     with torch.inference_mode():
         model(context, past_key_values=cache, use_cache=True)

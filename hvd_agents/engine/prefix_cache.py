@@ -29,9 +29,11 @@ Design choices:
 * Copy, not consume. A lookup copies the matched positions and leaves the entry in
   place, so a conversation that branches (two agents sharing only the system prompt
   and tool schemas, a retried turn) still finds the shared prefix. The copy costs one
-  pass over the reused KV, about what one decode step's cache concatenation costs in
-  a transformers ``DynamicCache``; in exchange a request owns its cache outright and
-  no entry is ever written after insertion, which makes concurrent lookups safe.
+  pass over the reused KV, about what one decode step of a transformers
+  ``DynamicCache`` pays to concatenate; in exchange a request owns its cache outright
+  and no entry is ever written after insertion, which makes concurrent lookups safe.
+  An inserted cache is taken over; tensors with room to grow (or rejected draft
+  positions) behind them are copied to their exact size first.
 * A least-recently-used list of whole sequences with subsumption, not a radix tree.
   A new entry drops every stored entry whose tokens are a prefix of its own (the new
   one answers every lookup they could answer, at least as long), so a growing
@@ -48,8 +50,8 @@ Design choices:
   tool-call JSON, an edited reply): ``reply_mismatch_at`` reports that, a legitimate
   and expected divergence. Both need a session id; without one a divergence cannot
   be told apart from a branch.
-* Only caches whose layers are all plain ``DynamicLayer`` (full-length keys and
-  values) are reused; sliding-window or indexed layers cannot be rebuilt from a
+* Only caches whose layers all hold full-length keys and values (``DynamicLayer`` or
+  the engine's growing layers, :func:`hvd_agents.engine.kv.full_length`) are reused; sliding-window or indexed layers cannot be rebuilt from a
   prefix of positions, so for such models the cache stays empty.
 
 Example:
@@ -71,7 +73,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+
+from hvd_agents.engine.kv import full_length
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +130,7 @@ class _Entry:
 
 def supports_reuse(cache: DynamicCache) -> bool:
     """True when every layer of ``cache`` holds full-length keys and values."""
-    return bool(cache.layers) and all(type(layer) is DynamicLayer for layer in cache.layers)
+    return bool(cache.layers) and all(full_length(layer) for layer in cache.layers)
 
 
 def common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
@@ -135,6 +138,14 @@ def common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
     n = min(len(a), len(b))
     diff = np.flatnonzero(a[:n] != b[:n])
     return int(diff[0]) if len(diff) else n
+
+
+def _compact(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` itself when it fills its storage, else a copy that does: an entry keeps no room to grow
+    and no rejected draft positions alive."""
+    if tensor.untyped_storage().nbytes() > tensor.numel() * tensor.element_size():
+        return tensor.clone()
+    return tensor
 
 
 def _storage_bytes(layers: Sequence[LayerKV]) -> int:
@@ -208,7 +219,7 @@ class PrefixCache:
                 return PrefixMatch(0, *breaks)
             self._entries.move_to_end(best_key)
             for layer, (keys, values) in zip(cache.layers, self._entries[best_key].layers):
-                layer.update(keys[..., :best_len, :], values[..., :best_len, :])  # concatenation copies
+                layer.update(keys[..., :best_len, :], values[..., :best_len, :])  # copies into the new cache
             self._stats.hits += 1
             self._stats.reused_tokens += best_len
         return PrefixMatch(best_len, *breaks)
@@ -253,7 +264,7 @@ class PrefixCache:
         if cache.get_seq_length() < n:
             raise ValueError(f"the cache holds {cache.get_seq_length()} positions, fewer than {n} token ids")
         ids = np.asarray(token_ids, dtype=np.int64)
-        layers = tuple((layer.keys[..., :n, :], layer.values[..., :n, :]) for layer in cache.layers)
+        layers = tuple((_compact(layer.keys[..., :n, :]), _compact(layer.values[..., :n, :])) for layer in cache.layers)
         with self._lock:
             if self._covered(ids):
                 return False

@@ -45,7 +45,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 PROFILE_DRAFT_LENGTHS: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
-PROFILE_VERSION = 3  # part of the cache key: profiles measured by an older method are measured again
+PROFILE_VERSION = 4  # part of the cache key: profiles measured by an older method are measured again
 PROFILE_CONTEXT = 512  # tokens of context the profile is measured at
 PROFILE_REPEATS = 5
 CURVE_CACHE = 257  # verify costs precomputed for drafts up to 256 tokens

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -74,7 +75,6 @@ def generate_samples(
     Raises:
         ValueError: ``parts`` holds batches made from other prompts or settings.
     """
-    device = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos = set(eos_token_ids)
     rendered = [encode_prompt(tokenizer, [{"role": "user", "content": p}]) for p in prompts]
@@ -199,8 +199,12 @@ def teacher_forced_samples(
 
 
 def save_samples(samples: list[Sample], path: str | Path) -> None:
-    """Keep generated samples (to train again without regenerating)."""
-    torch.save([(s.tokens, s.hidden, s.greedy, s.answer_start) for s in samples], str(path))
+    """Keep generated samples (to train again without regenerating). The file appears whole or not at
+    all: a run stopped while saving leaves no truncated file for a later run to load."""
+    path = Path(path)
+    partial = path.with_name(path.name + ".partial")
+    torch.save([(s.tokens, s.hidden, s.greedy, s.answer_start) for s in samples], str(partial))
+    os.replace(partial, path)
 
 
 def load_samples(path: str | Path) -> list[Sample]:

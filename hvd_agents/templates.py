@@ -2,10 +2,10 @@
 
 Contract:
 
-* Templates are files in the top-level ``templates/`` directory of the project
-  (``Path(__file__).resolve().parents[1] / "templates"``: found from a source
-  checkout and an editable install). A wheel does not carry that directory: point
-  ``$HVD_AGENTS_TEMPLATES`` at a copy of it to use templates from an installed package.
+* Templates are files in the top-level ``templates/`` directory of the project,
+  found from a source checkout and an editable install; a wheel carries a copy as
+  ``hvd_agents/templates/`` (setup.py's build hook), found from an installed
+  package. ``$HVD_AGENTS_TEMPLATES`` points at another directory of templates.
 * A template file is ``<name>.txt`` or ``<name>.md`` and starts with a front matter
   between two ``---`` lines holding ``key: value`` lines (``name``, ``kind``,
   ``purpose``); the rest of the file is the template text.
@@ -54,11 +54,13 @@ class Template:
 
 
 def templates_dir() -> Path:
-    """The templates directory: ``$HVD_AGENTS_TEMPLATES``, else ``<repo root>/templates``."""
+    """The templates directory: ``$HVD_AGENTS_TEMPLATES``, else the installed package's copy, else
+    ``<repo root>/templates``."""
     explicit = os.environ.get(TEMPLATES_ENV)
     if explicit:
         return Path(explicit).expanduser()
-    return Path(__file__).resolve().parents[1] / "templates"
+    installed = Path(__file__).resolve().parent / "templates"
+    return installed if installed.is_dir() else Path(__file__).resolve().parents[1] / "templates"
 
 
 def _template_files() -> dict[str, Path]:

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import random
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -104,3 +109,23 @@ def test_apply_system_template() -> None:
     assert with_system[0]["content"] == "Own."
     without = [{"role": "user", "content": "hi"}]
     assert apply_system_template(without, template) == [{"role": "system", "content": "RULES"}, without[0]]
+
+
+def test_a_wheel_carries_the_templates(tmp_path) -> None:
+    """An installed (not editable) package finds the templates without the checkout."""
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "-w", str(tmp_path / "dist"), str(root)], check=True, capture_output=True)
+    (wheel,) = (tmp_path / "dist").glob("hvd_agents-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        shipped = {name for name in archive.namelist() if name.startswith("hvd_agents/templates/")}
+    assert shipped == {f"hvd_agents/templates/{p.name}" for p in (root / "templates").iterdir() if p.is_file()}
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(tmp_path / "site")
+    probe = ("import hvd_agents.templates as t; print(t.templates_dir()); "
+             "print(t.load_template('agent-system').purpose)")
+    env = {k: v for k, v in os.environ.items() if k != "HVD_AGENTS_TEMPLATES"}
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env={**env, "PYTHONPATH": str(tmp_path / "site")},
+                         check=True, capture_output=True, text=True).stdout.splitlines()
+    assert Path(out[0]) == tmp_path / "site" / "hvd_agents" / "templates"
+    assert out[1] == load_template("agent-system").purpose

@@ -274,6 +274,50 @@ def test_engine_hands_over_the_targets_hidden_states(target) -> None:
     assert second.token_ids == ref.token_ids
 
 
+class RecordingDraftLM(DraftModelDrafter):
+    """Keeps what it said it would feed before each propose, and what it fed before drafting."""
+
+    def __init__(self, model) -> None:
+        super().__init__(model, VOCAB)
+        self.pending_before: list[int] = []
+        self.fed: list[int] = []
+        self._catching_up = False
+
+    def propose(self, ctx: DraftContext, k: int, min_survival: float | None = None):
+        self.pending_before.append(self.pending(ctx))
+        self._catching_up = True
+        return super().propose(ctx, k, min_survival)
+
+    def _feed(self, token_ids):
+        if self._catching_up:
+            self.fed.append(len(token_ids))
+            self._catching_up = False
+        return super()._feed(token_ids)
+
+
+def test_draft_lm_says_what_catching_up_costs(target) -> None:
+    engine = Engine(target, eos_token_ids=(), prefix_cache_bytes=0)
+    drafter = RecordingDraftLM(make_tiny_llama(VOCAB, seed=5))
+    engine.add_drafter("rec", drafter)
+    prompt = [3, 8, 1, 44, 9, 12, 30]
+    first = engine.generate(prompt, GenerationParams(max_new_tokens=12, method="rec", num_draft_tokens=3))
+    assert drafter.fed[0] == len(prompt) and drafter.pending_before == drafter.fed
+    # the next turn extends the conversation: the draft LM keeps its KV for the shared prefix
+    drafter.pending_before.clear()
+    drafter.fed.clear()
+    extended = prompt + list(first.token_ids) + [5, 6]
+    second = engine.generate(extended, GenerationParams(max_new_tokens=6, method="rec", num_draft_tokens=3))
+    assert drafter.pending_before == drafter.fed and drafter.fed[0] < len(extended) - len(prompt)
+    ref = engine.generate(extended, GenerationParams(max_new_tokens=6, method="ar"))
+    assert second.token_ids == ref.token_ids
+    # a request that shares nothing feeds everything
+    drafter.pending_before.clear()
+    drafter.fed.clear()
+    other = [60, 61, 62]
+    engine.generate(other, GenerationParams(max_new_tokens=4, method="rec", num_draft_tokens=3))
+    assert drafter.fed[0] == len(other) and drafter.pending_before == drafter.fed
+
+
 def test_head_cache_is_cropped_to_verified_entries(target) -> None:
     drafter = DraftHeadDrafter(random_head(target))
     tokens = [4, 5, 6, 7, 8, 9]

@@ -46,22 +46,37 @@ class DraftModelDrafter:
         self._tokens: list[int] = []  # tokens the cache covers
         self._context = 0  # context length at the last propose (the cache's tokens before it are verified)
         self._fresh = True
+        self._shared: tuple[int, int] | None = None  # (tokens compared, their common prefix with the cached ones)
 
     def start(self, req_id: str, prompt_ids: Sequence[int], structure: PromptStructure | None = None) -> None:
         del req_id, prompt_ids, structure
-        self._fresh = True
+        self._fresh, self._shared = True, None
+
+    def _keep(self, tokens: Sequence[int]) -> int:
+        """How many of the cache's tokens ``tokens`` keeps: their common prefix, less the last token (fed
+        again for its logits). The first comparison of a request covers the whole context, and a prefix that
+        ended before the tokens compared cannot grow (the context is only appended to) so it is not compared
+        again until the drafter drafts; after that only the last draft's tokens can differ."""
+        if self._fresh:
+            if self._shared is None or self._shared[1] >= self._shared[0]:
+                self._shared = (len(tokens), common_prefix(self._tokens, tokens))
+            shared = self._shared[1]
+        else:
+            base = min(self._context, len(self._tokens))
+            shared = base + common_prefix(self._tokens[base:], tokens[base : len(self._tokens)])
+        return min(shared, len(tokens) - 1)
+
+    def pending(self, ctx: DraftContext) -> int:
+        """Context tokens the next ``propose`` would feed before drafting (what catching up costs): the
+        cache survives between requests, so an agent loop's next turn costs only its new tokens."""
+        return len(ctx.token_ids) - self._keep(ctx.token_ids)
 
     def propose(self, ctx: DraftContext, k: int, min_survival: float | None = None) -> Draft:
         tokens = ctx.token_ids
         if k <= 0 or len(tokens) + k > self.context_window:
             return Draft()
-        if self._fresh:
-            shared = common_prefix(self._tokens, tokens)
-            self._fresh = False
-        else:  # within a request the context only grows: only the last draft's tokens can differ
-            base = min(self._context, len(self._tokens))
-            shared = base + common_prefix(self._tokens[base:], tokens[base : len(self._tokens)])
-        keep = min(shared, len(tokens) - 1)  # feed at least the last token, for its logits
+        keep = self._keep(tokens)
+        self._fresh = False
         truncate(self.cache, keep)
         del self._tokens[keep:]
         logits = self._feed(tokens[keep:])

@@ -283,7 +283,8 @@ class HybridDrafter:
 
     def _pending(self, state: _RequestState, ctx: DraftContext) -> int:
         """Context tokens the model drafter would ingest before drafting: its own count when it keeps
-        one (``pending(ctx)``: a draft head keeps entries across requests), else those since it last drafted."""
+        one (``pending(ctx)``: a draft head and a draft LM keep theirs across requests), else those since it
+        last drafted."""
         own = getattr(self.model, "pending", None)
         if own is not None:
             return int(own(ctx))

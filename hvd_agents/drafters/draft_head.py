@@ -29,7 +29,7 @@ import torch
 
 from hvd_agents.draft_head.model import DraftHead, HeadCache
 from hvd_agents.drafters.base import Draft, DraftContext, Outcome
-from hvd_agents.drafters.model_draft import DEFAULT_MIN_SURVIVAL, common_prefix, draft_loop
+from hvd_agents.drafters.model_draft import DEFAULT_MIN_SURVIVAL, RequestPrefix, draft_loop
 from hvd_agents.structure import PromptStructure
 
 
@@ -54,27 +54,20 @@ class DraftHeadDrafter:
         self.cache = HeadCache()
         self._tokens: list[int] = []  # tokens the cache's entries were built from
         self._fresh = True  # first propose of a request: compare with the cached tokens
-        self._shared: tuple[int, int] | None = None  # (tokens compared, their common prefix with the cached ones)
+        self._shared = RequestPrefix()  # the context's common prefix with the cached tokens
 
     def start(self, req_id: str, prompt_ids: Sequence[int], structure: PromptStructure | None = None) -> None:
         del req_id, prompt_ids, structure
-        self._fresh, self._shared = True, None
+        self._fresh = True
+        self._shared.reset()
 
     def _catch_up(self, ctx: DraftContext) -> tuple[int, int, int]:
         """``(shared, kept, first)``: tokens shared with what the cache was built from, the cache
         entries still valid, and the first index to ingest."""
-        shared = self._shared_prefix(ctx.token_ids) if self._fresh else len(self._tokens)
+        shared = self._shared(self._tokens, ctx.token_ids) if self._fresh else len(self._tokens)
         kept = bisect.bisect_left(self.cache.positions, shared - 1)  # entries t <= shared - 2 stay valid
         first = max(self.cache.positions[kept - 1] + 1 if kept else 0, ctx.hidden_start)
         return shared, kept, first
-
-    def _shared_prefix(self, tokens: Sequence[int]) -> int:
-        """The common prefix of ``tokens`` with the cached tokens, compared once per request: the hvd policy
-        asks for it at every step until the head drafts, and within a request tokens are only appended, so a
-        prefix that ended before the tokens compared cannot grow."""
-        if self._shared is None or self._shared[1] >= self._shared[0]:
-            self._shared = (len(tokens), common_prefix(self._tokens, tokens))
-        return self._shared[1]
 
     def pending(self, ctx: DraftContext) -> int:
         """Context indices the next ``propose`` would ingest before drafting (what catching up costs)."""

@@ -18,7 +18,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from hvd_agents.drafters.base import Draft, DraftContext, Outcome
-from hvd_agents.drafters.model_draft import DEFAULT_MIN_SURVIVAL, common_prefix, draft_loop
+from hvd_agents.drafters.model_draft import DEFAULT_MIN_SURVIVAL, RequestPrefix, common_prefix, draft_loop
 from hvd_agents.engine.kv import new_cache, truncate
 from hvd_agents.structure import PromptStructure
 
@@ -46,21 +46,19 @@ class DraftModelDrafter:
         self._tokens: list[int] = []  # tokens the cache covers
         self._context = 0  # context length at the last propose (the cache's tokens before it are verified)
         self._fresh = True
-        self._shared: tuple[int, int] | None = None  # (tokens compared, their common prefix with the cached ones)
+        self._shared = RequestPrefix()  # the context's common prefix with the cached tokens
 
     def start(self, req_id: str, prompt_ids: Sequence[int], structure: PromptStructure | None = None) -> None:
         del req_id, prompt_ids, structure
-        self._fresh, self._shared = True, None
+        self._fresh = True
+        self._shared.reset()
 
     def _keep(self, tokens: Sequence[int]) -> int:
         """How many of the cache's tokens ``tokens`` keeps: their common prefix, less the last token (fed
-        again for its logits). The first comparison of a request covers the whole context, and a prefix that
-        ended before the tokens compared cannot grow (the context is only appended to) so it is not compared
-        again until the drafter drafts; after that only the last draft's tokens can differ."""
+        again for its logits). Until the drafter drafts in a request the whole context is compared (once,
+        :class:`RequestPrefix`); after that only the last draft's tokens can differ."""
         if self._fresh:
-            if self._shared is None or self._shared[1] >= self._shared[0]:
-                self._shared = (len(tokens), common_prefix(self._tokens, tokens))
-            shared = self._shared[1]
+            shared = self._shared(self._tokens, tokens)
         else:
             base = min(self._context, len(self._tokens))
             shared = base + common_prefix(self._tokens[base:], tokens[base : len(self._tokens)])

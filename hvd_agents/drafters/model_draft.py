@@ -128,3 +128,24 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     right = torch.as_tensor(list(b[:n]))
     differ = (left != right).nonzero()
     return int(differ[0]) if len(differ) else n
+
+
+class RequestPrefix:
+    """The common prefix of a request's context with the tokens a drafter's cache was built from.
+
+    Compared in full once per request (``reset`` at its start). Within a request the
+    context is only appended to, so a prefix that ended before the tokens compared
+    cannot grow and is not compared again; one that covered them all is compared
+    again when asked with more tokens.
+    """
+
+    def __init__(self) -> None:
+        self._seen: tuple[int, int] | None = None  # (tokens compared, their common prefix with the cached ones)
+
+    def reset(self) -> None:
+        self._seen = None
+
+    def __call__(self, cached: Sequence[int], tokens: Sequence[int]) -> int:
+        if self._seen is None or self._seen[1] >= self._seen[0]:
+            self._seen = (len(tokens), common_prefix(cached, tokens))
+        return self._seen[1]

@@ -42,11 +42,11 @@ def _pair(seed: int = 3, kernel: str = "packed"):
 
 
 @needs_avx2
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 17, 32, 33, 70])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 32, 33, 70])
 @pytest.mark.parametrize("in_features", [24, 29, 576])
 @pytest.mark.parametrize("bias", [False, True])
 def test_row_linear_computes_the_linear_layer(rows: int, in_features: int, bias: bool) -> None:
-    """Every tile shape (rows mod 4, output rows mod 3), a K that is not a multiple of 8, and the prefill path."""
+    """Every tile shape (one pass up to 8 rows; beyond, rows mod 4 and output rows mod 3), a K that is not a multiple of 8, and the prefill path."""
     torch.manual_seed(rows * in_features)
     linear = nn.Linear(in_features, 41, bias=bias)
     x = torch.randn(1, rows, in_features)
@@ -64,6 +64,8 @@ def test_row_linear_gives_a_row_the_same_bits_alone_or_among_others() -> None:
     together = layer(x)
     for i in range(x.shape[0]):
         assert torch.equal(layer(x[i : i + 1]), together[i : i + 1])
+    for rows in range(2, x.shape[0]):  # every tile shape: one pass up to 8 rows, 4-row tiles beyond
+        assert torch.equal(layer(x[:rows]), together[:rows])
     assert torch.equal(layer(x[5:12]), together[5:12])
 
 

@@ -3,8 +3,9 @@
 // Built for verification forwards: a few rows (the last token plus a draft) against
 // weights far larger than any cache. The weight is streamed from memory once per call
 // whatever the number of rows, so verifying a short draft costs little more than one
-// token. Every output element is summed in the same order whatever the number of rows,
-// so a row's result is bitwise the same alone or among others.
+// token. Every output element is summed in the same order whatever the number of rows
+// (8 lanes along k, then the lanes, then the tail, then the bias), so a row's result is
+// bitwise the same alone or among others, whichever tile shape computed it.
 //
 // Compiled at first use by hvd_agents/native_linear.py (AVX2 + FMA on x86-64).
 #include <ATen/ATen.h>
@@ -64,6 +65,27 @@ inline void column(const float* x, const float* w, const float* b, float* y, int
   }
 }
 
+// Up to 8 input rows: one weight row against all of them in a single pass (M + 2 registers).
+// Streaming one weight row per tile keeps one sequential read per thread, and no input row
+// makes a second pass over the weights. Over SmolLM2-135M's linear layers on a 2-core AVX2
+// EPYC, 2 to 8 rows cost 10-30% less than with the 4 x 3 tiles below, which are as fast from
+// 9 rows and faster from 12 (the input rows outgrow L1, and each weight load serves 4 of them).
+constexpr int64_t kOnePassRows = 8;
+
+inline void one_pass(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t N, int64_t K) {
+  switch (M) {
+    case 1: tile<1, 1>(x, w, b, y, N, K); break;
+    case 2: tile<1, 2>(x, w, b, y, N, K); break;
+    case 3: tile<1, 3>(x, w, b, y, N, K); break;
+    case 4: tile<1, 4>(x, w, b, y, N, K); break;
+    case 5: tile<1, 5>(x, w, b, y, N, K); break;
+    case 6: tile<1, 6>(x, w, b, y, N, K); break;
+    case 7: tile<1, 7>(x, w, b, y, N, K); break;
+    case 8: tile<1, 8>(x, w, b, y, N, K); break;
+    default: break;
+  }
+}
+
 at::Tensor row_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "row_linear takes CPU tensors");
   TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat, "row_linear takes float32 tensors");
@@ -86,6 +108,12 @@ at::Tensor row_linear(const at::Tensor& x, const at::Tensor& w, const c10::optio
   const float* xp = xs.data_ptr<float>();
   const float* wp = w.data_ptr<float>();
   float* yp = y.data_ptr<float>();
+  if (M <= kOnePassRows) {  // a draft: every input row against one weight row at a time, in one pass
+    at::parallel_for(0, N, 24, [&](int64_t begin, int64_t end) {
+      for (int64_t n = begin; n < end; ++n) one_pass(xp, wp + n * K, bp ? bp + n : nullptr, yp + n, M, N, K);
+    });
+    return y;
+  }
   constexpr int NR = 3;
   const int64_t blocks = N / NR;
   at::parallel_for(0, blocks, 8, [&](int64_t begin, int64_t end) {

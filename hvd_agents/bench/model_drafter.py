@@ -14,7 +14,8 @@ both drafters); "best single" is the best of the three single-drafter arms. The 
 run's answer). Reported, per workload and for the two together (mixed): tokens
 per second of each arm and the ratios; for ``model``: mean accepted tokens per
 model draft and the drafter's time per step as a fraction of a target step;
-for ``hvd``: its steps by draft source (which drafter it chose, how often).
+for ``hvd`` and ``hvd-no-model``: their steps by draft source per workload (which
+drafter each chose, how often: where they match, the two arms did the same work).
 Runs are interleaved prompt by prompt with the arm order alternating per round;
 outputs must match ``ar`` token for token.
 """
@@ -100,7 +101,9 @@ def run_model_benchmark(
         "agent": [_Item(p, encode_prompt(engine.tokenizer, p.messages, p.tools)) for p in agent_prompts()],
     }
     figures = ModelFigures()
-    hvd_sources: dict[str, SourceStats] = {}
+    # steps by draft source, per policy arm and workload: what the model drafter changed inside hvd
+    sources: dict[str, dict[str, dict[str, SourceStats]]] = {arm: {w: {} for w in workloads}
+                                                             for arm in ("hvd-no-model", "hvd")}
 
     def run_model(item: _Item) -> tuple[int, ...]:
         params = GenerationParams(max_new_tokens=max_new_tokens, reuse_prefix=False, method="model-timed",
@@ -120,15 +123,16 @@ def run_model_benchmark(
         "model": run_model,
         "hvd-cache": _cache_runner(engine, GenerationParams(max_new_tokens=max_new_tokens, reuse_prefix=False,
                                                             method="hvd-cache", num_draft_tokens=10)),
-        "hvd-no-model": _cache_runner(engine, GenerationParams(max_new_tokens=max_new_tokens, reuse_prefix=False,
-                                                               method="hvd"), model_drafter=False),
-        "hvd": _cache_runner(engine, GenerationParams(max_new_tokens=max_new_tokens, reuse_prefix=False, method="hvd"),
-                             sources=hvd_sources),
     }
-    for run in runners.values():  # warm-up
+    hvd_params = GenerationParams(max_new_tokens=max_new_tokens, reuse_prefix=False, method="hvd")
+    policy_runners = {(arm, w): _cache_runner(engine, hvd_params, model_drafter=arm == "hvd", sources=sources[arm][w])
+                      for arm in sources for w in workloads}
+    for run in [*runners.values(), *(policy_runners[arm, "chat"] for arm in sources)]:  # warm-up
         run(workloads["chat"][0])
     figures.__init__()
-    hvd_sources.clear()
+    for by_workload in sources.values():
+        for per_source in by_workload.values():
+            per_source.clear()
     timed.seconds, timed.calls = 0.0, 0
     tallies = {w: {arm: Tally() for arm in ARMS} for w in workloads}
     for round_index in range(rounds):
@@ -137,8 +141,9 @@ def run_model_benchmark(
             for i, item in enumerate(items):
                 logger.info("round %d, %s prompt %d/%d", round_index + 1, workload, i + 1, len(items))
                 for arm in order:
-                    _timed(runners[arm], item, tallies[workload][arm])
-    _print(tallies, figures, timed, inner, max_new_tokens, k, engine.device, hvd_sources)
+                    run = policy_runners[arm, workload] if arm in sources else runners[arm]
+                    _timed(run, item, tallies[workload][arm])
+    _print(tallies, figures, timed, inner, max_new_tokens, k, engine.device, sources)
     return tallies
 
 
@@ -152,7 +157,7 @@ def _merge(tallies: Sequence[Tally]) -> Tally:
 
 
 def _print(tallies, figures: ModelFigures, timed: TimedDrafter, inner, max_new_tokens: int, k: int, device,
-           hvd_sources: dict[str, SourceStats]) -> None:
+           sources: dict[str, dict[str, dict[str, SourceStats]]]) -> None:
     source = getattr(inner, "source", type(inner).__name__)
     print(f"model drafter: {source}; greedy, max_new_tokens={max_new_tokens}, model k={k}, hvd k=32, device={device}")
     rows = dict(tallies)
@@ -173,6 +178,9 @@ def _print(tallies, figures: ModelFigures, timed: TimedDrafter, inner, max_new_t
     print(f"model drafts: {figures.drafts} drafts, {figures.accepted_per_draft:.2f} accepted tokens per draft "
           f"({figures.accepted}/{figures.drafted} drafted tokens), {figures.steps} steps; drafting "
           f"{draft_step * 1e3:.1f} ms per step = {draft_step / target_step:.2f} of a target step ({target_step * 1e3:.1f} ms)")
-    parts = [f"{name} {per.steps}" + (f" ({per.accepted}/{per.drafted} drafted tokens accepted)" if per.drafted else "")
-             for name, per in sorted(hvd_sources.items())]
-    print(f"hvd steps by draft source: {', '.join(parts)}, of {sum(per.steps for per in hvd_sources.values())}")
+    for arm, by_workload in sources.items():
+        for workload, per_source in by_workload.items():
+            parts = [f"{name} {per.steps}" + (f" ({per.accepted}/{per.drafted} drafted tokens accepted)" if per.drafted else "")
+                     for name, per in sorted(per_source.items())]
+            print(f"{arm} steps by draft source, {workload}: {', '.join(parts)}, "
+                  f"of {sum(per.steps for per in per_source.values())}")

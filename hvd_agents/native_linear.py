@@ -114,6 +114,14 @@ def unavailable_reason() -> str:
     return str(_state.get("why", ""))
 
 
+def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` on the kernel for up to :data:`MAX_ROWS` rows, ``F.linear`` for more
+    (float32 CPU tensors, a contiguous ``weight``, inference; the kernel must be :func:`available`)."""
+    if x.numel() > MAX_ROWS * weight.shape[1]:
+        return F.linear(x, weight, bias)
+    return torch.ops.hvd.row_linear(x, weight, bias)
+
+
 class RowLinear(nn.Module):
     """``y = x W^T + b`` with the row-streaming kernel for up to :data:`MAX_ROWS` rows (float32, CPU, inference).
 
@@ -136,9 +144,7 @@ class RowLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         require_float32_cpu(x, "RowLinear", "inputs")
-        if x.numel() > MAX_ROWS * self.in_features:
-            return F.linear(x, self.weight, self.bias)
-        return torch.ops.hvd.row_linear(x, self.weight, self.bias)
+        return row_linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, rows"

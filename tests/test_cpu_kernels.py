@@ -200,3 +200,28 @@ def test_a_drafter_takes_the_row_kernel_only_from_a_row_target() -> None:
     assert match_linear_kernel(head, row) == 2 and linear_kernel(head) == "row"
     torch.testing.assert_close(head(x), want, rtol=1e-5, atol=1e-5)
     assert match_linear_kernel(nn.Linear(4, 4).double(), row) == 0
+
+
+@needs_avx2
+def test_a_draft_head_on_the_row_kernel_projects_its_logits_on_it_too(monkeypatch) -> None:
+    """Drafting reads the head's draft-vocabulary logits from the row kernel; training keeps PyTorch's product."""
+    from hvd_agents.draft_head import DraftHead, DraftHeadConfig
+    from hvd_agents.draft_head.model import init_weights, target_signature
+
+    _, row = _pair(kernel="row")
+    config = DraftHeadConfig(row.config.hidden_size, 4, 64, 48, row.config.vocab_size, target=target_signature(row))
+    head = init_weights(DraftHead(config)).attach(row)
+    feature = torch.randn(3, config.hidden_size)
+    with torch.inference_mode():
+        dense = head.logits(feature)
+    assert match_linear_kernel(head, row) > 0
+    calls = []
+    kernel = native_linear.row_linear
+    monkeypatch.setattr("hvd_agents.draft_head.model.row_linear", lambda *args: calls.append(args) or kernel(*args))
+    with torch.inference_mode():
+        got = head.logits(feature)
+    assert len(calls) == 1 and calls[0][1] is head.lm_rows
+    torch.testing.assert_close(got, dense, rtol=1e-5, atol=1e-5)
+    trained = feature.clone().requires_grad_(True)  # with gradients (training) the kernel, which has none, is not used
+    head.logits(trained).sum().backward()
+    assert len(calls) == 1 and trained.grad is not None

@@ -379,6 +379,29 @@ def test_draft_loop_skips_the_forward_it_could_not_use() -> None:
     assert longer.token_ids == (2, 2, 2) and len(calls) == 1 + 2
 
 
+def test_min_first_decides_the_first_token_on_its_reach() -> None:
+    # the first distribution: 0.3 on token 1, then 0.25, 0.2, 0.15 on tokens 2, 3, 4 (0.1 on token 0)
+    first = torch.log(torch.tensor([0.1, 0.3, 0.25, 0.2, 0.15]))
+    later = torch.log(torch.tensor([0.05, 0.05, 0.8, 0.05, 0.05]))
+
+    def loop(temperature: float, min_first: float | None, min_survival: float = 0.12) -> Draft:
+        return draft_loop(first, lambda token: later, 3, temperature=temperature,
+                          generator=torch.Generator().manual_seed(0), min_survival=min_survival,
+                          min_first=min_first, to_target=None, target_vocab=5, source="test")
+
+    # greedy: the alternatives count towards the reach (0.3 + 0.25 + 0.2 + 0.15 = 0.9)
+    greedy = loop(0.0, 0.85)  # one token: its survival 0.3 times at most 0.3 for a second is below 0.12
+    assert greedy.main_length == 1 and greedy.token_ids == (1, 2, 3, 4) and greedy.parents == (-1, -1, -1, -1)
+    assert loop(0.0, 0.95).token_ids == ()  # not worth a first token: nothing, not even the alternatives
+    # sampling verifies no alternatives: the reach is the confidence alone
+    assert loop(1.0, 0.35).token_ids == ()
+    sampled = loop(1.0, 0.25)
+    assert sampled.token_ids and sampled.probs is not None
+    # min_first decides the first token only; min_survival (0.5 here) still ends the draft after it
+    assert loop(0.0, 0.2, min_survival=0.5).token_ids == (1,)
+    assert loop(0.0, None, min_survival=0.5).token_ids == ()  # without min_first, min_survival gates the first too
+
+
 def test_ingesting_indices_at_once_gives_the_last_ones_logits(target) -> None:
     head = random_head(target)
     features = torch.randn(5, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(1))

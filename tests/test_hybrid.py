@@ -225,6 +225,47 @@ def test_model_draft_continues_while_a_further_token_pays_for_itself() -> None:
     assert model.min_survival == [pytest.approx(drafter.rate.rate * 0.15)]
 
 
+class GatedModelDrafter(ThresholdRecordingDrafter):
+    """Also takes ``min_first``: drafts only when its first token's reach (``reach``) clears it."""
+
+    def __init__(self, reach: float) -> None:
+        super().__init__()
+        self.reach = reach
+        self.min_first: list[float] = []
+
+    def propose(self, ctx: DraftContext, k: int, min_survival: float | None = None,
+                min_first: float | None = None) -> Draft:
+        self.min_first.append(min_first)
+        draft = super().propose(ctx, k, min_survival)
+        return draft if self.reach >= min_first else Draft()
+
+
+def test_a_gated_model_drafter_is_asked_where_no_cache_draft_pays_and_its_first_token_decides() -> None:
+    cost = CostModel(((0, 1.0), (1, 1.2), (9, 1.6)))
+    # its running acceptance (0.05) says a model draft never pays, yet it is asked: its confidence decides
+    sure = GatedModelDrafter(reach=0.9)
+    sure.acceptance_prior = 0.05
+    drafter = HybridDrafter(SuffixDrafter(None), constant_predictor(6.0), cost, model=sure,
+                            model_cost=cost.with_drafting(0.1))
+    ctx = start(drafter, [1, 2, 3, 4])
+    draft = drafter.propose(ctx, 4)
+    rate = drafter.rate.rate
+    # a plain step is worth 1 - R; one drafted token 1 + p - R * verify(1): the first token needs p > 0.2 R
+    assert sure.min_first == [pytest.approx(rate * 0.2)]
+    assert draft.source == "model" and len(draft) == 4
+    drafter.observe(Outcome("r", draft, 4, (7, 7, 7, 7, 9)))
+    # unsure of its first token: it was asked, drafted nothing, and the step is a plain one
+    unsure = GatedModelDrafter(reach=0.1)
+    drafter = HybridDrafter(SuffixDrafter(None), constant_predictor(6.0), cost, model=unsure,
+                            model_cost=cost.with_drafting(0.1))
+    assert drafter.propose(start(drafter, [1, 2, 3, 4]), 4) == Draft() and unsure.proposed == 1
+    # where the cache draft pays and the running acceptance says the model cannot beat it, it is not asked
+    confident = HybridDrafter(SuffixDrafter(None), constant_predictor(6.0), cost, model=sure,
+                              model_cost=cost.with_drafting(0.1))
+    assert confident.propose(start(confident, [10, 11, 12, 13, 20, 21, 5, 10, 11]), 4).source.startswith("suffix:")
+    assert sure.proposed == 1
+
+
 def test_model_rejections_make_the_model_drafter_give_way() -> None:
     model = CountingModelDrafter()
     drafter = HybridDrafter(SuffixDrafter(None), constant_predictor(6.0), CostModel.linear(0.3), model=model)

@@ -73,7 +73,8 @@ class DraftHeadDrafter:
         """Context indices the next ``propose`` would ingest before drafting (what catching up costs)."""
         return max(len(ctx.token_ids) - 1 - self._catch_up(ctx)[2], 0)
 
-    def propose(self, ctx: DraftContext, k: int, min_survival: float | None = None) -> Draft:
+    def propose(self, ctx: DraftContext, k: int, min_survival: float | None = None,
+                min_first: float | None = None) -> Draft:
         hidden = ctx.hidden_states
         tokens = ctx.token_ids
         n = len(tokens) - 1  # verified indices are t <= n - 1 (x_n has no hidden state yet)
@@ -115,6 +116,7 @@ class DraftHeadDrafter:
                 temperature=ctx.temperature,
                 generator=ctx.generator,
                 min_survival=self.min_survival if min_survival is None else min_survival,
+                min_first=min_first,
                 to_target=head.draft_vocab,
                 target_vocab=head.config.target_vocab_size,
                 source=self.source,

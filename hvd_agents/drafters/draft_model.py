@@ -69,7 +69,8 @@ class DraftModelDrafter:
         cache survives between requests, so an agent loop's next turn costs only its new tokens."""
         return len(ctx.token_ids) - self._keep(ctx.token_ids)
 
-    def propose(self, ctx: DraftContext, k: int, min_survival: float | None = None) -> Draft:
+    def propose(self, ctx: DraftContext, k: int, min_survival: float | None = None,
+                min_first: float | None = None) -> Draft:
         tokens = ctx.token_ids
         if k <= 0 or len(tokens) + k > self.context_window:
             return Draft()
@@ -87,6 +88,7 @@ class DraftModelDrafter:
             temperature=ctx.temperature,
             generator=ctx.generator,
             min_survival=self.min_survival if min_survival is None else min_survival,
+            min_first=min_first,
             to_target=None,
             target_vocab=self.target_vocab,
             source=self.source,

@@ -8,9 +8,16 @@ Each step:
    previous verification) into survival probabilities ``S_i`` BEFORE any
    verification, and the selection rule (:mod:`hvd_agents.policy.selection`)
    picks the length with the best expected tokens per unit of cost;
-3. when a model drafter is configured, its expected value (from its running
-   per-token acceptance rate in this request) is compared first: it only drafts
-   (and costs its own forwards) where it is expected to beat the cache draft;
+3. when a model drafter is configured: where no cache draft pays, it is asked,
+   and its first forward decides: it drafts iff its own confidence in its first
+   token (its *reach*, :mod:`hvd_agents.drafters.model_draft`) makes the step
+   beat a plain one (``1 + p - R * verify(1) > 1 - R``), then goes on while
+   further tokens pay; where a cache draft pays, the model drafter only runs
+   (and costs its forwards) when its running per-token acceptance in this
+   request says it beats that draft, and then under the same first-token rule
+   against the cache draft's value. A drafter forward costs about a tenth of a
+   target step, and the drafter's confidence tells the steps it gets right from
+   those it does not far better than its average acceptance does;
 4. otherwise no draft: a plain decoding step.
 
 Where the cache drafter's candidates disagree, the chosen cache draft grows into
@@ -123,8 +130,11 @@ class HybridDrafter:
 
     When a model drafter's ``propose`` takes ``min_survival`` (the project's
     model drafters do), it is told to stop drafting once its own estimate that
-    the draft survives falls below what a token costs (see
-    :mod:`hvd_agents.drafters.model_draft`); any other Drafter works too.
+    the draft survives falls below what a token costs; when it also takes
+    ``min_first``, the policy asks it wherever no cache draft pays and it drafts
+    only when its first token is worth verifying (see
+    :mod:`hvd_agents.drafters.model_draft`); any other Drafter works too, drafting
+    where its running acceptance says it pays.
     """
 
     def __init__(
@@ -161,7 +171,9 @@ class HybridDrafter:
         self._draft_token_s = 0.0  # EMA of a drafted token's seconds
         self._last_step: _Step | None = None
         self._drafting_cost: tuple[float, CostModel, CostModel] | None = None  # (per drafted token, cost, with it)
-        self._takes_min_survival = model is not None and "min_survival" in inspect.signature(model.propose).parameters
+        takes = inspect.signature(model.propose).parameters if model is not None else {}
+        self._takes_min_survival = "min_survival" in takes
+        self._takes_min_first = self._takes_min_survival and "min_first" in takes
         self._requests: dict[str, _RequestState] = {}
 
     @property
@@ -244,15 +256,23 @@ class HybridDrafter:
         draft_s = 0.0
         model_cost = self.model_cost(timed) if self.model is not None else cost
         model_choice = self._model_choice(state, k, rate, model_cost)
-        pending = self._pending(state, ctx) if model_choice is not None else 0
+        # with nothing better to verify, a drafter that can gate its first token on its own confidence is asked:
+        # one drafter forward buys a per-step judgement instead of the running average acceptance
+        gated = self._takes_min_first and used == "none"
+        pending = self._pending(state, ctx) if model_choice is not None or gated else 0
         # the context the drafter must ingest first, charged to this step
         catch_up = pending * (self._ingest_cost if timed else self._ingest_cost_prior)
-        if model_choice is not None and model_choice.value - rate * catch_up > best.value:
+        if gated or (model_choice is not None and model_choice.value - rate * catch_up > best.value):
             # a further token is worth its cost iff S > R * marginal (whether to draft at all was decided above,
             # so the first token's dearer share of the cost is not charged to the tokens after it)
             min_survival = rate * float(model_cost.marginal(2)[-1])
             model_started = time.perf_counter()
-            if self._takes_min_survival:
+            if self._takes_min_first:
+                # by its first token the drafter's forward is spent: the token is drafted iff, at the drafter's
+                # confidence p, the step beats the best other choice: 1 + p - R * verify(1) > best
+                min_first = best.value - 1.0 + rate * float(cost.verify(1))
+                proposed = self.model.propose(ctx, k, min_survival=min_survival, min_first=min_first)
+            elif self._takes_min_survival:
                 proposed = self.model.propose(ctx, model_choice.length, min_survival=min_survival)
             else:
                 proposed = self.model.propose(ctx, model_choice.length)
@@ -263,9 +283,10 @@ class HybridDrafter:
                     self._time_draft(draft_s, proposed.main_length)
                 elif pending > 0 and self._draft_token_s:
                     self._time_ingest(draft_s - self._draft_token_s * proposed.main_length, pending)
-                best, draft, used = model_choice, proposed, "model"
-                best = Choice(len(proposed), best.expected_tokens,
-                              model_cost.verify(len(proposed)) + catch_up, best.value - rate * catch_up)
+                n = len(proposed)
+                expected = 1.0 + float(np.cumprod(np.full(proposed.main_length, state.model_acceptance)).sum())
+                step_cost = float(model_cost.verify(n)) + catch_up
+                best, draft, used = Choice(n, expected, step_cost, expected - rate * step_cost), proposed, "model"
         state.step = _Step(used, features, main if used == "cache" else 0, best.cost, len(draft), started, draft_s)
         self._last_step = state.step
         if used != "cache":

@@ -22,6 +22,14 @@ Under greedy decoding the draft also carries the drafter's next most likely
 first tokens (up to :data:`FIRST_ALTERNATIVES`, each as likely as
 ``min_survival``) as alternatives to its first token: a tree draft whose extra
 tokens cost the target almost nothing to verify and no drafting forward at all.
+
+Whether to draft at all is decided at the first token, on its *reach*: the
+chance that some first token of the draft is the target's (the confidence,
+plus under greedy decoding the alternatives' probabilities). The draft is empty
+when the reach is below ``min_first`` (the hybrid policy sets it to what a first
+token must be worth for the step to beat its other choices; ``min_survival``
+when not given). The reach is a property of the distribution, so this too is
+decided before any token is drawn.
 """
 
 from __future__ import annotations
@@ -62,6 +70,7 @@ def draft_loop(
     temperature: float,
     generator: torch.Generator | None,
     min_survival: float,
+    min_first: float | None = None,
     to_target: Sequence[int] | torch.Tensor | None,
     target_vocab: int,
     source: str,
@@ -74,21 +83,32 @@ def draft_loop(
         to_target: maps a logits index to a target id (a reduced draft
             vocabulary); None when indices are target ids.
         target_vocab: the target's vocabulary size (the width of reported q rows).
+        min_survival: a further token is drafted while the draft's survival stays above it.
+        min_first: nothing is drafted when the first token's reach is below it (default ``min_survival``).
         alternatives: greedy only: most other first tokens added as a tree's siblings of the first.
     """
     tokens: list[int] = []
     q_rows: list[torch.Tensor] = []
     others: list[int] = []
     survival = 1.0
+    first = 0.0  # the drafter's confidence in its first token
     for i in range(k):
         probs, confidence = distribution(logits, temperature)
-        if survival * confidence < min_survival:  # decided before drawing: the token drawn must not decide it
+        if i == 0:
+            reach = confidence  # the chance that some first token is the target's
+            if temperature <= 0.0 and alternatives > 0 and k > 1:
+                top = torch.topk(probs, min(1 + alternatives, probs.shape[0]))
+                kept = [(int(index), p) for index, p in zip(top.indices[1:].tolist(), top.values[1:].tolist())
+                        if p >= min_survival]
+                others = [index for index, _ in kept]
+                reach += sum(p for _, p in kept)
+            if reach < (min_survival if min_first is None else min_first):  # decided before drawing
+                others = []
+                break
+        elif survival * confidence < min_survival:  # decided before drawing: the token drawn must not decide it
             break
-        if i == 0 and temperature <= 0.0 and alternatives > 0 and k > 1:
-            top = torch.topk(probs, min(1 + alternatives, probs.shape[0]))
-            others = [int(index) for index, p in zip(top.indices[1:].tolist(), top.values[1:].tolist())
-                      if p >= min_survival]
         survival *= confidence
+        first = first or confidence
         index, probs = draw(probs, temperature, generator)
         token = index if to_target is None else int(to_target[index])
         tokens.append(token)
@@ -99,7 +119,7 @@ def draft_loop(
                 break
             logits = advance(token)
     probs = torch.stack(q_rows) if q_rows else None
-    features = {"model_survival": survival, "model_tokens": float(len(tokens))}
+    features = {"model_survival": survival, "model_first": first, "model_tokens": float(len(tokens))}
     if not others:
         return Draft(tuple(tokens), probs, survival, source, features)
     chain = list(range(-1, len(tokens) - 1))

@@ -412,6 +412,16 @@ def test_ingesting_indices_at_once_gives_the_last_ones_logits(target) -> None:
         _, one = head.step(features[t : t + 1], tokens[t : t + 1], [t], cache)
     assert at_once.shape == head.draft_vocab.shape  # [V']: only the last index's logits are computed
     assert torch.allclose(at_once, one, atol=1e-9)
+    # a fresh sequence takes plain causal attention, later chunks a mask offset by the cached entries:
+    # two chunks give the same features as one index at a time
+    chunked = HeadCache()
+    first, _ = head.step(features[:2], tokens[:2], [0, 1], chunked)
+    second, in_chunks = head.step(features[2:], tokens[2:], [2, 3, 4], chunked)
+    cache, singly = HeadCache(), []
+    for t in range(5):
+        singly.append(head.step(features[t : t + 1], tokens[t : t + 1], [t], cache)[0])
+    assert torch.allclose(torch.cat([first, second]), torch.cat(singly), atol=1e-9)
+    assert torch.allclose(in_chunks, one, atol=1e-9)
 
 
 def test_head_file_round_trip_and_errors(target, tmp_path) -> None:

@@ -204,24 +204,35 @@ def test_greedy_equality_with_draft_lms(target, seed) -> None:
 
 @pytest.mark.parametrize(
     "kind, temperature, top_k, top_p",
-    [("head", 1.0, 0, 1.0), ("head", 0.7, 5, 0.9), ("lm", 1.0, 0, 1.0), ("self", 0.7, 5, 0.9), ("hvd", 1.0, 0, 1.0)],
+    [("head", 1.0, 0, 1.0), ("head", 0.7, 5, 0.9), ("lm", 1.0, 0, 1.0), ("self", 0.7, 5, 0.9), ("hvd", 1.0, 0, 1.0),
+     ("hvd-head", 1.0, 0, 1.0)],
 )
 def test_sampling_distribution_with_model_drafts(kind, temperature, top_k, top_p) -> None:
     model = make_tiny_llama(SMALL_VOCAB, seed=3)
     with torch.no_grad():
         model.lm_head.weight.mul_(0.15)
-    if kind in ("head", "hvd"):
+    prompt = [1, 4, 2, 7, 1, 4]
+    method = "hvd" if kind == "hvd" else "model"
+    if kind in ("head", "hvd", "hvd-head"):
         config = DraftHeadConfig(32, 4, 64, SMALL_VOCAB - 2, SMALL_VOCAB, target=target_signature(model))
         head = init_weights(DraftHead(config), seed=4)
         head.draft_vocab = torch.arange(2, SMALL_VOCAB)  # ids 0 and 1 are never drafted: q = 0 there
-        engine = Engine(model, eos_token_ids=(), draft_head=head.to(torch.float64))
+        # hvd-head: the policy where no cache draft exists (a prompt without repeats, no cross-request store), so
+        # the head is asked at every step and its first token's confidence decides; no prefix reuse, so the
+        # head has the prompt's hidden states in every request
+        engine = Engine(model, eos_token_ids=(), draft_head=head.to(torch.float64),
+                        prefix_cache_bytes=0 if kind == "hvd-head" else 1 << 22)
+        if kind == "hvd-head":
+            prompt, method = [1, 4, 2, 7, 3, 5], kind
+            engine.add_drafter(kind, HybridDrafter(SuffixDrafter(None), cost=CostModel.linear(0.05),
+                                                   model=DraftHeadDrafter(engine.draft_head)))
     else:
         engine = Engine(model, eos_token_ids=(), draft_model=make_tiny_llama(SMALL_VOCAB, seed=9) if kind == "lm" else model)
-    method = "hvd" if kind == "hvd" else "model"
-    prompt = [1, 4, 2, 7, 1, 4]
     params = GenerationParams(max_new_tokens=2, temperature=temperature, top_k=top_k, top_p=top_p,
                               method=method, num_draft_tokens=3, seed=0)
     assert_samples_follow(engine, prompt, params, exact_two_token_distribution(model, prompt, params))
+    if kind == "hvd-head":  # the samples went through head drafts
+        assert engine.generate(prompt, params).stats.per_source["head"].steps == 1
 
 
 class RecordingHeadDrafter(DraftHeadDrafter):

@@ -91,7 +91,6 @@ def draft_loop(
     q_rows: list[torch.Tensor] = []
     others: list[int] = []
     survival = 1.0
-    first = 0.0  # the drafter's confidence in its first token
     for i in range(k):
         probs, confidence = distribution(logits, temperature)
         if i == 0:
@@ -108,7 +107,6 @@ def draft_loop(
         elif survival * confidence < min_survival:  # decided before drawing: the token drawn must not decide it
             break
         survival *= confidence
-        first = first or confidence
         index, probs = draw(probs, temperature, generator)
         token = index if to_target is None else int(to_target[index])
         tokens.append(token)
@@ -119,7 +117,7 @@ def draft_loop(
                 break
             logits = advance(token)
     probs = torch.stack(q_rows) if q_rows else None
-    features = {"model_survival": survival, "model_first": first, "model_tokens": float(len(tokens))}
+    features = {"model_survival": survival, "model_tokens": float(len(tokens))}
     if not others:
         return Draft(tuple(tokens), probs, survival, source, features)
     chain = list(range(-1, len(tokens) - 1))

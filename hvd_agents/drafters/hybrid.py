@@ -255,10 +255,10 @@ class HybridDrafter:
         main = draft.main_length
         draft_s = 0.0
         model_cost = self.model_cost(timed) if self.model is not None else cost
-        model_choice = self._model_choice(state, k, rate, model_cost)
         # with nothing better to verify, a drafter that can gate its first token on its own confidence is asked:
         # one drafter forward buys a per-step judgement instead of the running average acceptance
         gated = self._takes_min_first and used == "none"
+        model_choice = None if gated else self._model_choice(state, k, rate, model_cost)
         pending = self._pending(state, ctx) if model_choice is not None or gated else 0
         # the context the drafter must ingest first, charged to this step
         catch_up = pending * (self._ingest_cost if timed else self._ingest_cost_prior)
@@ -284,7 +284,7 @@ class HybridDrafter:
                 elif pending > 0 and self._draft_token_s:
                     self._time_ingest(draft_s - self._draft_token_s * proposed.main_length, pending)
                 n = len(proposed)
-                expected = 1.0 + float(np.cumprod(np.full(proposed.main_length, state.model_acceptance)).sum())
+                expected = 1.0 + float(_model_survival(state, proposed.main_length).sum())
                 step_cost = float(model_cost.verify(n)) + catch_up
                 best, draft, used = Choice(n, expected, step_cost, expected - rate * step_cost), proposed, "model"
         state.step = _Step(used, features, main if used == "cache" else 0, best.cost, len(draft), started, draft_s)
@@ -298,7 +298,7 @@ class HybridDrafter:
     def _model_choice(self, state: _RequestState, k: int, rate: float, model_cost: CostModel) -> Choice | None:
         if self.model is None:
             return None
-        survival = np.cumprod(np.full(k, state.model_acceptance))  # [k]
+        survival = _model_survival(state, k)
         choice = best_length(survival, model_cost, rate)
         return choice if choice.length > 0 else None
 
@@ -425,6 +425,11 @@ def _grow_tree(
     step_cost = cost.verify(len(tokens))
     tree = Draft(tuple(tokens), None, draft.score, draft.source, draft.features, tuple(parents))
     return Choice(len(tokens), expected, step_cost, expected - rate * step_cost), tree
+
+
+def _model_survival(state: _RequestState, n: int) -> np.ndarray:
+    """``[n]``: the chance a model draft survives its first 1..n tokens, at the request's running acceptance."""
+    return np.cumprod(np.full(n, state.model_acceptance))
 
 
 def _target_features(outcome: Outcome) -> dict[str, float]:

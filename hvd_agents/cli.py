@@ -25,8 +25,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from hvd_agents.draft_head.pipeline import DataConfig
-from hvd_agents.draft_head.train import TrainConfig
+from hvd_agents.distill.pipeline import DataConfig
+from hvd_agents.distill.train import TrainConfig
 from hvd_agents.drafters import available_methods
 from hvd_agents.engine import GenerationParams
 from hvd_agents.errors import HVDError
@@ -67,7 +67,7 @@ def _params(args: argparse.Namespace) -> GenerationParams:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from hvd_agents.conversation import prepare
+    from hvd_agents.chat.conversation import prepare
     from hvd_agents.engine.shared import shared_engine
 
     params = _params(args)  # validate before loading the model
@@ -170,7 +170,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def cmd_train_drafter(args: argparse.Namespace) -> int:
-    from hvd_agents.draft_head.pipeline import train_drafter
+    from hvd_agents.distill.pipeline import train_drafter
 
     if args.prompts < 2 or args.epochs < 1 or args.draft_vocab < 2 or args.batch_tokens < 1:
         raise HVDError("--prompts must be >= 2, --epochs >= 1, --draft-vocab >= 2 and --batch-tokens >= 1")
@@ -195,7 +195,7 @@ def cmd_train_payoff(args: argparse.Namespace) -> int:
 
 
 def _add_analyze_parser(sub: argparse._SubParsersAction) -> None:
-    from hvd_agents.trace.policies import ALIASES, POLICIES
+    from hvd_agents.trace.strategies import ALIASES, POLICIES
 
     ana = sub.add_parser("analyze", help="replay an agent trace through the drafters: estimated speedup (no model)")
     ana.add_argument("file", help="trace: JSONL (one {id, messages, tools} per line) or a JSON array")

@@ -1,6 +1,6 @@
 """Prompt structure: typed token spans and where they came from.
 
-The prompt-structure analyzer (:mod:`hvd_agents.analyzer`) cuts a rendered prompt
+The prompt-structure analyzer (:mod:`hvd_agents.chat.analyzer`) cuts a rendered prompt
 into spans typed by what produced them; the cache store keeps such spans across
 requests with their provenance, and the cache drafter reports the kind of the span
 a draft was copied from, which the payoff predictor uses.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hvd_agents.bench.live import _cache_runner, _Item
 from hvd_agents.bench.prompts import AgentPrompt
-from hvd_agents.chat import encode_prompt
+from hvd_agents.chat.template import encode_prompt
 from hvd_agents.engine import Engine, GenerationParams
 from hvd_agents.policy import CostModel
 

@@ -8,8 +8,8 @@ from torch import nn
 from transformers import DynamicCache
 
 from hvd_agents import Engine, GenerationParams
-from hvd_agents import native_linear
-from hvd_agents.cpu_kernels import (
+from hvd_agents.runtime import row_linear as native_linear
+from hvd_agents.runtime.kernels import (
     ATTENTION_NAME,
     LINEAR_ENV,
     PackedLinear,
@@ -21,8 +21,8 @@ from hvd_agents.cpu_kernels import (
     resolve_linear_kernel,
 )
 from hvd_agents.errors import InvalidRequestError
-from hvd_agents.native_linear import RowLinear
-from hvd_agents.policy.cost import profile_key
+from hvd_agents.runtime.row_linear import RowLinear
+from hvd_agents.runtime.profile import profile_key
 from tests.drafters_for_tests import FixedDrafter
 from tests.tiny import make_tiny_llama
 
@@ -101,7 +101,7 @@ def test_row_linear_refuses_mismatched_shapes() -> None:
 
 
 def test_kernel_names_are_checked(monkeypatch) -> None:
-    from hvd_agents.models import load_model
+    from hvd_agents.runtime.loading import load_model
 
     with pytest.raises(InvalidRequestError, match="cpu_linear='fast'"):
         load_model("embedded", cpu_linear="fast")

@@ -16,12 +16,12 @@ from hypothesis import strategies as st
 
 from hvd_agents import Engine, GenerationParams
 from hvd_agents.draft_head import DraftHead, DraftHeadConfig, DraftHeadError, HeadCache, load_head, save_head
-from hvd_agents.draft_head.data import answer_samples, generate_samples, teacher_forced_samples
+from hvd_agents.distill.data import answer_samples, generate_samples, teacher_forced_samples
 from hvd_agents.draft_head.model import init_weights, target_signature
-from hvd_agents.draft_head.train import TrainConfig, evaluate, train_head, ttt_forward
+from hvd_agents.distill.train import TrainConfig, evaluate, train_head, ttt_forward
 from hvd_agents.draft_head.weights import shipped_head_for
 from hvd_agents.drafters import DraftContext, DraftHeadDrafter, DraftModelDrafter, HybridDrafter, SuffixDrafter
-from hvd_agents.drafters.model_draft import draft_loop
+from hvd_agents.drafters.model.loop import draft_loop
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.policy import CostModel
 from tests.test_engine_lossless import SMALL_VOCAB, assert_samples_follow, exact_two_token_distribution
@@ -488,7 +488,7 @@ def test_cost_with_drafting_adds_per_token_cost() -> None:
 
 def test_train_drafter_command_defaults_are_the_recipe_and_bad_arguments_are_refused(tmp_path, capsys) -> None:
     from hvd_agents.cli import build_parser, main
-    from hvd_agents.draft_head.pipeline import DataConfig
+    from hvd_agents.distill.pipeline import DataConfig
 
     args = build_parser().parse_args(["train-drafter", "-o", str(tmp_path / "head.safetensors")])
     data, train = DataConfig(), TrainConfig()

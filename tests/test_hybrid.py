@@ -11,7 +11,7 @@ import torch
 
 from hvd_agents.drafters import CacheStore, Draft, DraftContext, HybridDrafter, Outcome, SuffixDrafter
 from hvd_agents.policy import CostModel, PayoffPredictor, PayoffWeights, RateEstimate, best_length
-from hvd_agents.policy import cost as cost_module
+from hvd_agents.runtime import profile as cost_module
 from hvd_agents.policy.features import FEATURE_NAMES, NUM_FEATURES
 from tests.tiny import make_tiny_llama
 
@@ -340,7 +340,7 @@ class FakeClock:
 
 
 def test_hvd_calibrates_a_measured_profile_to_the_engine_step_timings(monkeypatch) -> None:
-    from hvd_agents.drafters import hybrid
+    from hvd_agents.drafters.hybrid import drafter as hybrid
 
     clock = FakeClock()
     monkeypatch.setattr(hybrid, "time", clock)
@@ -385,7 +385,7 @@ class TimedModelDrafter(CountingModelDrafter):
 def test_model_drafting_is_timed_only_once_the_drafter_is_caught_up(monkeypatch) -> None:
     # the first draft of a request ingests the whole prompt (1 s here): charging that to its 4 tokens would
     # price the drafter out; the next draft, right after a model step, is its cost per token
-    from hvd_agents.drafters import hybrid
+    from hvd_agents.drafters.hybrid import drafter as hybrid
 
     clock = FakeClock()
     monkeypatch.setattr(hybrid, "time", clock)

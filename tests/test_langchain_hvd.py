@@ -38,9 +38,9 @@ from langchain_tests.unit_tests import ChatModelUnitTests
 from pydantic import ValidationError
 
 from hvd_agents import Engine, GenerationParams, InvalidRequestError
-from hvd_agents.conversation import prepare
-from hvd_agents.toolcalls import parse_tool_calls
-from hvd_agents.toolcall_stream import ToolCallStreamSplitter, normalize_tool_choice
+from hvd_agents.chat.conversation import prepare
+from hvd_agents.chat.toolcalls import parse_tool_calls
+from hvd_agents.chat.toolcall_stream import ToolCallStreamSplitter, normalize_tool_choice
 from langchain_hvd import ChatHVD
 from langchain_hvd._convert import to_openai_messages
 from tests import agent_tools
@@ -334,7 +334,7 @@ def test_construction_loads_nothing(monkeypatch) -> None:
     def boom(*args, **kwargs):
         raise AssertionError("the engine must not be created before the first call")
 
-    monkeypatch.setattr("hvd_agents.chat_request.shared_engine", boom)
+    monkeypatch.setattr("hvd_agents.chat.request.shared_engine", boom)
     model = ChatHVD(model="some/hub-model", device="cpu", max_tokens=12)
     model.bind_tools([WEATHER_SCHEMA], tool_choice="get_weather")
     model.with_structured_output({"title": "T", "type": "object", "properties": {"a": {"type": "string"}}})
@@ -666,7 +666,7 @@ def test_langgraph_state_graph_runs_a_two_tool_loop_in_its_thread(real_engine, m
     from langgraph.graph import START, MessagesState, StateGraph
     from langgraph.prebuilt import ToolNode, tools_condition
 
-    import hvd_agents.chat_request
+    import hvd_agents.chat.request
 
     sessions: list[str | None] = []
 
@@ -674,7 +674,7 @@ def test_langgraph_state_graph_runs_a_two_tool_loop_in_its_thread(real_engine, m
         sessions.append(kwargs.get("session_id"))
         return prepare(engine, messages, tools, **kwargs)
 
-    monkeypatch.setattr(hvd_agents.chat_request, "prepare", recording_prepare)
+    monkeypatch.setattr(hvd_agents.chat.request, "prepare", recording_prepare)
     llm = ChatHVD(engine=real_engine, max_tokens=64)
 
     def agent(state: MessagesState) -> dict:

@@ -29,7 +29,7 @@ from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.tools import FunctionTool
 
 from hvd_agents import Engine, GenerationParams, InvalidRequestError
-from hvd_agents.conversation import prepare
+from hvd_agents.chat.conversation import prepare
 from llama_index.llms.hvd import HVD
 from llama_index.llms.hvd._convert import to_openai_messages
 from tests.agent_tools import QUESTION, SYSTEM, TOOL_LOG, get_local_time, get_weather, ticking
@@ -89,7 +89,7 @@ def test_metadata_and_construction_loading_nothing(monkeypatch, tiny_model, byte
     def boom(*args, **kwargs):
         raise AssertionError("the engine must not be created before it is needed")
 
-    monkeypatch.setattr("hvd_agents.chat_request.shared_engine", boom)
+    monkeypatch.setattr("hvd_agents.chat.request.shared_engine", boom)
     lazy = HVD(model="some/hub-model", device="cpu", tool_choice="required", context_window=4096)
     assert (lazy.metadata.model_name, lazy.metadata.context_window) == ("some/hub-model", 4096)
     lazy.get_tool_calls_from_response(ChatResponse(message=ChatMessage(role="assistant")), error_on_no_tool_call=False)
@@ -366,7 +366,7 @@ async def test_function_agent_runs_a_two_tool_loop(real_engine, monkeypatch) -> 
         sessions.append(structure.session_id)
         return structure
 
-    monkeypatch.setattr("hvd_agents.chat_request.prepare", recording_prepare)
+    monkeypatch.setattr("hvd_agents.chat.request.prepare", recording_prepare)
     TOOL_LOG.clear()
     agent = FunctionAgent(tools=TOOLS, llm=HVD(engine=real_engine, max_tokens=64, tool_choice=_tool_choice_for),
                           system_prompt=SYSTEM)

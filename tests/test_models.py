@@ -1,4 +1,4 @@
-"""Tests for hvd_agents.models: source resolution, the GGUF disk cache, devices, EOS ids.
+"""Tests for hvd_agents.runtime.loading: source resolution, the GGUF disk cache, devices, EOS ids.
 
 Everything here uses a tiny in-process Llama and WordLevel tokenizer; no real model is
 loaded (the embedded SmolLM2 is exercised by tests/test_real_model.py).
@@ -21,7 +21,7 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from tests.tiny import make_tiny_llama
 
-from hvd_agents import models
+from hvd_agents.runtime import loading as models
 from hvd_agents.errors import HVDError, InvalidRequestError, ModelLoadError, ModelNotFoundError
 
 SPECIALS = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -143,7 +143,7 @@ def test_gguf_cache_build_rebuild_and_reuse(fake_gguf, cache_env, caplog):
     del first
     weights = entries[0] / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
-    with caplog.at_level(logging.WARNING, logger="hvd_agents.models"):
+    with caplog.at_level(logging.WARNING, logger="hvd_agents.runtime.loading"):
         second = models.load_model(str(path), device="cpu")
     assert len(calls) == 2
     assert any("invalid" in r.getMessage() and "model.safetensors" in r.getMessage() for r in caplog.records)

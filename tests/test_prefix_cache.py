@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from transformers import DynamicCache
 
 from hvd_agents import Engine, GenerationParams
-from hvd_agents.engine.kv import new_cache
+from hvd_agents.runtime.kv import new_cache
 from hvd_agents.engine.prefix_cache import PrefixCache, common_prefix_length
 from tests.tiny import make_tiny_llama
 
@@ -321,7 +321,7 @@ def test_memory_stays_within_budget_over_a_200_turn_loop(tiny, capsys) -> None:
 @pytest.mark.real_model
 def test_embedded_model_agent_conversation_is_lossless_with_reuse(real_engine) -> None:
     from hvd_agents.bench.prompts import SEARCH_FILES_TOOL, SYSTEM, WEATHER_TOOL
-    from hvd_agents.conversation import prepare
+    from hvd_agents.chat.conversation import prepare
 
     real_engine.prefix_cache.clear()
     tools = [WEATHER_TOOL, SEARCH_FILES_TOOL]

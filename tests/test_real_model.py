@@ -9,7 +9,7 @@ import torch
 
 from hvd_agents import GenerationParams
 from hvd_agents.bench.prompts import agent_prompts
-from hvd_agents.chat import encode_prompt
+from hvd_agents.chat.template import encode_prompt
 from hvd_agents.cli import main
 
 pytestmark = pytest.mark.real_model
@@ -41,7 +41,7 @@ def test_every_method_equals_hf_greedy(real_engine, prompts, name) -> None:
 
 @pytest.mark.parametrize("method", ["hvd-cache", "hvd"])
 def test_cache_methods_with_registered_structure_are_lossless_and_draft(real_engine, method) -> None:
-    from hvd_agents.conversation import prepare
+    from hvd_agents.chat.conversation import prepare
 
     prompt = agent_prompts()[0]
     structure = prepare(real_engine, prompt.messages, prompt.tools, session_id=f"test-session-{method}")

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from hvd_agents.drafters import CacheStore, DraftContext, Outcome, SuffixDrafter
 from hvd_agents.drafters.base import Draft
-from hvd_agents.drafters.ngram_index import NgramIndex, _bulk_keys, ngram_key
+from hvd_agents.drafters.cache.ngram_index import NgramIndex, _bulk_keys, ngram_key
 from hvd_agents.errors import InvalidRequestError, StoreFormatError
 from hvd_agents.structure import PromptStructure, SpanKind, TypedSpan
 

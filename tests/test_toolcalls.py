@@ -8,7 +8,7 @@ import re
 import pytest
 
 from hvd_agents.errors import InvalidRequestError
-from hvd_agents.toolcalls import (
+from hvd_agents.chat.toolcalls import (
     InvalidToolCall,
     ParsedOutput,
     ToolCall,

@@ -7,11 +7,11 @@ from collections import defaultdict
 
 import pytest
 
-from hvd_agents.chat import to_template_messages
+from hvd_agents.chat.template import to_template_messages
 from hvd_agents.errors import InvalidRequestError
-from hvd_agents.templates import load_template
+from hvd_agents.chat.templates import load_template
 from hvd_agents.trace.loader import TraceFile, load_trace
-from hvd_agents.trace.policies import POLICIES, resolve_policy_names
+from hvd_agents.trace.strategies import POLICIES, resolve_policy_names
 from hvd_agents.trace.replay import ReplayConfig, conversation_turns, replay_trace, reply_tokens
 from hvd_agents.trace.stats import TARGET_KIND
 from tests.helpers import IM_END_ID, make_byte_tokenizer

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hvd_agents.errors import HVDError, InvalidRequestError
-from hvd_agents.templates import (
+from hvd_agents.chat.templates import (
     Template,
     apply_system_template,
     available_templates,
@@ -122,7 +122,7 @@ def test_a_wheel_carries_the_templates(tmp_path) -> None:
     assert shipped == {f"hvd_agents/templates/{p.name}" for p in (root / "templates").iterdir() if p.is_file()}
     with zipfile.ZipFile(wheel) as archive:
         archive.extractall(tmp_path / "site")
-    probe = ("import hvd_agents.templates as t; print(t.templates_dir()); "
+    probe = ("import hvd_agents.chat.templates as t; print(t.templates_dir()); "
              "print(t.load_template('agent-system').purpose)")
     env = {k: v for k, v in os.environ.items() if k != "HVD_AGENTS_TEMPLATES"}
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env={**env, "PYTHONPATH": str(tmp_path / "site")},

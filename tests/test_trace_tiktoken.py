@@ -6,11 +6,11 @@ import pytest
 
 tiktoken = pytest.importorskip("tiktoken")
 
-from hvd_agents.analyzer import analyze  # noqa: E402
+from hvd_agents.chat.analyzer import analyze  # noqa: E402
 from hvd_agents.errors import HVDError  # noqa: E402
-from hvd_agents.models import load_tokenizer  # noqa: E402
+from hvd_agents.runtime.loading import load_tokenizer  # noqa: E402
 from hvd_agents.structure import SpanKind  # noqa: E402
-from hvd_agents.tiktoken_tokenizer import TiktokenTokenizer  # noqa: E402
+from hvd_agents.runtime.tiktoken_tokenizer import TiktokenTokenizer  # noqa: E402
 from hvd_agents.trace.loader import load_trace  # noqa: E402
 from hvd_agents.trace.replay import ReplayConfig, replay_trace, reply_tokens  # noqa: E402
 from tests.trace_data import conversations, copy_conversation, write_jsonl  # noqa: E402

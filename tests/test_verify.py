@@ -120,7 +120,7 @@ def test_verify_tree_sampling_draws_from_the_target_at_each_node() -> None:
 def test_kv_keep_selects_positions_and_refuses_bad_offsets() -> None:
     from transformers import DynamicCache
 
-    from hvd_agents.engine.kv import keep, supports_trees
+    from hvd_agents.runtime.kv import keep, supports_trees
 
     cache = DynamicCache()
     keys = torch.arange(10, dtype=torch.float64).view(1, 1, 10, 1).expand(1, 2, 10, 3).contiguous()

@@ -1,6 +1,6 @@
 """Kernel benchmark (``hvd-agents bench-kernels``): the CPU linear-layer kernels side by side, one run.
 
-The same model is loaded once per kernel of :mod:`hvd_agents.cpu_kernels`
+The same model is loaded once per kernel of :mod:`hvd_agents.runtime.kernels`
 available here: PyTorch's ``dense`` ``nn.Linear`` layers, oneDNN's ``packed``
 layers and the native ``row`` kernel. Two parts, interleaved so every kernel sees
 the same machine state:
@@ -22,10 +22,10 @@ import torch
 
 from hvd_agents.bench.live import Tally, _cache_runner, _engine_runner, _Item, _timed
 from hvd_agents.bench.prompts import agent_prompts, chat_prompts
-from hvd_agents.chat import encode_prompt
+from hvd_agents.chat.template import encode_prompt
 from hvd_agents.engine import Engine, GenerationParams
-from hvd_agents.engine.kv import new_cache
-from hvd_agents.models import load_model
+from hvd_agents.runtime.kv import new_cache
+from hvd_agents.runtime.loading import load_model
 
 logger = logging.getLogger(__name__)
 DRAFT_LENGTHS = (0, 1, 2, 3, 4, 8, 16)
@@ -34,7 +34,7 @@ KERNELS = ("dense", "packed", "row")
 
 def available_kernels() -> tuple[str, ...]:
     """The kernels of :data:`KERNELS` that run here (``row`` needs the native kernel, ``packed`` oneDNN)."""
-    from hvd_agents import native_linear
+    from hvd_agents.runtime import row_linear as native_linear
 
     usable = {"dense": True, "packed": torch.backends.mkldnn.is_available(), "row": native_linear.available()}
     return tuple(kernel for kernel in KERNELS if usable[kernel])

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from hvd_agents.bench.live import Tally, _cache_runner, _engine_runner, _Item, _timed
 from hvd_agents.bench.prompts import agent_prompts, chat_prompts
-from hvd_agents.chat import encode_prompt
+from hvd_agents.chat.template import encode_prompt
 from hvd_agents.drafters import DraftContext, Drafter, Outcome
 from hvd_agents.engine import GenerationParams
 from hvd_agents.engine.shared import shared_engine

@@ -13,7 +13,7 @@ Each arm's conversation is built from its own replies (the model's text is sent 
 as the assistant message, followed by the agent's next tool call and its output);
 greedy decoding is lossless, so the three conversations must be identical, which is
 checked. Turns are interleaved across arms so all see the same machine state. Every
-prompt goes through :func:`hvd_agents.conversation.prepare`, the real chat path.
+prompt goes through :func:`hvd_agents.chat.conversation.prepare`, the real chat path.
 Printed per turn: prompt tokens, reused tokens, prefill seconds and turn latency per
 arm; then the prefill cut over turns 2..N and the end-to-end speedup.
 
@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 
 from hvd_agents.bench.agent_session import agent_tools, first_messages, tool_exchange
-from hvd_agents.conversation import prepare
+from hvd_agents.chat.conversation import prepare
 from hvd_agents.drafters import CacheStore
 from hvd_agents.engine import Engine, GenerationParams
 from hvd_agents.engine.engine import DEFAULT_PREFIX_CACHE_BYTES

@@ -120,7 +120,7 @@ def agent_prompts() -> list[AgentPrompt]:
 
 
 # Free-text chat prompts for the model-drafter benchmark. Their topics are not in the
-# draft head's training topics (hvd_agents.draft_head.prompts.TOPICS), and their
+# draft head's training topics (hvd_agents.distill.prompts.TOPICS), and their
 # wording follows none of its templates: they are held out from training.
 CHAT_PROMPTS: tuple[tuple[str, str], ...] = (
     ("volcano", "Why do some volcanoes erupt explosively while others produce slow lava flows?"),

@@ -1,8 +1,8 @@
-"""The EAGLE-style draft head: model, weights, training data and training.
+"""The EAGLE-style draft head: its model and its weights (training lives in :mod:`hvd_agents.distill`).
 
 See :mod:`hvd_agents.draft_head.model` for the architecture,
-:mod:`hvd_agents.draft_head.train` for ``hvd-agents train-drafter`` and
-:class:`hvd_agents.drafters.draft_head.DraftHeadDrafter` for drafting with it.
+:mod:`hvd_agents.distill.train` for ``hvd-agents train-drafter`` and
+:class:`hvd_agents.drafters.model.head.DraftHeadDrafter` for drafting with it.
 """
 
 from hvd_agents.draft_head.model import DraftHead, DraftHeadConfig, HeadCache, target_signature

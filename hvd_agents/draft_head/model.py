@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hvd_agents.native_linear import RowLinear, row_linear
+from hvd_agents.runtime.row_linear import RowLinear, row_linear
 
 
 @dataclass(frozen=True)

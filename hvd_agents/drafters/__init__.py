@@ -13,12 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from hvd_agents.drafters.base import Draft, DraftContext, Drafter, NoDrafter, Outcome
-from hvd_agents.drafters.draft_head import DraftHeadDrafter
-from hvd_agents.drafters.draft_model import DraftModelDrafter
-from hvd_agents.drafters.hybrid import HybridDrafter
-from hvd_agents.drafters.prompt_lookup import PromptLookupDrafter
-from hvd_agents.drafters.store import CacheStore
-from hvd_agents.drafters.suffix import SuffixDrafter
+from hvd_agents.drafters.model.head import DraftHeadDrafter
+from hvd_agents.drafters.model.draft_lm import DraftModelDrafter
+from hvd_agents.drafters.hybrid.drafter import HybridDrafter
+from hvd_agents.drafters.cache.prompt_lookup import PromptLookupDrafter
+from hvd_agents.drafters.cache.store import CacheStore
+from hvd_agents.drafters.cache.suffix import SuffixDrafter
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.policy.cost import CostModel
 

@@ -6,7 +6,7 @@ Contract:
   has a ``finish_reason`` and the request's :class:`RequestStats`.
   ``Engine.generate`` aggregates the stream.
 * The engine sees token ids only. Chat templates and tool-call formats live above
-  it (:mod:`hvd_agents.chat`); a tokenizer, when given, is used only to turn the
+  it (:mod:`hvd_agents.chat.template`); a tokenizer, when given, is used only to turn the
   output into text incrementally and to match stop strings.
 * Each step: the method's drafter proposes a draft (possibly empty), the target
   verifies ``[last token] + draft`` in ONE forward pass, the accepted prefix plus one
@@ -24,10 +24,10 @@ Contract:
   handed to the prefix cache. Cache drafters hold no KV: they are started from the
   full prompt ids as always, so their state does not depend on what was reused.
   Model drafters keep their own KV over the context they have seen (see
-  :mod:`hvd_agents.drafters.draft_head` and :mod:`hvd_agents.drafters.draft_model`).
+  :mod:`hvd_agents.drafters.model.head` and :mod:`hvd_agents.drafters.model.draft_lm`).
 * A drafter whose ``uses_hidden_states`` is True (the draft head) is given the
   target's last-layer hidden states of every processed token in its
-  :class:`DraftContext` (:mod:`hvd_agents.engine.hidden`); the engine asks the
+  :class:`DraftContext` (:mod:`hvd_agents.runtime.hidden`); the engine asks the
   model for them only then.
 """
 
@@ -57,8 +57,8 @@ from hvd_agents.drafters import (
     create_drafter,
 )
 from hvd_agents.engine.detok import IncrementalDetokenizer
-from hvd_agents.engine.hidden import HiddenStateBuffer
-from hvd_agents.engine.kv import keep, new_cache, supports_trees, truncate
+from hvd_agents.runtime.hidden import HiddenStateBuffer
+from hvd_agents.runtime.kv import keep, new_cache, supports_trees, truncate
 from hvd_agents.engine.params import GenerationParams
 from hvd_agents.engine.prefix_cache import PrefixCache, PrefixMatch
 from hvd_agents.engine.sampling import SamplingParams, target_probs
@@ -200,7 +200,7 @@ class Engine:
         ``draft_model`` is loaded the same way (on the target's device); ``draft_head``
         is a head file, ``"auto"`` (the shipped head for this target) or None.
         """
-        from hvd_agents.models import load_model
+        from hvd_agents.runtime.loading import load_model
 
         loaded = load_model(model, device=device)
         drafter_lm = None
@@ -219,7 +219,7 @@ class Engine:
     def cost_model(self) -> CostModel:
         """The target's verification cost profile (measured once per model and machine, then cached)."""
         if self._cost_model is None:
-            from hvd_agents.policy.cost import cached_cost_model
+            from hvd_agents.runtime.profile import cached_cost_model
 
             self._cost_model = cached_cost_model(self.model)
         return self._cost_model
@@ -292,7 +292,7 @@ class Engine:
             params: generation parameters (defaults: greedy, 256 tokens, method "hvd").
             req_id: an id for drafters' bookkeeping; generated when omitted.
             structure: the prompt's typed spans and session (from
-                :func:`hvd_agents.analyzer.analyze`), passed to the drafter.
+                :func:`hvd_agents.chat.analyzer.analyze`), passed to the drafter.
 
         Raises:
             InvalidRequestError: empty prompt, token ids outside the vocabulary, stop

@@ -51,7 +51,7 @@ Design choices:
   and expected divergence. Both need a session id; without one a divergence cannot
   be told apart from a branch.
 * Only caches whose layers all hold full-length keys and values (``DynamicLayer`` or
-  the engine's growing layers, :func:`hvd_agents.engine.kv.full_length`) are reused; sliding-window or indexed layers cannot be rebuilt from a
+  the engine's growing layers, :func:`hvd_agents.runtime.kv.full_length`) are reused; sliding-window or indexed layers cannot be rebuilt from a
   prefix of positions, so for such models the cache stays empty.
 
 Example:
@@ -74,7 +74,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from hvd_agents.engine.kv import full_length
+from hvd_agents.runtime.kv import full_length
 
 logger = logging.getLogger(__name__)
 

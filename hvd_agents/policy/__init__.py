@@ -12,7 +12,7 @@
 * :mod:`~hvd_agents.policy.train`: offline training and evaluation
   (``hvd-agents train-payoff``).
 
-The drafter that puts them together is :class:`hvd_agents.drafters.hybrid.HybridDrafter`
+The drafter that puts them together is :class:`hvd_agents.drafters.hybrid.drafter.HybridDrafter`
 (method ``hvd``).
 """
 

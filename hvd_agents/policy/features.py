@@ -4,13 +4,13 @@ The payoff predictor is a hazard model: for draft position ``i`` (0-based) it
 estimates ``h_i = P(token i accepted | tokens 0..i-1 accepted)``. Its input is one
 row of :data:`FEATURE_NAMES` per position, built from
 
-* the draft's own features (:class:`~hvd_agents.drafters.suffix.SuffixDrafter`):
+* the draft's own features (:class:`~hvd_agents.drafters.cache.suffix.SuffixDrafter`):
   match length (and whether it covers the whole output so far), candidate count,
   branch probability and support at each position, provenance kind, distance,
   store or live context;
 * the decoding state: position in the output, this request's acceptance history,
   this session's acceptance rate for the draft's provenance kind
-  (:mod:`hvd_agents.drafters.history`);
+  (:mod:`hvd_agents.drafters.cache.history`);
 * the target's own signal from the previous verification (free: it is read off
   logits the engine computed anyway): log-probability of the last emitted token
   and the entropy of its distribution. Replays of logs have no target, so these

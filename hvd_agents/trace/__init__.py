@@ -1,6 +1,6 @@
 """Trace replay (``hvd-agents analyze``): estimate the speedup of drafting policies on recorded agent logs.
 
-Modules: :mod:`.loader` (trace files), :mod:`.policies` (drafters behind one
+Modules: :mod:`.loader` (trace files), :mod:`.strategies` (drafters behind one
 protocol), :mod:`.replay` (the engine's loop without a model), :mod:`.stats`
 (step records and totals), :mod:`.report` (table, JSON, steps), :mod:`.html_report`
 (the HTML report) and :mod:`.analyze` (the command).
@@ -8,7 +8,7 @@ protocol), :mod:`.replay` (the engine's loop without a model), :mod:`.stats`
 
 from hvd_agents.trace.analyze import AnalyzeOptions, run_analyze
 from hvd_agents.trace.loader import BadLine, Conversation, TraceFile, load_trace
-from hvd_agents.trace.policies import POLICIES, resolve_policy_names
+from hvd_agents.trace.strategies import POLICIES, resolve_policy_names
 from hvd_agents.trace.replay import ReplayConfig, ReplayResult, replay_trace, reply_tokens
 from hvd_agents.trace.stats import PolicyStats, StepRecord
 

@@ -16,7 +16,7 @@ from typing import IO, Any
 
 from hvd_agents.errors import HVDError, InvalidRequestError
 from hvd_agents.trace.loader import TraceFile, load_trace
-from hvd_agents.trace.policies import resolve_policy_names
+from hvd_agents.trace.strategies import resolve_policy_names
 from hvd_agents.trace.replay import ReplayConfig, ReplayResult, prepare_conversation, replay_trace
 from hvd_agents.trace.report import StepWriter, format_table, report_json, write_json
 
@@ -68,11 +68,11 @@ def run_analyze(options: AnalyzeOptions, out: IO[str] | None = None) -> dict[str
     names, notes = resolve_policy_names(options.policy)
     template = None
     if options.system_template:
-        from hvd_agents.templates import load_template
+        from hvd_agents.chat.templates import load_template
 
         template = load_template(options.system_template)
     trace = load_trace(options.file, skip_bad=options.skip_bad, limit=options.limit)
-    from hvd_agents.models import load_tokenizer
+    from hvd_agents.runtime.loading import load_tokenizer
 
     tokenizer = load_tokenizer(options.tokenizer)
     verify_cost = options.verify_cost

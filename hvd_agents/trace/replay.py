@@ -17,8 +17,8 @@ so each assistant message is replayed as a generation target:
   policy's :class:`~hvd_agents.trace.stats.PolicyStats` and passed to an optional sink.
 
 Optional transforms applied to each conversation first: canonical tool schemas
-(:func:`hvd_agents.templates.canonicalize_tools`) and a system-prompt template
-(:func:`hvd_agents.templates.apply_system_template`). They change the prompts
+(:func:`hvd_agents.chat.templates.canonicalize_tools`) and a system-prompt template
+(:func:`hvd_agents.chat.templates.apply_system_template`). They change the prompts
 only: the recorded replies, hence the targets, stay as they are.
 """
 
@@ -30,14 +30,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hvd_agents.analyzer import analyze
-from hvd_agents.chat import render_prompt, to_template_messages
+from hvd_agents.chat.analyzer import analyze
+from hvd_agents.chat.template import render_prompt, to_template_messages
 from hvd_agents.drafters import Draft, DraftContext, Outcome
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.structure import PromptStructure
-from hvd_agents.templates import Template, apply_system_template, canonicalize_tools
+from hvd_agents.chat.templates import Template, apply_system_template, canonicalize_tools
 from hvd_agents.trace.loader import Conversation, TraceFile
-from hvd_agents.trace.policies import Policy, make_policy
+from hvd_agents.trace.strategies import Policy, make_policy
 from hvd_agents.trace.stats import TARGET_KIND, PolicyStats, StepRecord, source_kind
 
 logger = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class ReplayConfig:
     """How to replay.
 
     Attributes:
-        policies: resolved policy names (see :mod:`hvd_agents.trace.policies`).
+        policies: resolved policy names (see :mod:`hvd_agents.trace.strategies`).
         k: most draft tokens verified per step.
         verify_cost: ``c`` of the cost model (the ``hvd`` policy decides with it).
         threshold: score threshold of ``suffix-threshold`` (None: ``k``).

@@ -1,11 +1,11 @@
 """Pure helpers of the adapter (no engine): LangChain types to and from hvd-agents'.
 
 * :func:`to_openai_messages` turns LangChain messages into the OpenAI-shape dicts
-  that :func:`hvd_agents.conversation.prepare` takes.
+  that :func:`hvd_agents.chat.conversation.prepare` takes.
 * :func:`parsed_tool_call_chunks` / :func:`parsed_tool_calls` turn the parsed calls
-  of a reply (:func:`hvd_agents.toolcalls.parse_tool_calls`) into LangChain's
+  of a reply (:func:`hvd_agents.chat.toolcalls.parse_tool_calls`) into LangChain's
   ``tool_call_chunks`` / tool calls. The streaming split of the reply itself is
-  :mod:`hvd_agents.toolcall_stream` (shared with the LlamaIndex adapter).
+  :mod:`hvd_agents.chat.toolcall_stream` (shared with the LlamaIndex adapter).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hvd_agents.errors import InvalidRequestError
-from hvd_agents.toolcalls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ParsedOutput
+from hvd_agents.chat.toolcalls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ParsedOutput
 from langchain_core.messages import (
     AIMessage,
     BaseMessage,

@@ -1,7 +1,7 @@
 """``ChatHVD``: a LangChain chat model over an hvd-agents engine.
 
 A thin adapter: every call converts the LangChain messages to OpenAI-shape dicts,
-passes them with the bound tool schemas to :func:`hvd_agents.conversation.prepare`
+passes them with the bound tool schemas to :func:`hvd_agents.chat.conversation.prepare`
 (which renders the prompt and registers its structure in the engine's cache store
 for the conversation), and streams :meth:`hvd_agents.Engine.stream`. Decoding,
 drafting, stop strings and tool-call parsing all live in hvd-agents.
@@ -30,8 +30,8 @@ from contextlib import closing
 from operator import itemgetter
 from typing import Any, Literal
 
-from hvd_agents.async_stream import iterate_in_thread
-from hvd_agents.chat_request import (
+from hvd_agents.chat.async_stream import iterate_in_thread
+from hvd_agents.chat.request import (
     DECODE_FIELDS,
     DEFAULT_METHOD,
     DEFAULT_MODEL_NAME,
@@ -46,8 +46,8 @@ from hvd_agents.chat_request import (
 )
 from hvd_agents.engine import Engine
 from hvd_agents.errors import InvalidRequestError
-from hvd_agents.toolcall_stream import normalize_tool_choice
-from hvd_agents.toolcalls import forced_call_prefix
+from hvd_agents.chat.toolcall_stream import normalize_tool_choice
+from hvd_agents.chat.toolcalls import forced_call_prefix
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import LanguageModelInput
 from langchain_core.language_models.chat_models import BaseChatModel, LangSmithParams

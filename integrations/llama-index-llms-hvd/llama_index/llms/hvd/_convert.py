@@ -1,7 +1,7 @@
 """Pure helpers of the adapter (no engine): LlamaIndex types to and from hvd-agents'.
 
 * :func:`to_openai_messages` turns LlamaIndex ``ChatMessage`` s into the OpenAI-shape
-  dicts that :func:`hvd_agents.conversation.prepare` takes. An assistant message's
+  dicts that :func:`hvd_agents.chat.conversation.prepare` takes. An assistant message's
   calls come from its ``ToolCallBlock`` s (or, from older integrations, from
   ``additional_kwargs["tool_calls"]``); a tool message's call id from
   ``additional_kwargs["tool_call_id"]``.
@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hvd_agents.errors import InvalidRequestError
-from hvd_agents.toolcalls import ParsedOutput
+from hvd_agents.chat.toolcalls import ParsedOutput
 from llama_index.core.base.llms.types import (
     CachePoint,
     ChatMessage,

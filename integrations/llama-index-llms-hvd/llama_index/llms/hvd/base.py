@@ -2,15 +2,15 @@
 
 A thin adapter, the LlamaIndex twin of ``langchain_hvd.ChatHVD``: every call turns
 the LlamaIndex messages into OpenAI-shape dicts and goes through
-:func:`hvd_agents.chat_request.build_chat_request` (which calls
-:func:`hvd_agents.conversation.prepare`: the prompt is rendered and its system prompt,
+:func:`hvd_agents.chat.request.build_chat_request` (which calls
+:func:`hvd_agents.chat.conversation.prepare`: the prompt is rendered and its system prompt,
 tool schemas and prior turns are registered in the engine's cache store for the
-conversation) and :func:`hvd_agents.chat_request.stream_reply`. Decoding, drafting,
+conversation) and :func:`hvd_agents.chat.request.stream_reply`. Decoding, drafting,
 stop strings and tool-call parsing all live in hvd-agents.
 
 * One streaming core (:meth:`HVD._stream`); ``chat`` returns its last response and
   the async forms run it in a worker thread that feeds an asyncio queue
-  (:func:`hvd_agents.async_stream.iterate_in_thread`), so the event loop never
+  (:func:`hvd_agents.chat.async_stream.iterate_in_thread`), so the event loop never
   blocks; cancelling the consuming task closes the engine's iterator.
 * Tool calls are Hermes ``<tool_call>`` blocks in the reply. While streaming, text
   before the first block is streamed, the rest is held back; the last response's
@@ -27,8 +27,8 @@ from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequen
 from contextlib import closing
 from typing import TYPE_CHECKING, Any
 
-from hvd_agents.async_stream import iterate_in_thread
-from hvd_agents.chat_request import (
+from hvd_agents.chat.async_stream import iterate_in_thread
+from hvd_agents.chat.request import (
     DECODE_FIELDS,
     DEFAULT_METHOD,
     DEFAULT_MODEL_NAME,
@@ -43,7 +43,7 @@ from hvd_agents.chat_request import (
 )
 from hvd_agents.engine import Engine
 from hvd_agents.errors import InvalidRequestError
-from hvd_agents.toolcall_stream import normalize_tool_choice
+from hvd_agents.chat.toolcall_stream import normalize_tool_choice
 from llama_index.core.base.llms.generic_utils import (
     achat_to_completion_decorator,
     astream_chat_to_completion_decorator,

@@ -8,7 +8,7 @@ framework's types to OpenAI-shape messages and tool schemas, then go through her
   turns them into :class:`~hvd_agents.engine.GenerationParams`.
 * :func:`build_chat_request` applies ``tool_choice`` (a forced choice pre-fills the
   start of the call and stops at ``</tool_call>``; ``"none"`` stops at ``<tool_call>``),
-  calls :func:`hvd_agents.conversation.prepare` (which registers the conversation in
+  calls :func:`hvd_agents.chat.conversation.prepare` (which registers the conversation in
   the engine's cache store) and returns a :class:`ChatRequest`.
 * :func:`stream_reply` runs the request and yields :class:`ReplyPiece` s: content
   deltas (tool-call text held back), then one last piece with the finish reason, the
@@ -30,15 +30,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hvd_agents.conversation import prepare
+from hvd_agents.chat.conversation import prepare
 from hvd_agents.drafters import available_methods
 from hvd_agents.engine import Engine, GenerationParams, RequestStats, TokenEvent
 from hvd_agents.engine.params import DEFAULT_METHOD
 from hvd_agents.engine.shared import shared_engine
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.structure import PromptStructure
-from hvd_agents.toolcall_stream import JsonObjectScanner, ToolCallStreamSplitter, normalize_tool_choice
-from hvd_agents.toolcalls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ParsedOutput, forced_call_prefix, parse_tool_calls
+from hvd_agents.chat.toolcall_stream import JsonObjectScanner, ToolCallStreamSplitter, normalize_tool_choice
+from hvd_agents.chat.toolcalls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ParsedOutput, forced_call_prefix, parse_tool_calls
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 """The model name adapters report when no ``model`` is given (the embedded model)."""

@@ -20,7 +20,7 @@ The kernel is compiled with ``torch.utils.cpp_extension`` (a C++ compiler and
 ninja, about 20 s once) into ``<cache>/native/<key>/`` and reused by later
 processes. It needs an x86-64 CPU with AVX2 and FMA; elsewhere, or when it
 cannot be built, :func:`available` is False and the loader falls back to the
-oneDNN kernels of :mod:`hvd_agents.cpu_kernels` (the reason is logged once).
+oneDNN kernels of :mod:`hvd_agents.runtime.kernels` (the reason is logged once).
 Set ``HVD_AGENTS_CPU_LINEAR`` to choose the kernel by hand (``row``, ``packed``, ``dense``).
 """
 
@@ -38,7 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hvd_agents.cpu_kernels import require_float32_cpu
+from hvd_agents.runtime.packed_linear import require_float32_cpu
+from hvd_agents.runtime.paths import cache_root
 
 logger = logging.getLogger(__name__)
 
@@ -87,8 +88,6 @@ def available() -> bool:
         if not cpu_supports_kernel():
             why = f"this CPU ({platform.machine()}, {torch.backends.cpu.get_cpu_capability()}) has no AVX2"
         else:
-            from hvd_agents.models import cache_root
-
             key = build_key()
             name = f"hvd_row_linear_{key}"
             directory = cache_root() / "native" / key

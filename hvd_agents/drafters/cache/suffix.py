@@ -2,7 +2,7 @@
 
 Each step it looks up the longest suffix of the context that occurred before,
 both in this request's own tokens (prompt + output so far) and in the shared
-:class:`~hvd_agents.drafters.store.CacheStore` (registered prompt structure and
+:class:`~hvd_agents.drafters.cache.store.CacheStore` (registered prompt structure and
 earlier requests' outputs), keeps the candidates of the greatest match length,
 and walks their continuations token by token choosing the most frequent next
 token (SuffixDecoding's frequency-weighted path, over the candidates of one
@@ -10,7 +10,7 @@ match). The draft carries the features the payoff predictor needs: match length,
 candidate count, per-position branch probabilities, provenance kind of the
 source span, and distance to the source; and the acceptance history of this
 request and of this kind of source in this session
-(:mod:`hvd_agents.drafters.history`).
+(:mod:`hvd_agents.drafters.cache.history`).
 
 Worked example (``k = 4``)::
 
@@ -34,9 +34,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hvd_agents.drafters.base import Draft, DraftContext, Outcome
-from hvd_agents.drafters.history import AcceptanceHistory, KindRates
-from hvd_agents.drafters.ngram_index import NgramIndex
-from hvd_agents.drafters.store import CacheStore
+from hvd_agents.drafters.cache.history import AcceptanceHistory, KindRates
+from hvd_agents.drafters.cache.ngram_index import NgramIndex
+from hvd_agents.drafters.cache.store import CacheStore
 from hvd_agents.structure import PromptStructure, SpanKind
 
 

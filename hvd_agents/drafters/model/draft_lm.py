@@ -18,8 +18,8 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from hvd_agents.drafters.base import Draft, DraftContext, Outcome
-from hvd_agents.drafters.model_draft import DEFAULT_MIN_SURVIVAL, RequestPrefix, common_prefix, draft_loop
-from hvd_agents.engine.kv import new_cache, truncate
+from hvd_agents.drafters.model.loop import DEFAULT_MIN_SURVIVAL, RequestPrefix, common_prefix, draft_loop
+from hvd_agents.runtime.kv import new_cache, truncate
 from hvd_agents.structure import PromptStructure
 
 

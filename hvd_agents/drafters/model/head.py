@@ -29,7 +29,7 @@ import torch
 
 from hvd_agents.draft_head.model import DraftHead, HeadCache
 from hvd_agents.drafters.base import Draft, DraftContext, Outcome
-from hvd_agents.drafters.model_draft import DEFAULT_MIN_SURVIVAL, RequestPrefix, draft_loop
+from hvd_agents.drafters.model.loop import DEFAULT_MIN_SURVIVAL, RequestPrefix, draft_loop
 from hvd_agents.structure import PromptStructure
 
 

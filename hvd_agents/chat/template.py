@@ -10,7 +10,7 @@ Contract:
 * :func:`to_template_messages` validates them (raising
   :class:`~hvd_agents.errors.InvalidRequestError` naming the offending index) and
   lowers them to ``{"role", "content"}`` dicts whose content is always a ``str``:
-  the Hermes tools block (:mod:`hvd_agents.toolcalls`) is appended to the leading
+  the Hermes tools block (:mod:`hvd_agents.chat.toolcalls`) is appended to the leading
   system message (created if missing), assistant tool calls are rendered as
   ``<tool_call>`` blocks after the content, and tool results are wrapped in
   ``<tool_response>`` tags.
@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hvd_agents.errors import InvalidRequestError
-from hvd_agents.toolcalls import render_tool_call, render_tools_system_block
+from hvd_agents.chat.toolcalls import render_tool_call, render_tools_system_block
 
 logger = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ def encode_prompt(
 
     Args:
         assistant_prefix: text the assistant turn is forced to start with (e.g. the
-            opening of a tool call, see :func:`hvd_agents.toolcalls.forced_call_prefix`);
+            opening of a tool call, see :func:`hvd_agents.chat.toolcalls.forced_call_prefix`);
             the model continues after it, so callers prepend it to the output.
 
     Returns:

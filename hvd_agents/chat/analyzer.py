@@ -41,10 +41,10 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from hvd_agents.chat import render_prompt, to_template_messages
+from hvd_agents.chat.template import render_prompt, to_template_messages
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.structure import PromptStructure, SpanKind, TypedSpan
-from hvd_agents.toolcalls import (
+from hvd_agents.chat.toolcalls import (
     TOOL_CALL_CLOSE,
     TOOL_CALL_OPEN,
     normalize_tool,

@@ -1,6 +1,6 @@
 """The target's last-layer hidden states of a request, for drafters that draft from them.
 
-A model drafter in the EAGLE style (:mod:`hvd_agents.drafters.draft_head`) needs
+A model drafter in the EAGLE style (:mod:`hvd_agents.drafters.model.head`) needs
 the target's final hidden state of every token the target has processed. The
 engine asks the model for them only when the request's drafter says
 ``uses_hidden_states``; the rows of the prefilled prompt and of every accepted

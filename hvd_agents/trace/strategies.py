@@ -19,7 +19,7 @@ Policies (:data:`POLICIES`; ``hvd-cache`` is an alias of ``suffix``):
   draft. There is no model drafter here, so a draft below the threshold is
   replaced by no draft; the score is the cache drafter's match length and the
   threshold defaults to ``k`` (``--threshold``).
-* ``hvd``: the engine's ``hvd`` method (:class:`~hvd_agents.drafters.hybrid.HybridDrafter`):
+* ``hvd``: the engine's ``hvd`` method (:class:`~hvd_agents.drafters.hybrid.drafter.HybridDrafter`):
   the ``suffix`` drafter whose draft length is chosen per step by the payoff
   predictor (packaged weights, adapted online per conversation) and the cost
   model ``1 + c * d`` of the replay (``--verify-cost``); where the candidates
@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from hvd_agents.analyzer import register
+from hvd_agents.chat.analyzer import register
 from hvd_agents.drafters import CacheStore, Draft, DraftContext, Drafter, NoDrafter, Outcome, PromptLookupDrafter
 from hvd_agents.drafters import HybridDrafter, SuffixDrafter
 from hvd_agents.errors import InvalidRequestError

@@ -1,7 +1,7 @@
 """From a chat request to an engine request: the one path every front end takes.
 
 ``prepare(engine, messages, tools)`` renders the conversation, analyses its
-structure (:mod:`hvd_agents.analyzer`), registers the system prompt, tool schemas,
+structure (:mod:`hvd_agents.chat.analyzer`), registers the system prompt, tool schemas,
 call skeletons and prior turns in the engine's cache store for the session, and
 returns the :class:`~hvd_agents.structure.PromptStructure` to decode from::
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hvd_agents.analyzer import analyze, register
+from hvd_agents.chat.analyzer import analyze, register
 from hvd_agents.engine import Engine
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.structure import PromptStructure

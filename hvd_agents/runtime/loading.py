@@ -43,7 +43,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from hvd_agents.errors import InvalidRequestError, ModelLoadError, ModelNotFoundError
-from hvd_agents.cpu_kernels import check_linear_kernel_name, prepare_for_cpu
+from hvd_agents.runtime.kernels import check_linear_kernel_name, prepare_for_cpu
+from hvd_agents.runtime.paths import cache_root
 
 logger = logging.getLogger(__name__)
 
@@ -171,16 +172,6 @@ def _resolve_dtype(dtype: torch.dtype | str | None, default: torch.dtype) -> tor
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise InvalidRequestError(f"invalid dtype {dtype!r}: use a floating-point torch dtype")
     return dtype
-
-
-def cache_root() -> Path:
-    """The cache directory: ``$HVD_AGENTS_CACHE``, else ``$XDG_CACHE_HOME/hvd-agents``, else ``~/.cache/hvd-agents``."""
-    explicit = os.environ.get("HVD_AGENTS_CACHE")
-    if explicit:
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "hvd-agents"
 
 
 def embedded_gguf_path() -> Path:
@@ -400,7 +391,7 @@ def load_model(
         device: see :func:`resolve_device`.
         dtype: weights dtype; defaults to the device's (float32 on CPU, bfloat16 on CUDA).
         cpu_linear: on a float32 CPU model, the kernel for the linear layers
-            (:mod:`hvd_agents.cpu_kernels`): "auto" (the row-streaming kernel where it
+            (:mod:`hvd_agents.runtime.kernels`): "auto" (the row-streaming kernel where it
             builds, else oneDNN's packed layers), "row", "packed", or "dense" to keep
             PyTorch's layers. The first two make multi-token verification forwards
             far cheaper.
@@ -469,7 +460,7 @@ def load_tokenizer(name: str | os.PathLike | None = None) -> Any:
             SmolLM2, a ``.gguf`` file, an HF model directory, a hub id), or a
             directory holding just a saved tokenizer (``save_pretrained``), or
             ``"tiktoken:<encoding>"`` (e.g. ``"tiktoken:o200k_base"``) for a
-            :class:`~hvd_agents.tiktoken_tokenizer.TiktokenTokenizer`.
+            :class:`~hvd_agents.runtime.tiktoken_tokenizer.TiktokenTokenizer`.
             For a GGUF file the tokenizer comes from its validated weight cache
             when built, else from the GGUF itself (about 10 s; no cache is built).
 
@@ -478,7 +469,7 @@ def load_tokenizer(name: str | os.PathLike | None = None) -> Any:
         ModelLoadError: it exists but its tokenizer cannot be loaded.
     """
     if isinstance(name, str) and name.startswith("tiktoken:"):
-        from hvd_agents.tiktoken_tokenizer import TiktokenTokenizer
+        from hvd_agents.runtime.tiktoken_tokenizer import TiktokenTokenizer
 
         return TiktokenTokenizer.from_name(name.removeprefix("tiktoken:"))
     if name is not None:

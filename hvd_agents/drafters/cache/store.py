@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hvd_agents.drafters.ngram_index import Match, NgramIndex
+from hvd_agents.drafters.cache.ngram_index import Match, NgramIndex
 from hvd_agents.errors import InvalidRequestError, StoreFormatError
 from hvd_agents.structure import SpanKind
 

@@ -2,7 +2,7 @@
 
 Each step:
 
-1. the cache drafter (:class:`~hvd_agents.drafters.suffix.SuffixDrafter`)
+1. the cache drafter (:class:`~hvd_agents.drafters.cache.suffix.SuffixDrafter`)
    proposes up to ``k`` tokens with its features;
 2. the payoff predictor turns the features (plus the target's signal from the
    previous verification) into survival probabilities ``S_i`` BEFORE any
@@ -10,7 +10,7 @@ Each step:
    picks the length with the best expected tokens per unit of cost;
 3. when a model drafter is configured: where no cache draft pays, it is asked,
    and its first forward decides: it drafts iff its own confidence in its first
-   token (its *reach*, :mod:`hvd_agents.drafters.model_draft`) makes the step
+   token (its *reach*, :mod:`hvd_agents.drafters.model.loop`) makes the step
    beat a plain one (``1 + p - R * verify(1) > 1 - R``), then goes on while
    further tokens pay; where a cache draft pays, the model drafter only runs
    (and costs its forwards) when its running per-token acceptance in this
@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hvd_agents.drafters.base import Draft, DraftContext, Drafter, Outcome
-from hvd_agents.drafters.suffix import Alternative, SuffixDrafter
+from hvd_agents.drafters.cache.suffix import Alternative, SuffixDrafter
 from hvd_agents.policy.calibration import StepCalibration
 from hvd_agents.policy.cost import CostModel
 from hvd_agents.policy.payoff import PayoffPredictor
@@ -133,7 +133,7 @@ class HybridDrafter:
     the draft survives falls below what a token costs; when it also takes
     ``min_first``, the policy asks it wherever no cache draft pays and it drafts
     only when its first token is worth verifying (see
-    :mod:`hvd_agents.drafters.model_draft`); any other Drafter works too, drafting
+    :mod:`hvd_agents.drafters.model.loop`); any other Drafter works too, drafting
     where its running acceptance says it pays.
     """
 

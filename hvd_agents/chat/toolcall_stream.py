@@ -4,12 +4,12 @@ Framework-neutral pieces shared by the LangChain and LlamaIndex adapters:
 
 * :class:`ToolCallStreamSplitter` streams the text outside ``<tool_call>`` blocks and
   holds back everything from the first block on; at the end the whole reply is
-  parsed once (:func:`hvd_agents.toolcalls.parse_tool_calls`), so the streamed pieces
+  parsed once (:func:`hvd_agents.chat.toolcalls.parse_tool_calls`), so the streamed pieces
   add up exactly to the parsed content.
 * :class:`JsonObjectScanner` finds where the first JSON object of a streamed text
   ends (JSON mode: the reply is cut after it).
 * :func:`normalize_tool_choice` maps the ``tool_choice`` values of LangChain, OpenAI
-  and LlamaIndex to what :func:`hvd_agents.toolcalls.forced_call_prefix` takes.
+  and LlamaIndex to what :func:`hvd_agents.chat.toolcalls.forced_call_prefix` takes.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hvd_agents.errors import InvalidRequestError
-from hvd_agents.toolcalls import TOOL_CALL_OPEN, ParsedOutput
+from hvd_agents.chat.toolcalls import TOOL_CALL_OPEN, ParsedOutput
 
 
 def normalize_tool_choice(tool_choice: Any) -> str | None:

@@ -2,8 +2,8 @@
 
 Recipe:
 
-1. **Data** (:mod:`hvd_agents.draft_head.data`): the target's answers to
-   templated chat prompts (:mod:`hvd_agents.draft_head.prompts`), greedy and
+1. **Data** (:mod:`hvd_agents.distill.data`): the target's answers to
+   templated chat prompts (:mod:`hvd_agents.distill.prompts`), greedy and
    sampled, and its teacher-forced hidden states. A held-out share of the
    sequences (by prompt) measures the head.
 2. **Draft vocabulary**: the ``V'`` most frequent target tokens in the answers
@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hvd_agents.draft_head.data import Sample
+from hvd_agents.distill.data import Sample
 from hvd_agents.draft_head.model import DraftHead, DraftHeadConfig, init_weights, target_signature
 
 

@@ -1,0 +1,13 @@
+"""The target as a device: loading, kernels, KV cache, the runner, cost profiles, paths.
+
+* :mod:`.paths`: the cache directory.
+* :mod:`.loading`: models from a hub id, a local path, a GGUF file or the embedded default.
+* :mod:`.kernels` and :mod:`.row_linear`: the CPU linear-layer kernels (dense, packed, row).
+* :mod:`.kv`: the in-place KV cache and its rollback and tree compaction.
+* :mod:`.hidden`: the target's last-layer hidden states for drafters that read them.
+* :mod:`.runner`: the :class:`~.runner.Runner` protocol, the one place the target's forward
+  runs, and its implementation over a HuggingFace model.
+* :mod:`.profile`: measuring the verification cost profile of a model on this machine.
+
+Imports only :mod:`hvd_agents.errors`, :mod:`hvd_agents.structure` and :mod:`hvd_agents.policy`.
+"""

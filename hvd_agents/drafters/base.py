@@ -205,6 +205,9 @@ class Outcome:
         target_logprob: the target's log-probability of the last token it emitted
             this step (from the verification logits; None when not reported).
         target_entropy: the entropy (nats) of the target's distribution at that token.
+        verify_s: seconds the engine spent verifying the draft (the target's forward,
+            acceptance and KV rollback), measured by the engine; 0 when not measured.
+            Drafting and whatever the stream's consumer does between steps are not in it.
     """
 
     req_id: str
@@ -213,6 +216,7 @@ class Outcome:
     new_token_ids: tuple[int, ...]
     target_logprob: float | None = None
     target_entropy: float | None = None
+    verify_s: float = 0.0
 
 
 @runtime_checkable

@@ -351,10 +351,12 @@ class Engine:
             draft = self._propose(req, drafter, room - 1)
             if draft.is_tree and not supports_trees(cache):
                 draft = draft.main_branch()  # a sliding-window cache cannot drop a rejected branch's positions
+            verify_start = time.perf_counter()
             verification, signal = self._verify(req, cache, draft)
+            verify_s = time.perf_counter() - verify_start
             emitted, text, finish = self._emit(req, verification.token_ids)
             self._account(req, draft, verification, len(emitted))
-            drafter.observe(Outcome(req.req_id, draft, verification.num_accepted, emitted, *signal))
+            drafter.observe(Outcome(req.req_id, draft, verification.num_accepted, emitted, *signal, verify_s=verify_s))
             if finish is None and req.num_output >= req.budget:
                 finish = "length"
             if finish is not None:

@@ -207,8 +207,8 @@ class DraftHead(nn.Module):
         """Draft-vocabulary logits ``[..., V']`` of predicted features ``[..., d]``.
 
         When the head's layers run on the row kernel (a head loaded for a target on it), so does
-        this projection outside training: it reads the ``V' x d`` rows once, where PyTorch's
-        matrix-vector product took about twice as long (0.5 against 1.3 ms, 8,192 x 576).
+        this projection outside training: it reads the ``V' x d`` rows once, faster than PyTorch's
+        matrix-vector product (drafting cost per step: ``hvd-agents bench-model``, ``docs/benchmarks.md``).
         """
         if isinstance(self.fc, RowLinear) and not torch.is_grad_enabled():
             return row_linear(predicted, self.lm_rows)
@@ -242,7 +242,7 @@ class DraftHead(nn.Module):
         keys, values = cache.append(k, v, positions)  # [H, old + n, hd]
         n = len(positions)
         # batched as [1, H, n, hd]: PyTorch's fused CPU attention takes only 4-D inputs (3-D ones fall back to the
-        # unfused path, 3-7x slower when a prompt's indices are ingested at once)
+        # unfused path, several times slower when a prompt's indices are ingested at once)
         q, keys, values = q[None], keys[None], values[None]
         if n == 1:
             attended = F.scaled_dot_product_attention(q, keys, values)

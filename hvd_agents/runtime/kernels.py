@@ -5,7 +5,8 @@ On a CPU, PyTorch's defaults make those few-token forwards far dearer than a
 one-token step, for two reasons, each fixed here at load time:
 
 * **Linear layers.** One row runs a matrix-vector kernel; several rows run a
-  matrix-matrix kernel that costs 1.3-2x as much. Three kernels can hold the
+  matrix-matrix kernel that costs far more (measured by ``hvd-agents bench-kernels``,
+  see ``docs/benchmarks.md``). Three kernels can hold the
   linear layers (:data:`LINEAR_KERNELS`):
 
   - ``row``: :class:`hvd_agents.runtime.row_linear.RowLinear`, a small native kernel

@@ -462,7 +462,7 @@ def load_tokenizer(name: str | os.PathLike | None = None) -> Any:
             ``"tiktoken:<encoding>"`` (e.g. ``"tiktoken:o200k_base"``) for a
             :class:`~hvd_agents.runtime.tiktoken_tokenizer.TiktokenTokenizer`.
             For a GGUF file the tokenizer comes from its validated weight cache
-            when built, else from the GGUF itself (about 10 s; no cache is built).
+            when built, else from the GGUF itself (slower; no cache is built).
 
     Raises:
         ModelNotFoundError: ``name`` names nothing loadable.

@@ -7,17 +7,15 @@ switch to matrix-matrix kernels for two rows or more, which on an AVX2 machine
 cost far more than a one-row product. ``hvd::row_linear`` (``native/row_linear.cpp``)
 streams each weight row once and multiplies it by every input row while it is in
 registers: up to 8 input rows in one pass over one weight row at a time, more in tiles of
-4 input rows by 3 weight rows. On SmolLM2-135M at 401 tokens of context (``hvd-agents bench-kernels``,
-2-core AMD EPYC), a forward of 1 + 1 tokens cost 53.4 ms with it, against 103.7 ms
-with PyTorch's layers and 96.3 ms with oneDNN's packed ones (one token: 51.7,
-63.0 and 74.4 ms).
+4 input rows by 3 weight rows. ``hvd-agents bench-kernels`` measures it against
+PyTorch's and oneDNN's layers; dated figures are in ``docs/benchmarks.md``.
 
 It also makes verification exact in a stronger sense: every output element is
 summed in the same order whatever the number of rows, so a token's logits are
 bitwise the same whether it is decoded alone or verified inside a draft.
 
 The kernel is compiled with ``torch.utils.cpp_extension`` (a C++ compiler and
-ninja, about 20 s once) into ``<cache>/native/<key>/`` and reused by later
+ninja, once per build key) into ``<cache>/native/<key>/`` and reused by later
 processes. It needs an x86-64 CPU with AVX2 and FMA; elsewhere, or when it
 cannot be built, :func:`available` is False and the loader falls back to the
 oneDNN kernels of :mod:`hvd_agents.runtime.kernels` (the reason is logged once).

@@ -29,6 +29,9 @@ Contract:
   target's last-layer hidden states of every processed token in its
   :class:`DraftContext` (:mod:`hvd_agents.runtime.hidden`); the engine asks the
   model for them only then.
+* The target runs behind a :class:`~hvd_agents.runtime.runner.Runner` (its forward,
+  its KV cache, rollback, tree compaction, prefix export/import, its cost profile);
+  the loop here never calls the model or touches KV layers itself.
 """
 
 from __future__ import annotations
@@ -42,9 +45,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from hvd_agents.draft_head import DraftHead
+from hvd_agents.draft_head import DraftHead, load_head, shipped_head_for
 from hvd_agents.drafters import (
     CacheStore,
     Draft,
@@ -57,8 +60,6 @@ from hvd_agents.drafters import (
     create_drafter,
 )
 from hvd_agents.engine.detok import IncrementalDetokenizer
-from hvd_agents.runtime.hidden import HiddenStateBuffer
-from hvd_agents.runtime.kv import keep, new_cache, supports_trees, truncate
 from hvd_agents.engine.params import GenerationParams
 from hvd_agents.engine.prefix_cache import PrefixCache, PrefixMatch
 from hvd_agents.engine.sampling import SamplingParams, target_probs
@@ -67,6 +68,9 @@ from hvd_agents.engine.stops import StopStringMatcher
 from hvd_agents.engine.verify import Verification, target_signal, verify_greedy, verify_sampling, verify_tree
 from hvd_agents.errors import ContextLengthError, InvalidRequestError
 from hvd_agents.policy.cost import CostModel
+from hvd_agents.runtime.hidden import HiddenStateBuffer
+from hvd_agents.runtime.loading import load_model
+from hvd_agents.runtime.runner import HFRunner, Runner, RunnerKV
 from hvd_agents.structure import PromptStructure
 
 logger = logging.getLogger(__name__)
@@ -102,7 +106,7 @@ class _Request:
         self.detok = IncrementalDetokenizer(engine.tokenizer) if engine.tokenizer is not None else None
         self.stops = StopStringMatcher(params.stop) if params.stop else None
         self.session_id: str | None = None
-        self.cache: DynamicCache | None = None  # set by prefill; covers token_ids[:-1] between steps
+        self.cache: RunnerKV | None = None  # set by prefill; covers token_ids[:-1] between steps
         self.hidden: HiddenStateBuffer | None = None  # set by prefill when the drafter uses hidden states
         self.generator = torch.Generator(device=engine.device)
         if self.sampling.seed is None:
@@ -159,13 +163,13 @@ class Engine:
         draft_head: DraftHead | str | Path | None = "auto",
     ) -> None:
         self.model = model
+        self.runner: Runner = HFRunner(model, context_window=context_window, cost_model=cost_model)
         self.tokenizer = tokenizer
-        self.device = next(model.parameters()).device
-        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
-        self.context_window = int(context_window or model.config.max_position_embeddings)
+        self.device = self.runner.device
+        self.vocab_size = self.runner.vocab_size
+        self.context_window = self.runner.context_window
         self.eos_token_ids = tuple(eos_token_ids) if eos_token_ids is not None else _default_eos(model, tokenizer)
         self.cache_store = cache_store if cache_store is not None else CacheStore()
-        self._cost_model = cost_model
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
         self._drafters: dict[str, Drafter] = {}
         self._lock = threading.Lock()
@@ -179,8 +183,6 @@ class Engine:
                     "a draft model must share the target's tokenizer"
                 )
         if isinstance(draft_head, (str, Path)) and draft_head != "auto":
-            from hvd_agents.draft_head import load_head
-
             self._draft_head = load_head(draft_head, model)
         elif isinstance(draft_head, DraftHead) and draft_head.embed is None:
             draft_head.attach(model)
@@ -200,8 +202,6 @@ class Engine:
         ``draft_model`` is loaded the same way (on the target's device); ``draft_head``
         is a head file, ``"auto"`` (the shipped head for this target) or None.
         """
-        from hvd_agents.runtime.loading import load_model
-
         loaded = load_model(model, device=device)
         drafter_lm = None
         if draft_model is not None:
@@ -218,18 +218,12 @@ class Engine:
 
     def cost_model(self) -> CostModel:
         """The target's verification cost profile (measured once per model and machine, then cached)."""
-        if self._cost_model is None:
-            from hvd_agents.runtime.profile import cached_cost_model
-
-            self._cost_model = cached_cost_model(self.model)
-        return self._cost_model
+        return self.runner.profile()
 
     @property
     def draft_head(self) -> DraftHead | None:
         """The draft head (the one shipped for this target when ``draft_head="auto"``), or None."""
         if isinstance(self._draft_head, str):  # "auto", resolved on first use
-            from hvd_agents.draft_head import shipped_head_for
-
             self._draft_head = shipped_head_for(self.model)
         return self._draft_head
 
@@ -349,7 +343,7 @@ class Engine:
         while finish is None:
             room = req.budget - req.num_output  # >= 1
             draft = self._propose(req, drafter, room - 1)
-            if draft.is_tree and not supports_trees(cache):
+            if draft.is_tree and not cache.supports_trees:
                 draft = draft.main_branch()  # a sliding-window cache cannot drop a rejected branch's positions
             verify_start = time.perf_counter()
             verification, signal = self._verify(req, cache, draft)
@@ -364,17 +358,17 @@ class Engine:
                 req.stats.decode_s = time.perf_counter() - start
             yield TokenEvent(emitted, text, finish, req.stats if finish else None)
 
-    def _prefill(self, req: _Request) -> DynamicCache:
+    def _prefill(self, req: _Request) -> RunnerKV:
         """A KV cache over ``prompt[:-1]``: the longest stored prefix copied in, the rest computed."""
         start = time.perf_counter()
-        cache = new_cache(self.model.config)
+        cache = self.runner.new_kv()
         context = req.token_ids[:-1]
         match = PrefixMatch()
         if req.params.reuse_prefix:
             match = self.prefix_cache.lookup(context, cache, session_id=req.session_id)
         if req.hidden is not None:
             req.hidden.start = match.length
-        self._forward(context[match.length :], cache, logits_to_keep=1, hidden=req.hidden)
+        self.runner.forward(cache, context[match.length :], logits_to_keep=1, hidden=req.hidden)
         req.cache = cache
         req.stats.prefill_s = time.perf_counter() - start
         req.stats.reused_prefix_tokens = match.length
@@ -413,7 +407,7 @@ class Engine:
             valid += 1
         return draft.truncated(valid)
 
-    def _verify(self, req: _Request, cache, draft: Draft) -> tuple[Verification, tuple[float, float]]:
+    def _verify(self, req: _Request, cache: RunnerKV, draft: Draft) -> tuple[Verification, tuple[float, float]]:
         """One target forward over ``[last] + draft``; keeps only accepted positions in the KV cache.
 
         Returns the verification and the target's signal at its last token
@@ -421,9 +415,9 @@ class Engine:
         """
         if draft.is_tree:
             return self._verify_tree(req, cache, draft)
-        past = cache.get_seq_length()
+        past = cache.length
         hidden = [] if req.hidden is not None else None
-        logits = self._forward([req.token_ids[-1], *draft.token_ids], cache, hidden=hidden)  # [d + 1, vocab]
+        logits = self.runner.forward(cache, [req.token_ids[-1], *draft.token_ids], hidden=hidden)  # [d + 1, vocab]
         draft_ids = torch.tensor(draft.token_ids, dtype=torch.long, device=self.device)  # [d]
         if req.sampling.greedy:
             result = verify_greedy(logits, draft_ids)
@@ -431,70 +425,26 @@ class Engine:
             probs = target_probs(logits, req.sampling)  # [d + 1, vocab]
             q = None if draft.probs is None else draft.probs.to(device=self.device, dtype=probs.dtype)
             result = verify_sampling(probs, draft_ids, q, req.generator)
-        truncate(cache, past + 1 + result.num_accepted)
+        cache.rollback(past + 1 + result.num_accepted)
         if hidden:
             req.hidden.extend(hidden[0][: 1 + result.num_accepted])
         return result, target_signal(logits[result.num_accepted], result.token_ids[-1])
 
-    def _verify_tree(self, req: _Request, cache, draft: Draft) -> tuple[Verification, tuple[float, float]]:
+    def _verify_tree(self, req: _Request, cache: RunnerKV, draft: Draft) -> tuple[Verification, tuple[float, float]]:
         """:meth:`_verify` for a tree draft: every branch in one forward under a tree attention mask."""
-        past = cache.get_seq_length()
-        n = len(draft) + 1  # the root (last token) and the draft tokens
-        visible = torch.zeros(n, n, dtype=torch.bool)  # [n, n]: row attends to column (root and ancestors)
-        visible[:, 0] = True
-        for i, parent in enumerate(draft.parents):
-            visible[i + 1] = visible[parent + 1]
-            visible[i + 1, i + 1] = True
-        mask = torch.cat([torch.ones(n, past, dtype=torch.bool), visible], dim=1)[None, None]  # [1, 1, n, past + n]
-        positions = torch.tensor([[past] + [past + depth for depth in draft.depths()]], dtype=torch.long)  # [1, n]
+        past = cache.length
         hidden = [] if req.hidden is not None else None
-        logits = self._forward([req.token_ids[-1], *draft.token_ids], cache, hidden=hidden,
-                               position_ids=positions.to(self.device), attention_mask=mask.to(self.device))
+        logits = self.runner.forward(cache, [req.token_ids[-1], *draft.token_ids], hidden=hidden,
+                                     parents=draft.parents)  # [d + 1, vocab]
         if req.sampling.greedy:
             result = verify_tree(logits, draft.children())
         else:
             result = verify_tree(target_probs(logits, req.sampling), draft.children(), req.generator)
         rows = [0] + [1 + node for node in result.path]  # positions of the accepted path among the new ones
-        keep(cache, past, rows)
+        cache.compact(past, rows)
         if hidden:
             req.hidden.extend(hidden[0][rows])
         return result, target_signal(logits[rows[-1]], result.token_ids[-1])
-
-    def _forward(
-        self,
-        token_ids: Sequence[int],
-        cache,
-        logits_to_keep: int = 0,
-        hidden: HiddenStateBuffer | list | None = None,
-        position_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Run the target on ``token_ids`` after the cached positions; returns ``[n, vocab]`` logits.
-
-        With ``hidden`` (a buffer or a list), the last-layer hidden states ``[n, hidden]``
-        of the new positions are appended to it. ``position_ids`` ``[1, n]`` and a 4D
-        boolean ``attention_mask`` ``[1, 1, n, cached + n]`` are given for tree drafts.
-        """
-        if not token_ids:
-            return torch.empty(0, self.vocab_size, device=self.device)
-        input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)  # [1, n]
-        with torch.inference_mode():
-            out = self.model(
-                input_ids=input_ids,
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=logits_to_keep,
-                output_hidden_states=hidden is not None,
-                position_ids=position_ids,
-                attention_mask=attention_mask,
-            )
-        if hidden is not None:
-            rows = out.hidden_states[-1][0]  # [n, hidden]
-            if isinstance(hidden, list):
-                hidden.append(rows)
-            else:
-                hidden.extend(rows)
-        return out.logits[0]  # [n or logits_to_keep, vocab]
 
     def _emit(self, req: _Request, tokens: tuple[int, ...]) -> tuple[tuple[int, ...], str, str | None]:
         """Append verified tokens one by one until a stop id, stop string or the budget ends the request."""

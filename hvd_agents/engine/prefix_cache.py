@@ -50,9 +50,11 @@ Design choices:
   tool-call JSON, an edited reply): ``reply_mismatch_at`` reports that, a legitimate
   and expected divergence. Both need a session id; without one a divergence cannot
   be told apart from a branch.
-* Only caches whose layers all hold full-length keys and values (``DynamicLayer`` or
-  the engine's growing layers, :func:`hvd_agents.runtime.kv.full_length`) are reused; sliding-window or indexed layers cannot be rebuilt from a
-  prefix of positions, so for such models the cache stays empty.
+* The KV is reached only through the runner's :class:`~hvd_agents.runtime.runner.RunnerKV`
+  calls (``export_prefix``, ``import_prefix``, ``supports_reuse``), so any runner's cache
+  can be kept. Only caches whose layers all hold full-length keys and values are reused;
+  sliding-window or indexed layers cannot be rebuilt from a prefix of positions, so for
+  such models the cache stays empty.
 
 Example:
     >>> pc = PrefixCache(budget_bytes=1 << 30)                        # doctest: +SKIP
@@ -72,13 +74,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from transformers import DynamicCache
 
-from hvd_agents.runtime.kv import full_length
+from hvd_agents.runtime.kv import LayerKV
+from hvd_agents.runtime.runner import RunnerKV
 
 logger = logging.getLogger(__name__)
-
-LayerKV = tuple[torch.Tensor, torch.Tensor]  # keys, values: [batch=1, kv_heads, seq, head_dim]
 
 
 @dataclass(frozen=True)
@@ -126,11 +126,6 @@ class _Entry:
     session_id: str | None
     nbytes: int
     order: int  # insertion counter, to find a session's latest entry
-
-
-def supports_reuse(cache: DynamicCache) -> bool:
-    """True when every layer of ``cache`` holds full-length keys and values."""
-    return bool(cache.layers) and all(full_length(layer) for layer in cache.layers)
 
 
 def common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
@@ -188,7 +183,7 @@ class PrefixCache:
             self._entries.clear()
             self._stats.bytes = self._stats.entries = 0
 
-    def lookup(self, token_ids: Sequence[int], cache: DynamicCache, *, session_id: str | None = None) -> PrefixMatch:
+    def lookup(self, token_ids: Sequence[int], cache: RunnerKV, *, session_id: str | None = None) -> PrefixMatch:
         """Copy the KV of the longest stored prefix of ``token_ids`` into ``cache``.
 
         Args:
@@ -202,9 +197,9 @@ class PrefixCache:
         Raises:
             ValueError: ``cache`` is not empty.
         """
-        if cache.get_seq_length() != 0:
+        if cache.length != 0:
             raise ValueError("lookup needs an empty cache")
-        if not self.enabled or not token_ids or not supports_reuse(cache):
+        if not self.enabled or not token_ids or not cache.supports_reuse:
             return PrefixMatch()
         query = np.asarray(token_ids, dtype=np.int64)
         with self._lock:
@@ -218,8 +213,7 @@ class PrefixCache:
             if best_key is None:
                 return PrefixMatch(0, *breaks)
             self._entries.move_to_end(best_key)
-            for layer, (keys, values) in zip(cache.layers, self._entries[best_key].layers):
-                layer.update(keys[..., :best_len, :], values[..., :best_len, :])  # copies into the new cache
+            cache.import_prefix(self._entries[best_key].layers, best_len)  # copies into the new cache
             self._stats.hits += 1
             self._stats.reused_tokens += best_len
         return PrefixMatch(best_len, *breaks)
@@ -241,7 +235,7 @@ class PrefixCache:
         return None, length
 
     def insert(
-        self, token_ids: Sequence[int], cache: DynamicCache, *, prompt_len: int, session_id: str | None = None
+        self, token_ids: Sequence[int], cache: RunnerKV, *, prompt_len: int, session_id: str | None = None
     ) -> bool:
         """Keep a finished request's KV (the cache is taken over: do not use it afterwards).
 
@@ -259,12 +253,10 @@ class PrefixCache:
             ValueError: the cache holds fewer positions than ``token_ids``.
         """
         n = len(token_ids)
-        if not self.enabled or n == 0 or not supports_reuse(cache):
+        if not self.enabled or n == 0 or not cache.supports_reuse:
             return False
-        if cache.get_seq_length() < n:
-            raise ValueError(f"the cache holds {cache.get_seq_length()} positions, fewer than {n} token ids")
         ids = np.asarray(token_ids, dtype=np.int64)
-        layers = tuple((_compact(layer.keys[..., :n, :]), _compact(layer.values[..., :n, :])) for layer in cache.layers)
+        layers = tuple((_compact(keys), _compact(values)) for keys, values in cache.export_prefix(n))
         with self._lock:
             if self._covered(ids):
                 return False

@@ -17,6 +17,11 @@ growing layer only the length changes). After a tree draft, :func:`keep` keeps t
 accepted path's positions, which need not be contiguous; only caches whose every
 layer holds full-length keys and values (:func:`full_length`) can do that
 (:func:`supports_trees`).
+
+:class:`EngineCache` is the cache :func:`new_cache` makes: a ``DynamicCache`` that
+also implements :class:`~hvd_agents.runtime.runner.RunnerKV`, the small protocol the
+engine and the prefix cache use (rollback, tree compaction, prefix export/import),
+so neither reaches into transformers' layers.
 """
 
 from __future__ import annotations
@@ -111,9 +116,61 @@ class GrowingLayer(DynamicLayer):
             self._lengths[name] = start + len(index)
 
 
-def new_cache(config: PretrainedConfig) -> DynamicCache:
+LayerKV = tuple[torch.Tensor, torch.Tensor]  # one layer's (keys, values), [batch, kv_heads, seq, head_dim] each
+
+
+class EngineCache(DynamicCache):
+    """A ``DynamicCache`` whose full-attention layers grow in place, with the
+    :class:`~hvd_agents.runtime.runner.RunnerKV` calls (see the module docstring)."""
+
+    @property
+    def length(self) -> int:
+        """Positions held."""
+        return self.get_seq_length()
+
+    def rollback(self, length: int) -> None:
+        """Keep only the first ``length`` positions (:func:`truncate`)."""
+        truncate(self, length)
+
+    def compact(self, start: int, offsets: Sequence[int]) -> None:
+        """Keep ``[0, start)`` and ``start + offsets`` (:func:`keep`): a tree draft's accepted path."""
+        keep(self, start, offsets)
+
+    @property
+    def supports_trees(self) -> bool:
+        """Whether :meth:`compact` can select positions (full-length layers only)."""
+        return supports_trees(self)
+
+    @property
+    def supports_reuse(self) -> bool:
+        """Whether a prefix of positions can be exported and imported (full-length layers only)."""
+        return supports_trees(self)
+
+    def export_prefix(self, n: int) -> tuple[LayerKV, ...]:
+        """Views of every layer's keys and values at positions ``[0, n)`` (the caller copies what it keeps).
+
+        Raises:
+            ValueError: the cache holds fewer than ``n`` positions.
+        """
+        if self.length < n:
+            raise ValueError(f"the cache holds {self.length} positions, fewer than {n} token ids")
+        return tuple((layer.keys[..., :n, :], layer.values[..., :n, :]) for layer in self.layers)
+
+    def import_prefix(self, layers: Sequence[LayerKV], n: int) -> None:
+        """Copy positions ``[0, n)`` of ``layers`` (from :meth:`export_prefix`) into this EMPTY cache.
+
+        Raises:
+            ValueError: the cache is not empty.
+        """
+        if self.length != 0:
+            raise ValueError("importing a prefix needs an empty cache")
+        for layer, (keys, values) in zip(self.layers, layers):
+            layer.update(keys[..., :n, :], values[..., :n, :])  # copies into this cache's buffers
+
+
+def new_cache(config: PretrainedConfig) -> EngineCache:
     """An empty KV cache for a model with ``config``: its full-attention layers grow in place."""
-    cache = DynamicCache(config=config)
+    cache = EngineCache(config=config)
     cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
     return cache
 

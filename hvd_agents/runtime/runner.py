@@ -1,0 +1,186 @@
+"""The Runner: the one place the target model's forward runs, behind a small protocol.
+
+The engine owns the decode loop; a :class:`Runner` owns the target as a device:
+its forward, the per-request KV cache it writes, and what a step costs on this
+machine. The engine never calls the model or touches KV layers itself, so a
+runner with other kernels (quantized CPU weights, a captured GPU step over a
+static cache) slots in without changing the loop.
+
+Contract, per request::
+
+    kv = runner.new_kv()                                    # empty
+    logits = runner.forward(kv, prompt[:-1], logits_to_keep=1)  # prefill
+    logits = runner.forward(kv, [last, *draft])             # [1 + d, vocab]: verify
+    kv.rollback(kv.length - rejected)                       # drop rejected positions
+    logits = runner.forward(kv, [last, *tree], parents=...) # a tree under its mask
+    kv.compact(start, accepted_rows)                        # keep the accepted path
+
+* ``forward`` appends one KV position per token after the ``kv.length`` cached
+  ones and returns the logits of the new positions, ``[n, vocab]`` (the last
+  ``logits_to_keep`` only, when given). With ``parents`` (a tree draft: for each
+  token after the first, the index of its parent among the draft tokens, or -1
+  for the first token), each token attends to the cached positions, the first
+  token and its own ancestors, at the position of its depth; the rows are in
+  the order given. With ``hidden`` (a list, or anything with ``extend``), the
+  new positions' last-layer hidden states ``[n, hidden]`` are appended to it.
+* The KV object (:class:`RunnerKV`) rolls back, compacts a tree's accepted path,
+  and exports/imports a prefix of positions for the prefix cache; stored prefixes
+  are read-only and imports copy them.
+* ``profile()`` is the verification cost curve measured on this machine
+  (:mod:`hvd_agents.runtime.profile`), which the ``hvd`` policy prices steps with.
+
+:class:`HFRunner` implements it over any HuggingFace causal LM with the
+in-place cache of :mod:`hvd_agents.runtime.kv`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import torch
+from transformers import PreTrainedModel
+
+from hvd_agents.policy.cost import CostModel
+from hvd_agents.runtime.kv import LayerKV, new_cache
+from hvd_agents.runtime.profile import cached_cost_model
+
+
+@runtime_checkable
+class RunnerKV(Protocol):
+    """A request's KV cache as the engine and the prefix cache use it."""
+
+    @property
+    def length(self) -> int:
+        """Positions held."""
+
+    @property
+    def supports_trees(self) -> bool:
+        """Whether :meth:`compact` can keep non-contiguous positions."""
+
+    @property
+    def supports_reuse(self) -> bool:
+        """Whether a prefix of positions can be exported and imported."""
+
+    def rollback(self, length: int) -> None:
+        """Keep only the first ``length`` positions."""
+
+    def compact(self, start: int, offsets: Sequence[int]) -> None:
+        """Keep ``[0, start)`` and ``start + offsets`` (increasing)."""
+
+    def export_prefix(self, n: int) -> tuple[LayerKV, ...]:
+        """Per-layer (keys, values) of positions ``[0, n)``; read-only."""
+
+    def import_prefix(self, layers: Sequence[LayerKV], n: int) -> None:
+        """Copy positions ``[0, n)`` of exported ``layers`` into this empty cache."""
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """The target as a device (see the module docstring)."""
+
+    device: torch.device
+    vocab_size: int
+    context_window: int
+
+    def new_kv(self) -> RunnerKV:
+        """An empty KV cache for one request."""
+
+    def forward(
+        self,
+        kv: RunnerKV,
+        token_ids: Sequence[int],
+        *,
+        logits_to_keep: int = 0,
+        hidden: list | None = None,
+        parents: Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        """Run ``token_ids`` after the cached positions; returns ``[n, vocab]`` logits."""
+
+    def profile(self) -> CostModel:
+        """The verification cost curve on this machine."""
+
+
+class HFRunner:
+    """A :class:`Runner` over a HuggingFace causal LM (eager forwards, the in-place KV cache).
+
+    Args:
+        model: the target, in eval mode.
+        context_window: most positions a request may hold (default: the model's
+            ``max_position_embeddings``).
+        cost_model: the verification cost curve, when known; measured on first
+            use (and cached per model and machine) otherwise.
+    """
+
+    def __init__(self, model: PreTrainedModel, *, context_window: int | None = None,
+                 cost_model: CostModel | None = None) -> None:
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.context_window = int(context_window or model.config.max_position_embeddings)
+        self._cost_model = cost_model
+
+    def new_kv(self) -> RunnerKV:
+        return new_cache(self.model.config)
+
+    def profile(self) -> CostModel:
+        if self._cost_model is None:
+            self._cost_model = cached_cost_model(self.model)
+        return self._cost_model
+
+    def forward(
+        self,
+        kv: RunnerKV,
+        token_ids: Sequence[int],
+        *,
+        logits_to_keep: int = 0,
+        hidden: list | None = None,
+        parents: Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        if not token_ids:
+            return torch.empty(0, self.vocab_size, device=self.device)
+        input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)  # [1, n]
+        positions = mask = None
+        if parents is not None:
+            positions, mask = tree_inputs(kv.length, parents, self.device)
+        with torch.inference_mode():
+            out = self.model(
+                input_ids=input_ids,
+                past_key_values=kv,
+                use_cache=True,
+                logits_to_keep=logits_to_keep,
+                output_hidden_states=hidden is not None,
+                position_ids=positions,
+                attention_mask=mask,
+            )
+        if hidden is not None:
+            rows = out.hidden_states[-1][0]  # [n, hidden]
+            if isinstance(hidden, list):
+                hidden.append(rows)
+            else:
+                hidden.extend(rows)
+        return out.logits[0]  # [n or logits_to_keep, vocab]
+
+
+def tree_inputs(past: int, parents: Sequence[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Position ids ``[1, n]`` and the boolean attention mask ``[1, 1, n, past + n]`` of a tree forward.
+
+    The forward's rows are the root (the last emitted token) and then the draft
+    tokens, token ``i`` with parent ``parents[i]`` (-1: the root). Each row sees
+    every cached position, the root and its own ancestors, and sits at the
+    position of its depth.
+
+    Example: ``parents = (-1, 0, 0)`` (two alternatives after the first token)
+    gives positions ``past + [0, 1, 2, 2]``; row 3 sees rows 0, 1 and 3.
+    """
+    n = len(parents) + 1  # the root and the draft tokens
+    visible = torch.zeros(n, n, dtype=torch.bool)  # [n, n]: row attends to column (root and ancestors)
+    visible[:, 0] = True
+    depth = [0] * n
+    for i, parent in enumerate(parents):
+        visible[i + 1] = visible[parent + 1]
+        visible[i + 1, i + 1] = True
+        depth[i + 1] = depth[parent + 1] + 1
+    mask = torch.cat([torch.ones(n, past, dtype=torch.bool), visible], dim=1)[None, None]  # [1, 1, n, past + n]
+    positions = torch.tensor([[past + d for d in depth]], dtype=torch.long)  # [1, n]
+    return positions.to(device), mask.to(device)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from hvd_agents.bench.digest import output_digest
 from hvd_agents.bench.prompts import AgentPrompt, agent_prompts
 from hvd_agents.chat.template import encode_prompt
 from hvd_agents.chat.conversation import prepare
@@ -190,3 +191,4 @@ def _print_table(
     print(f"engine-hvd / engine-hvd-cache: {hvd / tallies['engine-hvd-cache'].tokens_per_s:.2f}x   "
           f"engine-hvd / engine-pld: {hvd / tallies['engine-pld'].tokens_per_s:.2f}x   "
           f"engine-hvd / hf-generate: {hvd / reference.tokens_per_s:.2f}x")
+    print("output tokens sha256: " + "  ".join(f"{name} {output_digest(t.outputs)}" for name, t in tallies.items()))

@@ -27,6 +27,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from hvd_agents.bench.digest import output_digest
 from hvd_agents.bench.live import Tally, _cache_runner, _engine_runner, _Item, _timed
 from hvd_agents.bench.prompts import agent_prompts, chat_prompts
 from hvd_agents.chat.template import encode_prompt
@@ -184,3 +185,4 @@ def _print(tallies, figures: ModelFigures, timed: TimedDrafter, inner, max_new_t
                      for name, per in sorted(per_source.items())]
             print(f"{arm} steps by draft source, {workload}: {', '.join(parts)}, "
                   f"of {sum(per.steps for per in per_source.values())}")
+    print("output tokens sha256: " + "  ".join(f"{arm} {output_digest(rows['mixed'][arm].outputs)}" for arm in ARMS))

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 
 from hvd_agents.bench.agent_session import agent_tools, first_messages, tool_exchange
+from hvd_agents.bench.digest import output_digest
 from hvd_agents.chat.conversation import prepare
 from hvd_agents.drafters import CacheStore
 from hvd_agents.engine import Engine, GenerationParams
@@ -122,6 +123,8 @@ def _print_agent_table(arms: list[Arm], max_new_tokens: int, engine: Engine) -> 
           f"{total(plain, 'latency_s') / total(reuse, 'latency_s'):.2f}x")
     same = sum(a.token_ids == b.token_ids == c.token_ids for a, b, c in zip(plain.turns, reuse.turns, hvd.turns))
     print(f"identical outputs in all three arms: {same}/{len(plain.turns)} turns")
+    print("output tokens sha256: " + "  ".join(f"{arm.name} {output_digest(t.token_ids for t in arm.turns)}"
+                                               for arm in arms))
 
 
 def run_memory_benchmark(

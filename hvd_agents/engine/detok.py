@@ -36,9 +36,10 @@ class IncrementalDetokenizer:
             ``skip_special_tokens`` and ``clean_up_tokenization_spaces``).
         skip_special_tokens: drop special tokens from the text, as ``decode`` does.
 
-    Example:
-        >>> detok = IncrementalDetokenizer(tokenizer)  # doctest: +SKIP
-        >>> "".join(detok.push([t]) for t in ids) + detok.flush()  # doctest: +SKIP
+    Example (``ids`` a token sequence, ``text`` its full decoding)::
+
+        detok = IncrementalDetokenizer(tokenizer)
+        assert "".join(detok.push([t]) for t in ids) + detok.flush() == text
     """
 
     def __init__(self, tokenizer: Any, skip_special_tokens: bool = True) -> None:

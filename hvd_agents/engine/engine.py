@@ -144,9 +144,10 @@ class Engine:
             to a head file, ``"auto"`` (the head shipped for this target, if
             any; the default) or None (no head).
 
-    Example:
-        >>> engine = Engine.load()                       # embedded SmolLM2-135M  # doctest: +SKIP
-        >>> engine.generate(ids, GenerationParams(method="pld")).text  # doctest: +SKIP
+    Example (loads the embedded SmolLM2-135M)::
+
+        engine = Engine.load()
+        engine.generate(ids, GenerationParams(method="pld")).text
     """
 
     def __init__(

@@ -56,11 +56,12 @@ Design choices:
   sliding-window or indexed layers cannot be rebuilt from a prefix of positions, so for
   such models the cache stays empty.
 
-Example:
-    >>> pc = PrefixCache(budget_bytes=1 << 30)                        # doctest: +SKIP
-    >>> pc.insert(finished_ids[:-1], finished_cache, prompt_len=n, session_id="s")  # doctest: +SKIP
-    >>> match = pc.lookup(new_prompt[:-1], new_cache(config), session_id="s")  # doctest: +SKIP
-    >>> match.length   # positions copied; prefill new_prompt[match.length:-1]  # doctest: +SKIP
+Example (``finished_cache`` a finished request's KV, ``kv`` a new request's empty one)::
+
+    pc = PrefixCache(budget_bytes=1 << 30)
+    pc.insert(finished_ids[:-1], finished_cache, prompt_len=n, session_id="s")
+    match = pc.lookup(new_prompt[:-1], kv, session_id="s")
+    match.length   # positions copied; prefill new_prompt[match.length:-1]
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 
 * :func:`to_openai_messages` turns LangChain messages into the OpenAI-shape dicts
   that :func:`hvd_agents.chat.conversation.prepare` takes.
-* :func:`parsed_tool_call_chunks` / :func:`parsed_tool_calls` turn the parsed calls
-  of a reply (:func:`hvd_agents.chat.toolcalls.parse_tool_calls`) into LangChain's
-  ``tool_call_chunks`` / tool calls. The streaming split of the reply itself is
+* :func:`parsed_tool_call_chunks` turns the parsed calls of a reply
+  (:func:`hvd_agents.chat.toolcalls.parse_tool_calls`) into LangChain's
+  ``tool_call_chunks``; summing the chunks (``_aggregate`` in :mod:`.chat_models`)
+  yields the message's tool calls. The streaming split of the reply itself is
   :mod:`hvd_agents.chat.toolcall_stream` (shared with the LlamaIndex adapter).
 """
 
@@ -14,8 +15,6 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hvd_agents.errors import InvalidRequestError
-from hvd_agents.chat.toolcalls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ParsedOutput
 from langchain_core.messages import (
     AIMessage,
     BaseMessage,
@@ -23,12 +22,13 @@ from langchain_core.messages import (
     FunctionMessage,
     HumanMessage,
     SystemMessage,
+    ToolCallChunk,
     ToolMessage,
 )
-from langchain_core.messages import InvalidToolCall as LCInvalidToolCall
-from langchain_core.messages import ToolCall as LCToolCall
-from langchain_core.messages import ToolCallChunk
-from langchain_core.messages.tool import invalid_tool_call, tool_call, tool_call_chunk
+from langchain_core.messages.tool import tool_call_chunk
+
+from hvd_agents.chat.toolcalls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ParsedOutput
+from hvd_agents.errors import InvalidRequestError
 
 # Content blocks that carry no prompt text: tool calls are rendered from
 # ``AIMessage.tool_calls``; reasoning traces of other providers are dropped.
@@ -142,12 +142,3 @@ def parsed_tool_call_chunks(parsed: ParsedOutput) -> list[ToolCallChunk]:
     )
     return chunks
 
-
-def parsed_tool_calls(parsed: ParsedOutput) -> tuple[list[LCToolCall], list[LCInvalidToolCall]]:
-    """The parsed calls as LangChain tool calls and invalid tool calls (with the parse error)."""
-    calls = [tool_call(name=call.name, args=dict(call.arguments), id=call.id) for call in parsed.tool_calls]
-    invalid = [
-        invalid_tool_call(name=bad.name, args=invalid_call_args(bad.text, bad.error), id=bad.id, error=bad.error)
-        for bad in parsed.invalid_tool_calls
-    ]
-    return calls, invalid

@@ -22,7 +22,6 @@ drafting, stop strings and tool-call parsing all live in hvd-agents.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping, Sequence
@@ -30,24 +29,6 @@ from contextlib import closing
 from operator import itemgetter
 from typing import Any, Literal
 
-from hvd_agents.chat.async_stream import iterate_in_thread
-from hvd_agents.chat.request import (
-    DECODE_FIELDS,
-    DEFAULT_METHOD,
-    DEFAULT_MODEL_NAME,
-    ChatRequest,
-    DecodeOptions,
-    ReplyPiece,
-    build_chat_request,
-    check_method,
-    merge_stops,
-    resolve_engine,
-    stream_reply,
-)
-from hvd_agents.engine import Engine
-from hvd_agents.errors import InvalidRequestError
-from hvd_agents.chat.toolcall_stream import normalize_tool_choice
-from hvd_agents.chat.toolcalls import forced_call_prefix
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import LanguageModelInput
 from langchain_core.language_models.chat_models import BaseChatModel, LangSmithParams
@@ -63,14 +44,30 @@ from langchain_core.utils.function_calling import convert_to_json_schema, conver
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import ConfigDict, Field, model_validator
 
+from hvd_agents.chat.async_stream import iterate_in_thread
+from hvd_agents.chat.request import (
+    DECODE_FIELDS,
+    DEFAULT_MODEL_NAME,
+    ChatRequest,
+    ChatSettings,
+    ReplyPiece,
+    ReplySummary,
+    build_chat_request,
+    check_method,
+    field_kwargs,
+    merge_stops,
+    resolve_engine,
+    stream_reply,
+)
+from hvd_agents.chat.toolcall_stream import normalize_tool_choice
+from hvd_agents.chat.toolcalls import forced_call_prefix
+from hvd_agents.engine import Engine
+from hvd_agents.errors import InvalidRequestError
 from langchain_hvd._convert import parsed_tool_call_chunks, to_openai_messages
 
 logger = logging.getLogger(__name__)
 
 PROVIDER = "hvd"
-JSON_INSTRUCTION = "Respond only with a JSON object."
-JSON_KEYS_INSTRUCTION = "Respond only with a JSON object with these keys:"
-JSON_SCHEMA_INSTRUCTION = "Respond only with JSON that matches this JSON schema:"
 
 # Per-call keyword arguments (``invoke(..., **kwargs)`` / ``bind``) that a call understands.
 _CALL_KWARGS = frozenset({*DECODE_FIELDS, "tools", "tool_choice", "response_format", "model", "session_id"})
@@ -97,26 +94,18 @@ class ChatHVD(BaseChatModel):
 
     model_config = ConfigDict(arbitrary_types_allowed=True, populate_by_name=True)
 
-    model: str | None = None
-    """Hub id, local model directory or ``.gguf`` file; None = the embedded SmolLM2-135M-Instruct."""
-    method: str = DEFAULT_METHOD
-    """Decoding method: a name in ``hvd_agents.drafters.available_methods()`` (``hvd``, ``hvd-cache``, ``model``, ``pld``, ``ar``)."""
-    max_tokens: int = 256
-    """Most tokens generated per call."""
-    temperature: float = 0.0
-    """0 = greedy."""
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
-    num_draft_tokens: int | None = None
-    """Most draft tokens verified per step (K); None = the engine's default."""
-    device: str | None = None
-    """``"cpu"``, ``"cuda"``, ...; None picks CUDA when available. Used when the engine is created here."""
-    draft_model: str | None = None
-    """A smaller model with the same tokenizer that drafts (methods ``model`` and ``hvd``); None = the target's
-    shipped draft head, if any. Used when the engine is created here."""
-    stop: list[str] | None = Field(default=None, alias="stop_sequences")
-    """Stop strings for every call (merged with a call's own ``stop``)."""
+    # The generation settings: defaults and descriptions from hvd_agents.chat.request.ChatSettings.
+    model: str | None = Field(**field_kwargs("model"))
+    method: str = Field(**field_kwargs("method"))
+    max_tokens: int = Field(**field_kwargs("max_tokens"))
+    temperature: float = Field(**field_kwargs("temperature"))
+    top_p: float | None = Field(**field_kwargs("top_p"))
+    top_k: int | None = Field(**field_kwargs("top_k"))
+    seed: int | None = Field(**field_kwargs("seed"))
+    num_draft_tokens: int | None = Field(**field_kwargs("num_draft_tokens"))
+    device: str | None = Field(**field_kwargs("device"))
+    draft_model: str | None = Field(**field_kwargs("draft_model"))
+    stop: list[str] | None = Field(**field_kwargs("stop"), alias="stop_sequences")
     engine: Engine | None = Field(default=None, exclude=True, repr=False)
     """An engine to use instead of ``shared_engine(model, device=device)``."""
 
@@ -308,8 +297,8 @@ class ChatHVD(BaseChatModel):
     ) -> Iterator[ChatGenerationChunk]:
         # LangChain reports each chunk to the callbacks (on_llm_new_token) itself.
         session_id = kwargs.pop("session_id", None) or _thread_id(run_manager)
-        request, model_name = self._prepare_request(messages, stop, session_id, kwargs)
-        yield from _chunks(stream_reply(request), request, model_name)
+        request = self._prepare_request(messages, stop, session_id, kwargs)
+        yield from _chunks(stream_reply(request))
 
     async def _agenerate(
         self,
@@ -339,8 +328,8 @@ class ChatHVD(BaseChatModel):
         session_id = kwargs.pop("session_id", None) or _thread_id(run_manager)
 
         def work(cancelled: threading.Event) -> Iterator[ChatGenerationChunk]:
-            request, model_name = self._prepare_request(messages, stop, session_id, kwargs)
-            yield from _chunks(stream_reply(request, cancelled), request, model_name)
+            request = self._prepare_request(messages, stop, session_id, kwargs)
+            yield from _chunks(stream_reply(request, cancelled))
 
         async for chunk in iterate_in_thread(work):
             yield chunk
@@ -353,71 +342,59 @@ class ChatHVD(BaseChatModel):
         stop: list[str] | None,
         session_id: str | None,
         kwargs: dict[str, Any],
-    ) -> tuple[ChatRequest, str]:
-        """Messages and call arguments to a prepared engine request and the model's name."""
+    ) -> ChatRequest:
+        """Messages and call arguments to a prepared engine request."""
         call = {key: value for key, value in kwargs.items() if key not in _IGNORED_KWARGS}
         unknown = sorted(set(call) - _CALL_KWARGS)
         if unknown:
             raise InvalidRequestError(f"unsupported call arguments for ChatHVD: {unknown}")
-        response_format = call.get("response_format")
         engine, model_name = resolve_engine(
             self.engine, self.model, self.device, call.get("model"), self.draft_model
         )
-        oai_messages = to_openai_messages(messages)
-        prefix = ""
-        if response_format is not None:
-            oai_messages = _with_json_instruction(oai_messages, response_format)
-            prefix = _json_prefix(response_format)
-        request = build_chat_request(
+        return build_chat_request(
             engine,
-            oai_messages,
+            to_openai_messages(messages),
             call.get("tools") or None,
-            options=DecodeOptions.from_fields(self, call),
+            settings=ChatSettings.from_fields(self, call),
             tool_choice=call.get("tool_choice"),
-            stop=merge_stops(self.stop, stop),
+            stop=stop,
             session_id=session_id,
-            prefix=prefix,
-            json_mode=prefix == "{",
+            response_format=call.get("response_format"),
+            model_name=model_name,
         )
-        return request, model_name
 
 
 # -------------------------------------------------------------------- helpers
 
 
-def _chunks(
-    pieces: Generator[ReplyPiece, None, None], request: ChatRequest, model_name: str
-) -> Iterator[ChatGenerationChunk]:
+def _chunks(pieces: Generator[ReplyPiece, None, None]) -> Iterator[ChatGenerationChunk]:
     """The reply pieces as chunks; the last one carries calls, usage and metadata.
 
     Closing this generator closes ``pieces`` (hence the engine's iterator).
     """
     with closing(pieces):
         for piece in pieces:
-            if piece.finish_reason is None:
+            if piece.summary is None:
                 yield ChatGenerationChunk(message=AIMessageChunk(content=piece.delta))
             else:
-                yield _last_chunk(request, model_name, piece)
+                yield _last_chunk(piece, piece.summary)
 
 
-def _last_chunk(request: ChatRequest, model_name: str, piece: ReplyPiece) -> ChatGenerationChunk:
-    finish = piece.finish_reason or "stop"
+def _last_chunk(piece: ReplyPiece, summary: ReplySummary) -> ChatGenerationChunk:
+    """The last chunk: the summary placed into LangChain's usage and response metadata."""
     tool_call_chunks, errors = [], {}
     if piece.parsed is not None:
         tool_call_chunks = parsed_tool_call_chunks(piece.parsed)
         errors = {bad.id: bad.error for bad in piece.parsed.invalid_tool_calls}
-    stats = piece.stats
-    input_tokens = len(request.structure.prompt_ids)
-    output_tokens = stats.new_tokens if stats is not None else 0
     usage = UsageMetadata(
-        input_tokens=input_tokens, output_tokens=output_tokens, total_tokens=input_tokens + output_tokens
+        input_tokens=summary.prompt_tokens, output_tokens=summary.completion_tokens, total_tokens=summary.total_tokens
     )
     metadata = {
-        "model_name": model_name,
+        "model_name": summary.model_name,
         "model_provider": PROVIDER,
-        "finish_reason": finish,
-        "method": request.params.method,
-        "hvd_stats": stats.to_dict() if stats is not None else {},
+        "finish_reason": summary.finish_reason,
+        "method": summary.method,
+        "hvd_stats": summary.hvd_stats,
     }
     if errors:  # by call id; chunk aggregation cannot carry InvalidToolCall.error
         metadata["invalid_tool_call_errors"] = errors
@@ -428,7 +405,7 @@ def _last_chunk(request: ChatRequest, model_name: str, piece: ReplyPiece) -> Cha
         response_metadata=metadata,
         chunk_position="last",
     )
-    return ChatGenerationChunk(message=message, generation_info={"finish_reason": finish})
+    return ChatGenerationChunk(message=message, generation_info={"finish_reason": summary.finish_reason})
 
 
 def _aggregate(chunks: Iterator[ChatGenerationChunk] | list[ChatGenerationChunk]) -> ChatResult:
@@ -478,69 +455,3 @@ def _thread_id(run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLL
     if thread is None and run_manager is not None:
         thread = (run_manager.metadata or {}).get("thread_id")
     return None if thread is None else str(thread)
-
-
-def _unwrap_response_format(response_format: Any) -> Mapping[str, Any] | None:
-    """The JSON schema of a ``response_format``, or None for plain JSON mode.
-
-    Accepts ``"json"``, ``{"type": "json_object"}``, a JSON schema, and OpenAI's
-    ``{"type": "json_schema", "json_schema": {"schema": ...}}``.
-
-    Raises:
-        InvalidRequestError: anything else.
-    """
-    if response_format == "json":
-        return None
-    if isinstance(response_format, Mapping) and response_format.get("type") == "json_object":
-        return None
-    if isinstance(response_format, Mapping) and response_format.get("type") == "json_schema":
-        inner = response_format.get("json_schema")
-        if isinstance(inner, Mapping) and isinstance(inner.get("schema"), Mapping):
-            return inner["schema"]
-    if isinstance(response_format, Mapping) and response_format:
-        return response_format
-    raise InvalidRequestError(f"response_format must be 'json' or a JSON schema, got {response_format!r}")
-
-
-def json_instruction(response_format: Any) -> str:
-    """The instruction asking for a JSON reply.
-
-    For an object schema with properties it shows the expected object, each key
-    with its description (or type), which small models follow far better than a
-    raw JSON schema (they tend to echo the schema); other schemas are shown whole.
-    """
-    schema = _unwrap_response_format(response_format)
-    if schema is None:
-        return JSON_INSTRUCTION
-    properties = schema.get("properties")
-    if schema.get("type", "object") == "object" and isinstance(properties, Mapping) and properties:
-        shape = {key: _describe(value) for key, value in properties.items()}
-        return f"{JSON_KEYS_INSTRUCTION} {json.dumps(shape, ensure_ascii=False)}"
-    return f"{JSON_SCHEMA_INSTRUCTION} {json.dumps(schema, ensure_ascii=False)}"
-
-
-def _describe(prop: Any) -> str:
-    if not isinstance(prop, Mapping):
-        return "value"
-    for key in ("description", "type", "title"):
-        if isinstance(prop.get(key), str) and prop[key]:
-            return prop[key]
-    return "value"
-
-
-def _json_prefix(response_format: Any) -> str:
-    """``{`` when the reply must be a JSON object (pre-filled), else nothing."""
-    schema = _unwrap_response_format(response_format)
-    return "{" if schema is None or schema.get("type", "object") == "object" else ""
-
-
-def _with_json_instruction(messages: list[dict[str, Any]], response_format: Any) -> list[dict[str, Any]]:
-    """Ask for a JSON reply at the end of the last user message (or in a closing system message)."""
-    instruction = json_instruction(response_format)
-    out = [dict(message) for message in messages]
-    if out and out[-1]["role"] == "user":
-        content = out[-1].get("content") or ""
-        out[-1]["content"] = f"{content}\n\n{instruction}" if content else instruction
-    else:
-        out.append({"role": "system", "content": instruction})
-    return out

@@ -17,8 +17,6 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hvd_agents.errors import InvalidRequestError
-from hvd_agents.chat.toolcalls import ParsedOutput
 from llama_index.core.base.llms.types import (
     CachePoint,
     ChatMessage,
@@ -29,6 +27,9 @@ from llama_index.core.base.llms.types import (
 )
 from llama_index.core.bridge.pydantic import BaseModel
 from llama_index.core.llms.llm import ToolSelection
+
+from hvd_agents.chat.toolcalls import ParsedOutput
+from hvd_agents.errors import InvalidRequestError
 
 _ROLES = {
     MessageRole.SYSTEM: "system",

@@ -15,6 +15,10 @@ stop strings and tool-call parsing all live in hvd-agents.
 * Tool calls are Hermes ``<tool_call>`` blocks in the reply. While streaming, text
   before the first block is streamed, the rest is held back; the last response's
   message holds the content and one ``ToolCallBlock`` per call.
+* JSON mode (``json_mode=True``, as in LlamaIndex's Ollama LLM, or a call's
+  ``response_format="json"`` / JSON schema, as in its OpenAI LLM) is the neutral
+  layer's: the format is asked for in the last user message, the reply is pre-filled
+  with ``{`` and cut after its first JSON object.
 * The engine is injected (``engine=``) or created lazily on first use with
   :func:`hvd_agents.engine.shared.shared_engine`: constructing an ``HVD`` loads nothing.
 """
@@ -27,23 +31,6 @@ from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequen
 from contextlib import closing
 from typing import TYPE_CHECKING, Any
 
-from hvd_agents.chat.async_stream import iterate_in_thread
-from hvd_agents.chat.request import (
-    DECODE_FIELDS,
-    DEFAULT_METHOD,
-    DEFAULT_MODEL_NAME,
-    ChatRequest,
-    DecodeOptions,
-    ReplyPiece,
-    build_chat_request,
-    check_method,
-    merge_stops,
-    resolve_engine,
-    stream_reply,
-)
-from hvd_agents.engine import Engine
-from hvd_agents.errors import InvalidRequestError
-from hvd_agents.chat.toolcall_stream import normalize_tool_choice
 from llama_index.core.base.llms.generic_utils import (
     achat_to_completion_decorator,
     astream_chat_to_completion_decorator,
@@ -66,8 +53,25 @@ from llama_index.core.bridge.pydantic import Field, model_validator
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
-
 from llama_index.llms.hvd._convert import reply_message, to_openai_messages, tool_schemas, tool_selections
+
+from hvd_agents.chat.async_stream import iterate_in_thread
+from hvd_agents.chat.request import (
+    DECODE_FIELDS,
+    DEFAULT_MODEL_NAME,
+    ChatRequest,
+    ChatSettings,
+    ReplyPiece,
+    ReplySummary,
+    build_chat_request,
+    check_method,
+    field_kwargs,
+    resolve_engine,
+    stream_reply,
+)
+from hvd_agents.chat.toolcall_stream import normalize_tool_choice
+from hvd_agents.engine import Engine
+from hvd_agents.errors import InvalidRequestError
 
 if TYPE_CHECKING:
     from llama_index.core.tools.types import BaseTool
@@ -75,7 +79,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # Per-call keyword arguments (``chat(messages, **kwargs)``) that a call understands.
-_CALL_KWARGS = frozenset({*DECODE_FIELDS, "tools", "tool_choice", "stop", "session_id", "model"})
+_CALL_KWARGS = frozenset({*DECODE_FIELDS, "tools", "tool_choice", "stop", "session_id", "model", "response_format"})
 
 ToolChoicePolicy = Callable[[Sequence[ChatMessage]], Any]
 """A function of a call's messages that returns its ``tool_choice``."""
@@ -92,6 +96,8 @@ class HVD(FunctionCallingLLM):
         llm.complete("Name three primes.").text
         response = llm.chat_with_tools([weather_tool], user_msg="Weather in Paris?", tool_required=True)
         llm.get_tool_calls_from_response(response)   # [ToolSelection(tool_name="get_weather", ...)]
+        HVD(json_mode=True).complete("A city and its country, as JSON.").text   # '{"city": ...}'
+        llm.chat(messages, response_format={"type": "object", "properties": {"city": {"type": "string"}}})
         ```
 
     Greedy output (``temperature=0``, the default) is token for token the model's
@@ -99,28 +105,29 @@ class HVD(FunctionCallingLLM):
     distribution. ``response.raw["hvd_stats"]`` reports what drafting did.
     """
 
-    model: str | None = Field(
-        default=None, description="Hub id, local model directory or .gguf file; None = the embedded model."
-    )
-    method: str = Field(default=DEFAULT_METHOD, description="Decoding method: 'hvd', 'hvd-cache', 'model', 'pld', 'ar', ...")
-    max_tokens: int = Field(default=256, gt=0, description="Most tokens generated per call.")
-    temperature: float = Field(default=0.0, ge=0.0, description="0 = greedy.")
-    top_p: float | None = Field(default=None, description="Nucleus sampling mass; None = no cut-off.")
-    top_k: int | None = Field(default=None, description="Top-k cut-off; None = none.")
-    seed: int | None = Field(default=None, description="Sampling seed; None = a fresh one per call.")
-    num_draft_tokens: int | None = Field(
-        default=None, description="Most draft tokens verified per step (K); None = the engine's default."
-    )
-    device: str | None = Field(default=None, description="'cpu', 'cuda', ...; None picks CUDA when available.")
-    draft_model: str | None = Field(
-        default=None,
-        description="A smaller model with the same tokenizer that drafts (methods 'model' and 'hvd'); "
-        "None = the target's shipped draft head, if any.",
-    )
+    # The generation settings: defaults and descriptions from hvd_agents.chat.request.ChatSettings.
+    model: str | None = Field(**field_kwargs("model"))
+    method: str = Field(**field_kwargs("method"))
+    max_tokens: int = Field(**field_kwargs("max_tokens"), gt=0)
+    temperature: float = Field(**field_kwargs("temperature"), ge=0.0)
+    top_p: float | None = Field(**field_kwargs("top_p"))
+    top_k: int | None = Field(**field_kwargs("top_k"))
+    seed: int | None = Field(**field_kwargs("seed"))
+    num_draft_tokens: int | None = Field(**field_kwargs("num_draft_tokens"))
+    device: str | None = Field(**field_kwargs("device"))
+    draft_model: str | None = Field(**field_kwargs("draft_model"))
     context_window: int | None = Field(
         default=None, description="Reported context window; None = the model's (loads the model on first use)."
     )
-    stop: list[str] | None = Field(default=None, description="Stop strings for every call.")
+    stop: list[str] | None = Field(**field_kwargs("stop"))
+    json_mode: bool = Field(
+        default=False,
+        description=(
+            "Reply with a JSON object: the request for one is added to the last user message, the reply is "
+            "pre-filled with '{' and cut after the object. A call's response_format ('json' or a JSON schema) "
+            "takes precedence."
+        ),
+    )
     tool_choice: Any = Field(
         default=None,
         description=(
@@ -131,7 +138,7 @@ class HVD(FunctionCallingLLM):
     reply_prefix: str | Callable[[Sequence[ChatMessage]], str] = Field(
         default="",
         description=(
-            "Forced start of replies that are not forced tool calls (e.g. 'Thought:' for ReAct), "
+            "Forced start of replies that are neither forced tool calls nor JSON (e.g. 'Thought:' for ReAct), "
             "or a function of the call's messages returning it."
         ),
     )
@@ -270,16 +277,16 @@ class HVD(FunctionCallingLLM):
         self, messages: Sequence[ChatMessage], kwargs: dict[str, Any], cancelled: threading.Event | None = None
     ) -> Iterator[ChatResponse]:
         """The streaming core: one response per content delta, the last one with calls and stats."""
-        request, model_name = self._prepare_request(messages, kwargs)
-        yield from _responses(stream_reply(request, cancelled), request, model_name)
+        request = self._prepare_request(messages, kwargs)
+        yield from _responses(stream_reply(request, cancelled))
 
     async def _astream(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> AsyncIterator[ChatResponse]:
         """The streaming core in a worker thread (preparation and model loading included)."""
         async for response in iterate_in_thread(lambda cancelled: self._stream(messages, kwargs, cancelled)):
             yield response
 
-    def _prepare_request(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> tuple[ChatRequest, str]:
-        """Messages and call arguments to a prepared engine request and the model's name."""
+    def _prepare_request(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatRequest:
+        """Messages and call arguments to a prepared engine request."""
         unknown = sorted(set(kwargs) - _CALL_KWARGS)
         if unknown:
             raise InvalidRequestError(f"unsupported call arguments for HVD: {unknown}")
@@ -292,25 +299,27 @@ class HVD(FunctionCallingLLM):
         if callable(choice):
             choice = choice(messages)
         prefix = self.reply_prefix(messages) if callable(self.reply_prefix) else self.reply_prefix
-        request = build_chat_request(
+        response_format = kwargs.get("response_format")
+        if response_format is None and self.json_mode:
+            response_format = "json"
+        return build_chat_request(
             engine,
             to_openai_messages(messages),
             kwargs.get("tools") or None,
-            options=DecodeOptions.from_fields(self, kwargs),
+            settings=ChatSettings.from_fields(self, kwargs),
             tool_choice=choice,
-            stop=merge_stops(self.stop, kwargs.get("stop")),
+            stop=kwargs.get("stop"),
             session_id=kwargs.get("session_id") or self.session_id,
             prefix=prefix,
+            response_format=response_format,
+            model_name=model_name,
         )
-        return request, model_name
 
 
 # -------------------------------------------------------------------- helpers
 
 
-def _responses(
-    pieces: Generator[ReplyPiece, None, None], request: ChatRequest, model_name: str
-) -> Iterator[ChatResponse]:
+def _responses(pieces: Generator[ReplyPiece, None, None]) -> Iterator[ChatResponse]:
     """Reply pieces as chat responses, each with its delta and the content so far.
 
     Closing this generator closes ``pieces`` (hence the engine's iterator).
@@ -319,28 +328,21 @@ def _responses(
     with closing(pieces):
         for piece in pieces:
             content += piece.delta
-            if piece.finish_reason is None:
+            if piece.summary is None:
                 yield ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=content), delta=piece.delta)
             else:
-                yield _last_response(request, model_name, piece, content)
+                yield _last_response(piece, piece.summary, content)
 
 
-def _last_response(request: ChatRequest, model_name: str, piece: ReplyPiece, content: str) -> ChatResponse:
-    """The last response: the whole message (text and tool-call blocks), usage and stats in ``raw``."""
-    stats = piece.stats
-    prompt_tokens = len(request.structure.prompt_ids)
-    completion_tokens = stats.new_tokens if stats is not None else 0
-    usage = {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
+def _last_response(piece: ReplyPiece, summary: ReplySummary, content: str) -> ChatResponse:
+    """The last response: the whole message (text and tool-call blocks); the summary in ``raw``."""
+    usage = summary.usage()
     raw = {
-        "model": model_name,
-        "method": request.params.method,
-        "finish_reason": piece.finish_reason,
+        "model": summary.model_name,
+        "method": summary.method,
+        "finish_reason": summary.finish_reason,
         "usage": usage,
-        "hvd_stats": stats.to_dict() if stats is not None else {},
+        "hvd_stats": summary.hvd_stats,
     }
     return ChatResponse(
         message=reply_message(content, piece.parsed), delta=piece.delta, raw=raw, additional_kwargs=dict(usage)

@@ -1,8 +1,8 @@
-"""HVD (integrations/llama-index-llms-hvd): unit tests, real-model tests and LlamaIndex agents.
+"""HVD (llama-index-llms-hvd): unit tests, real-model tests and LlamaIndex agents.
 
 * Unit tests (no real model): message conversion, tool calls in responses, the call
-  plumbing and async behaviour, on a scripted engine (an ``Engine`` on a tiny random
-  model whose ``stream`` replays chosen text) and on a tiny real ``Engine``.
+  plumbing, JSON mode and async behaviour, on a scripted engine (an ``Engine`` on a
+  tiny random model whose ``stream`` replays chosen text) and on a tiny real ``Engine``.
 * Real-model tests on the embedded SmolLM2-135M-Instruct (``real_engine``): greedy
   equality with the engine's plain AR output, chat / stream / async / completion
   forms, forced tool calls, a two-tool ``FunctionAgent`` loop and a ``ReActAgent`` run.
@@ -27,14 +27,12 @@ from llama_index.core.base.llms.types import (
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.tools import FunctionTool
+from llama_index.llms.hvd import HVD
+from llama_index.llms.hvd._convert import to_openai_messages
 
 from hvd_agents import Engine, GenerationParams, InvalidRequestError
 from hvd_agents.chat.conversation import prepare
-from llama_index.llms.hvd import HVD
-from llama_index.llms.hvd._convert import to_openai_messages
 from tests.agent_tools import QUESTION, SYSTEM, TOOL_LOG, get_local_time, get_weather, ticking
-
-
 
 # ============================================================== tools (the engines are fixtures in conftest.py)
 
@@ -178,6 +176,29 @@ def test_predict_and_call_and_structured_predict_use_forced_calls(scripted) -> N
     engine.pieces = ['{"name": "City", "arguments": {"name": "Paris"}}\n']
     assert llm.structured_predict(City, PromptTemplate("Name a city.")) == City(name="Paris")
     assert engine.tokenizer.decode(engine.requests[-1][0]).endswith("<|im_start|>assistant\n<tool_call>\n")
+
+
+def test_json_mode_asks_for_an_object_and_cuts_the_reply_after_it(scripted) -> None:
+    engine = scripted(['"city": "Oslo", ', '"country": "Norway"}', "\nThat is all."])
+    llm = HVD(engine=engine, json_mode=True)
+    response = llm.chat([_user("A city and its country, as JSON.")])
+    assert json.loads(response.message.content) == {"city": "Oslo", "country": "Norway"}
+    prompt = engine.tokenizer.decode(engine.requests[-1][0])
+    assert "as JSON.\n\nRespond only with a JSON object.<|im_end|>" in prompt
+    assert prompt.endswith("<|im_start|>assistant\n{")
+    streamed = list(llm.stream_chat([_user("A city and its country, as JSON.")]))
+    assert "".join(r.delta for r in streamed) == streamed[-1].message.content == response.message.content
+    assert llm.complete("A city and its country, as JSON.").text == response.message.content
+    schema = {"type": "object", "properties": {"city": {"type": "string", "description": "the city"},
+                                               "country": {"type": "string"}}}
+    plain = HVD(engine=engine)  # a call's response_format: "json" or a JSON schema, as LlamaIndex's OpenAI LLM
+    assert plain.chat([_user("Name a city.")], response_format=schema).message.content == response.message.content
+    prompt = engine.tokenizer.decode(engine.requests[-1][0])
+    assert 'with these keys: {"city": "the city", "country": "string"}<|im_end|>' in prompt
+    plain.chat([_user("Name a city.")])
+    assert not engine.tokenizer.decode(engine.requests[-1][0]).endswith("assistant\n{")  # JSON mode is off
+    with pytest.raises(InvalidRequestError, match="response_format"):
+        plain.chat([_user("Name a city.")], response_format="yaml")
 
 
 def test_generation_params_session_and_call_overrides(scripted) -> None:

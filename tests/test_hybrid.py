@@ -149,8 +149,8 @@ def test_confident_cache_draft_is_verified_whole() -> None:
     drafter = HybridDrafter(SuffixDrafter(None), constant_predictor(6.0), CostModel.linear(0.02))
     draft = drafter.propose(start(drafter, prompt), 4)
     assert draft.token_ids == (12, 13, 20, 21)
-    assert draft.source.startswith("suffix:") and draft.features["full_len"] == 4.0
-    assert 3.5 < draft.features["pred_accepted"] <= 4.0
+    assert draft.source.startswith("suffix:") and draft.features.full_len == 4.0
+    assert 3.5 < draft.features.pred_accepted <= 4.0
 
 
 def test_doubtful_cache_draft_is_cut_or_dropped() -> None:

@@ -9,9 +9,20 @@ import numpy as np
 import pytest
 
 from hvd_agents.cli import main
-from hvd_agents.policy.features import FEATURE_NAMES, NUM_FEATURES, feature_matrix
+from hvd_agents.policy.features import (
+    FEATURE_NAMES,
+    NUM_FEATURES,
+    CacheDraftFeatures,
+    ChosenDraftFeatures,
+    FeatureRecordError,
+    HistoryFeatures,
+    TargetSignal,
+    feature_matrix,
+    feature_record,
+)
 from hvd_agents.policy.payoff import PayoffPredictor, PayoffWeights, PayoffWeightsError
 from hvd_agents.policy.train import DraftSample, evaluate, fit, read_samples, spearman, split
+from hvd_agents.structure import SpanKind
 
 
 def weights_with(**named: float) -> PayoffWeights:
@@ -22,7 +33,8 @@ def weights_with(**named: float) -> PayoffWeights:
 
 
 def test_feature_rows_worked_example() -> None:
-    rows = feature_matrix({"match_len": 3.0, "prob_0": 1.0, "prob_1": 0.5, "kind=tool_schema": 1.0}, 2)
+    features = CacheDraftFeatures(match_len=3, kind=SpanKind.TOOL_SCHEMA, probs=[1.0, 0.5], support=[1, 1])
+    rows = feature_matrix(features, 2)
     col = {name: rows[:, i] for i, name in enumerate(FEATURE_NAMES)}
     assert rows.shape == (2, NUM_FEATURES)
     assert col["log_pos"].tolist() == pytest.approx([0.0, math.log(2)])
@@ -31,25 +43,83 @@ def test_feature_rows_worked_example() -> None:
     assert col["beyond_match"].tolist() == [0.0, 0.0]  # both positions lie within the match length
     assert col["kind=tool_schema"].tolist() == [1.0, 1.0] and col["kind=tool_output"].tolist() == [0.0, 0.0]
     assert col["bias"].tolist() == [1.0, 1.0] and col["no_history"].tolist() == [1.0, 1.0]
-    far = feature_matrix({"match_len": 1.0}, 8)
+    far = feature_matrix(CacheDraftFeatures(match_len=1), 8)
     assert far[7, FEATURE_NAMES.index("beyond_match")] == pytest.approx(math.log(8) - math.log(2))
+
+
+def test_records_keep_the_step_record_names_and_read_back() -> None:
+    features = CacheDraftFeatures(
+        match_len=2, candidates=3, distance=4.0, kind=SpanKind.TOOL_SCHEMA, out_pos=5, kind_rate=0.25,
+        history=HistoryFeatures(drafts=1, last_frac=0.5, last_full=False, ema_frac=0.75),
+        probs=[2 / 3, 1.0], support=[2, 2],
+    )
+    record = features.to_record()
+    assert list(record) == [
+        "match_len", "num_candidates", "branch_prob", "path_prob", "draft_len", "distance", "from_store",
+        "kind=tool_schema", "pos", "covers_output", "kind_rate", "hist_drafts", "last_frac", "last_full", "ema_frac",
+        "prob_0", "prob_1", "support_0", "support_1",
+    ]
+    assert record["branch_prob"] == record["path_prob"] == 2 / 3 and record["draft_len"] == 2.0
+    assert CacheDraftFeatures.from_record(json.loads(json.dumps(record))) == features
+    # a record that leaves positions out reads with today's defaults: probability 1, support = candidates
+    assert np.array_equal(feature_matrix(CacheDraftFeatures.from_record(record), 4), feature_matrix(features, 4))
+    short = CacheDraftFeatures.from_record({"num_candidates": 3, "prob_1": 0.5})
+    assert short.probs.tolist() == [1.0, 0.5] and short.support.tolist() == [3.0, 3.0]
+
+    seen = features.with_target(TargetSignal(logp=-0.5, entropy=1.25))
+    chosen = ChosenDraftFeatures(seen, full_len=4, pred_accepted=1.5, rate=2.0)
+    names = list(feature_record(chosen))
+    assert names[:len(record)] == list(record)
+    assert names[len(record):] == ["has_target", "target_logp", "target_entropy", "full_len", "pred_accepted", "rate"]
+    assert CacheDraftFeatures.from_record(feature_record(chosen)) == seen  # the policy's judgement is no feature
+    assert CacheDraftFeatures.from_record({"ngram": 2.0}) == CacheDraftFeatures()  # another drafter's record
+    assert feature_record({"model_survival": 0.5}) == {"model_survival": 0.5}
+
+
+@pytest.mark.parametrize(
+    ("record", "message"),
+    [
+        ({"match_length": 3.0}, r"unknown feature name in a step record: 'match_length' \(did you mean 'match_len'\?\)"),
+        ({"kind=tool_schemas": 1.0}, r"'kind=tool_schemas' \(did you mean 'kind=tool_schema'\?\)"),
+        ({"prob_01": 0.5, "suport_0": 2.0}, r"unknown feature names in a step record: 'prob_01'.*'suport_0'"),
+        ({"from_store": 0.5}, "from_store must be 0 or 1"),
+        ({"match_len": "3"}, "match_len must be a finite number"),
+        ({"match_len": 2.5}, "match_len must be a whole number"),
+        ({"prob_0": 1.5}, r"prob_0 must be in \[0, 1\]"),
+        ({"kind=user": 1.0, "kind=system": 1.0}, "one provenance kind"),
+        ({"target_logp": -1.0}, "without has_target"),
+    ],
+)
+def test_an_unknown_or_misspelt_feature_in_a_record_is_an_error(record, message) -> None:
+    with pytest.raises(FeatureRecordError, match=message):
+        CacheDraftFeatures.from_record(record)
+
+
+def test_read_samples_names_the_line_of_a_misspelt_feature(tmp_path) -> None:
+    path = tmp_path / "steps.jsonl"
+    good = {"policy": "suffix", "conversation": "c", "drafted": 4, "accepted": 2, "features": {"match_len": 3}}
+    path.write_text(json.dumps(good) + "\n" + json.dumps({**good, "features": {"match_lenn": 3}}) + "\n")
+    with pytest.raises(Exception, match=r"steps.jsonl:2: unknown feature name in a step record: 'match_lenn'"):
+        read_samples([path])
 
 
 def test_survival_is_the_cumulative_product_of_hazards() -> None:
     # bias 0 -> h = 0.5 where prob = 1; the prob weight lowers h where the branch is uncertain
     predictor = PayoffPredictor(weights_with(prob=2.0, bias=-2.0), learning_rate=0.0)
-    s = predictor.survival({"prob_0": 1.0, "prob_1": 1.0, "prob_2": 0.0}, 3)
+    s = predictor.survival(CacheDraftFeatures(probs=[1.0, 1.0, 0.0], support=[1, 1, 1]), 3)
     assert s.tolist() == pytest.approx([0.5, 0.25, 0.25 / (1 + math.exp(2.0))])
-    assert predictor.expected_accepted({}, 2) == pytest.approx(0.75)
-    assert predictor.survival({}, 0).shape == (0,)
+    assert predictor.expected_accepted(CacheDraftFeatures(), 2) == pytest.approx(0.75)
+    assert predictor.survival(CacheDraftFeatures(), 0).shape == (0,)
 
 
 def test_packaged_weights_rank_a_long_schema_match_above_a_one_token_guess() -> None:
     predictor = PayoffPredictor()
-    strong = {"match_len": 24.0, "num_candidates": 1.0, "kind=assistant_tool_call": 1.0, "hist_drafts": 3.0,
-              "last_frac": 1.0, "last_full": 1.0, "ema_frac": 0.9, "kind_rate": 0.9}
-    weak = {"match_len": 1.0, "num_candidates": 20.0, "prob_0": 0.1, "kind=template": 1.0, "hist_drafts": 3.0,
-            "last_frac": 0.0, "ema_frac": 0.1, "kind_rate": 0.1}
+    strong = CacheDraftFeatures.from_record(
+        {"match_len": 24.0, "num_candidates": 1.0, "kind=assistant_tool_call": 1.0, "hist_drafts": 3.0,
+         "last_frac": 1.0, "last_full": 1.0, "ema_frac": 0.9, "kind_rate": 0.9})
+    weak = CacheDraftFeatures.from_record(
+        {"match_len": 1.0, "num_candidates": 20.0, "prob_0": 0.1, "kind=template": 1.0, "hist_drafts": 3.0,
+         "last_frac": 0.0, "ema_frac": 0.1, "kind_rate": 0.1})
     assert predictor.expected_accepted(strong, 16) > 4 * predictor.expected_accepted(weak, 16)
     assert np.all(np.diff(predictor.survival(strong, 16)) <= 0)
 
@@ -83,7 +153,7 @@ def test_weights_round_trip_and_bad_files(tmp_path) -> None:
 
 def test_online_update_learns_a_session_and_leaves_others_alone() -> None:
     predictor = PayoffPredictor(weights_with(bias=0.0), learning_rate=0.5)
-    features = {"match_len": 4.0}
+    features = CacheDraftFeatures(match_len=4)
     before = predictor.expected_accepted(features, 8, "s1")
     for _ in range(20):  # this session's drafts are always accepted whole
         predictor.update(features, drafted=8, accepted=8, session_id="s1")
@@ -101,8 +171,9 @@ def synthetic_samples(true_w: np.ndarray, n: int, seed: int) -> list[DraftSample
     rng = np.random.default_rng(seed)
     samples = []
     for i in range(n):
-        features = {"match_len": float(rng.integers(1, 30)), "prob_0": float(rng.uniform(0.2, 1.0)),
-                    "kind=tool_output" if i % 2 else "kind=assistant_tool_call": 1.0}
+        features = CacheDraftFeatures.from_record(
+            {"match_len": float(rng.integers(1, 30)), "prob_0": float(rng.uniform(0.2, 1.0)),
+             "kind=tool_output" if i % 2 else "kind=assistant_tool_call": 1.0})
         drafted = int(rng.integers(1, 17))
         hazard = 1 / (1 + np.exp(-(feature_matrix(features, drafted) @ true_w)))
         accepted = 0
@@ -131,7 +202,7 @@ def test_spearman_and_split() -> None:
     assert spearman(np.array([1.0, 2, 3, 4]), np.array([4.0, 3, 2, 1])) == pytest.approx(-1.0)
     assert spearman(np.array([1.0, 1, 2]), np.array([5.0, 5, 9])) == pytest.approx(1.0)  # ties share a rank
     assert math.isnan(spearman(np.array([1.0, 1]), np.array([1.0, 2])))
-    samples = [DraftSample({}, 4, 1, f"conv{i}") for i in range(200)]
+    samples = [DraftSample(CacheDraftFeatures(), 4, 1, f"conv{i}") for i in range(200)]
     train, test = split(samples, 0.25)
     assert 20 < len(test) < 80 and len(train) + len(test) == 200
     assert {s.group for s in train}.isdisjoint({s.group for s in test})

@@ -101,9 +101,9 @@ def test_draft_features_and_provenance_from_structure() -> None:
     draft = propose(SuffixDrafter(None), prompt, 4, PromptStructure(tuple(prompt), spans, "s1"))
     assert draft.token_ids == (33, 40, 31, 32)
     assert draft.source == "suffix:tool_schema"
-    assert draft.features["match_len"] == 2 and draft.features["branch_prob"] == 1.0
-    assert draft.features["kind=tool_schema"] == 1.0 and draft.features["from_store"] == 0.0
-    assert draft.features["distance"] == 9 - 5
+    assert draft.features.match_len == 2 and draft.features.probs[0] == 1.0
+    assert draft.features.kind is SpanKind.TOOL_SCHEMA and draft.features.from_store == 0.0
+    assert draft.features.distance == 9 - 5
 
 
 def test_store_supplies_cross_request_drafts_with_provenance() -> None:
@@ -112,7 +112,7 @@ def test_store_supplies_cross_request_drafts_with_provenance() -> None:
     drafter = SuffixDrafter(store)
     draft = propose(drafter, [7, 8, 50, 51], 3)  # this request has never seen 52..54
     assert draft.token_ids == (52, 53, 54)
-    assert draft.source == "suffix:tool_call_skeleton" and draft.features["from_store"] == 1.0
+    assert draft.source == "suffix:tool_call_skeleton" and draft.features.from_store == 1.0
 
 
 def test_finished_output_is_registered_and_reused() -> None:

@@ -8,12 +8,13 @@ from collections import defaultdict
 import pytest
 
 from hvd_agents.chat.template import to_template_messages
-from hvd_agents.errors import InvalidRequestError
 from hvd_agents.chat.templates import load_template
+from hvd_agents.errors import InvalidRequestError
+from hvd_agents.policy.features import CacheDraftFeatures
 from hvd_agents.trace.loader import TraceFile, load_trace
-from hvd_agents.trace.strategies import POLICIES, resolve_policy_names
 from hvd_agents.trace.replay import ReplayConfig, conversation_turns, replay_trace, reply_tokens
 from hvd_agents.trace.stats import TARGET_KIND
+from hvd_agents.trace.strategies import POLICIES, resolve_policy_names
 from tests.helpers import IM_END_ID, make_byte_tokenizer
 from tests.trace_data import REPEATED, conversations, copy_conversation, write_jsonl
 
@@ -86,7 +87,7 @@ def test_cross_request_store_beats_local_on_a_repeated_conversation(tok, trace) 
             per[s.policy] += 1
     assert per["suffix"] < per["suffix-local"]
     first_turn = [s for s in steps if s.policy == "suffix" and s.conversation == "w2" and s.turn == 0]
-    assert any(s.features.get("from_store") == 1.0 for s in first_turn)
+    assert any(isinstance(s.features, CacheDraftFeatures) and s.features.from_store == 1.0 for s in first_turn)
 
 
 def test_tool_output_copied_into_the_answer_is_drafted_from_it(tok, trace) -> None:
@@ -119,7 +120,7 @@ def test_threshold_rule(tok, trace) -> None:
     assert always.stats["suffix-threshold"].steps == always.stats["suffix"].steps
     default, steps = run(tok, trace, ("suffix-threshold",), k=8)
     drafted = [s for s in steps if s.drafted]
-    assert drafted and all(s.features["match_len"] >= 8 for s in drafted)
+    assert drafted and all(s.features.match_len >= 8 for s in drafted)
 
 
 def test_highlight_keeps_provenance_of_every_reply_token(tok, trace) -> None:

@@ -25,6 +25,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from hvd_agents.policy.features import DraftFeatures
 from hvd_agents.structure import PromptStructure
 
 _EMPTY_FEATURES: Mapping[str, float] = MappingProxyType({})
@@ -42,7 +43,11 @@ class Draft:
         score: the drafter's own confidence (e.g. a match length); not used for
             correctness.
         source: where the draft came from (``"pld"``, ``"suffix"``, ...), for stats.
-        features: numeric features for the payoff predictor.
+        features: what the drafter knows about its draft, typed (a
+            :class:`~hvd_agents.policy.features.DraftFeatures` such as the cache
+            drafter's ``CacheDraftFeatures``, which the payoff predictor reads), or a
+            name -> value mapping from a drafter without a typed record; step records
+            carry them by name (:func:`~hvd_agents.policy.features.feature_record`).
         parents: None for a chain (each token follows the one before it). For a
             tree of alternatives, the parent of each token: the index of an
             earlier token, or -1 for a token that follows the context directly.
@@ -60,7 +65,7 @@ class Draft:
     probs: torch.Tensor | None = None
     score: float = 0.0
     source: str = "none"
-    features: Mapping[str, float] = field(default_factory=lambda: _EMPTY_FEATURES)
+    features: DraftFeatures | Mapping[str, float] = field(default_factory=lambda: _EMPTY_FEATURES)
     parents: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:

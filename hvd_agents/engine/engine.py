@@ -68,6 +68,7 @@ from hvd_agents.engine.stops import StopStringMatcher
 from hvd_agents.engine.verify import Verification, target_signal, verify_greedy, verify_sampling, verify_tree
 from hvd_agents.errors import ContextLengthError, InvalidRequestError
 from hvd_agents.policy.cost import CostModel
+from hvd_agents.policy.features import feature_record
 from hvd_agents.runtime.hidden import HiddenStateBuffer
 from hvd_agents.runtime.loading import load_model
 from hvd_agents.runtime.runner import HFRunner, Runner, RunnerKV
@@ -493,7 +494,7 @@ class Engine:
                     len(draft),
                     verification.num_accepted,
                     emitted,
-                    dict(draft.features),
+                    feature_record(draft.features),
                 )
             )
 

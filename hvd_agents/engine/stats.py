@@ -26,7 +26,9 @@ class StepRecord:
         drafted: number of draft tokens verified.
         accepted: number of them accepted.
         emitted: tokens appended (accepted + recovered/bonus, after stop cuts).
-        features: the draft's features, for training the payoff predictor.
+        features: the draft's features by name, as step records carry them
+            (:func:`~hvd_agents.policy.features.feature_record` of ``Draft.features``),
+            for training the payoff predictor.
     """
 
     step: int

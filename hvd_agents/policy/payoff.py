@@ -34,7 +34,14 @@ from typing import Any
 import numpy as np
 
 from hvd_agents.errors import HVDError
-from hvd_agents.policy.features import FEATURE_NAMES, NUM_FEATURES, POSITION_FEATURES, draft_row, position_columns
+from hvd_agents.policy.features import (
+    FEATURE_NAMES,
+    NUM_FEATURES,
+    POSITION_FEATURES,
+    CacheDraftFeatures,
+    draft_row,
+    position_columns,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -117,8 +124,9 @@ class PayoffPredictor:
         l2: pull of the per-session offsets back towards 0 at each update.
 
     Example:
+        >>> from hvd_agents.structure import SpanKind
         >>> predictor = PayoffPredictor()
-        >>> s = predictor.survival({"match_len": 12.0, "kind=tool_schema": 1.0}, 8)
+        >>> s = predictor.survival(CacheDraftFeatures(match_len=12, kind=SpanKind.TOOL_SCHEMA), 8)
         >>> s.shape, bool(np.all(np.diff(s) <= 0))
         ((8,), True)
     """
@@ -129,17 +137,17 @@ class PayoffPredictor:
         self.l2 = l2
         self._offsets: OrderedDict[str, np.ndarray] = OrderedDict()
 
-    def survival(self, features: Mapping[str, float], length: int, session_id: str | None = None) -> np.ndarray:
+    def survival(self, features: CacheDraftFeatures, length: int, session_id: str | None = None) -> np.ndarray:
         """``S_i`` for ``i < length``: the probability that the first ``i + 1`` tokens are accepted."""
         if length <= 0:
             return np.zeros(0)
         return np.cumprod(_sigmoid(self._logits(features, length, session_id)))  # [L]
 
-    def expected_accepted(self, features: Mapping[str, float], length: int, session_id: str | None = None) -> float:
+    def expected_accepted(self, features: CacheDraftFeatures, length: int, session_id: str | None = None) -> float:
         """Expected accepted length of the draft cut to ``length`` tokens."""
         return float(self.survival(features, length, session_id).sum())
 
-    def update(self, features: Mapping[str, float], drafted: int, accepted: int, session_id: str | None) -> None:
+    def update(self, features: CacheDraftFeatures, drafted: int, accepted: int, session_id: str | None) -> None:
         """One online step from a verified draft of ``drafted`` tokens with ``accepted`` accepted.
 
         Only the intercepts move (see ``_ONLINE_MASK``): their gradient is the mean
@@ -164,7 +172,7 @@ class PayoffPredictor:
         """Drop a session's online offset."""
         self._offsets.pop(session_id, None)
 
-    def _logits(self, features: Mapping[str, float], length: int, session_id: str | None) -> np.ndarray:
+    def _logits(self, features: CacheDraftFeatures, length: int, session_id: str | None) -> np.ndarray:
         """``w . x_i`` for ``i < length`` (``[L]``), without building the ``[L, F]`` matrix."""
         weights = self.weights.weights
         offset = self._offsets.get(session_id) if session_id is not None else None

@@ -5,7 +5,10 @@ writes them (``drafted``, ``accepted``, ``features``, ``conversation``, ...); or
 the engine's live :class:`~hvd_agents.engine.stats.StepRecord` s as dicts. Only
 drafted steps are used. A draft of ``d`` tokens with ``a`` accepted labels
 positions ``0..a-1`` as accepted and position ``a`` (when ``a < d``) as rejected;
-later positions are unobserved. Train on records of a policy that verifies whole
+later positions are unobserved. A record's ``features`` are read by
+:meth:`~hvd_agents.policy.features.CacheDraftFeatures.from_record`: an unknown
+or misspelt name is an error (naming the file and line), never a silent default.
+Train on records of a policy that verifies whole
 drafts (``suffix`` with a large ``--k``), so long drafts are labelled too.
 
 Fit: L2-regularised logistic regression of the hazard by Newton's method (IRLS)
@@ -23,7 +26,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +34,13 @@ from typing import Any
 import numpy as np
 
 from hvd_agents.errors import HVDError, InvalidRequestError
-from hvd_agents.policy.features import FEATURE_NAMES, NUM_FEATURES, feature_matrix
+from hvd_agents.policy.features import (
+    FEATURE_NAMES,
+    NUM_FEATURES,
+    CacheDraftFeatures,
+    FeatureRecordError,
+    feature_matrix,
+)
 from hvd_agents.policy.payoff import PayoffPredictor, PayoffWeights
 
 logger = logging.getLogger(__name__)
@@ -41,7 +50,7 @@ logger = logging.getLogger(__name__)
 class DraftSample:
     """One verified draft: its features, length and accepted length."""
 
-    features: Mapping[str, float]
+    features: CacheDraftFeatures
     drafted: int
     accepted: int
     group: str  # the conversation (train/held-out split unit)
@@ -65,8 +74,8 @@ def read_samples(paths: Sequence[str | os.PathLike]) -> list[DraftSample]:
     """Drafted steps from step-record JSONL files.
 
     Raises:
-        HVDError: a file cannot be read, or a line is not a step record (the
-            message names the file and line).
+        HVDError: a file cannot be read, or a line is not a step record or
+            names an unknown feature (the message names the file and line).
     """
     samples: list[DraftSample] = []
     for path in paths:
@@ -102,8 +111,12 @@ def _sample(record: Any, where: str) -> DraftSample | None:
         return None
     if not 0 <= accepted <= drafted:
         raise HVDError(f"{where}: accepted={accepted} outside [0, drafted={drafted}]")
+    try:
+        features = CacheDraftFeatures.from_record(record["features"])
+    except FeatureRecordError as exc:
+        raise HVDError(f"{where}: {exc}") from exc
     group = f"{record.get('policy', '')}/{record.get('conversation', record.get('req_id', ''))}"
-    return DraftSample(record["features"], drafted, accepted, group)
+    return DraftSample(features, drafted, accepted, group)
 
 
 def split(samples: Iterable[DraftSample], held_out: float) -> tuple[list[DraftSample], list[DraftSample]]:

@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from hvd_agents.policy.features import DraftFeatures, feature_record
+
 TARGET_KIND = "target"
 
 
@@ -39,7 +41,10 @@ class StepRecord:
         source: ``Draft.source`` (``"none"`` when nothing was proposed).
         drafted: draft tokens verified.
         accepted: how many of them were accepted.
-        features: the draft's features (for a payoff predictor).
+        features: the draft's features (``Draft.features``: a typed record such as
+            :class:`~hvd_agents.policy.features.CacheDraftFeatures`); :meth:`to_dict`
+            writes them by name (:func:`~hvd_agents.policy.features.feature_record`),
+            which ``hvd-agents train-payoff`` reads back.
     """
 
     policy: str
@@ -50,11 +55,11 @@ class StepRecord:
     source: str
     drafted: int
     accepted: int
-    features: Mapping[str, float]
+    features: DraftFeatures | Mapping[str, float]
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["features"] = {key: float(value) for key, value in self.features.items()}
+        out["features"] = {key: float(value) for key, value in feature_record(self.features).items()}
         return out
 
 

@@ -13,16 +13,19 @@ future), so a replay and a live run compute the same values:
 Worked example::
 
     h = AcceptanceHistory()
-    h.features()   # {"hist_drafts": 0.0, "last_frac": 0.5, "last_full": 0.0, "ema_frac": 0.5}
+    h.features()   # HistoryFeatures(drafts=0, last_frac=0.5, last_full=False, ema_frac=0.5)
     h.record(drafted=8, accepted=8)
-    h.features()   # {"hist_drafts": 1.0, "last_frac": 1.0, "last_full": 1.0, "ema_frac": 0.75}
+    h.features()   # HistoryFeatures(drafts=1, last_frac=1.0, last_full=True, ema_frac=0.75)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-PRIOR_RATE = 0.5  # the accepted fraction assumed before anything was observed
+from hvd_agents.policy.features import PRIOR_RATE, HistoryFeatures
+
+__all__ = ["EMA_WEIGHT", "PRIOR_RATE", "AcceptanceHistory", "KindRates"]
+
 EMA_WEIGHT = 0.5  # weight of the newest observation in the moving averages
 
 
@@ -43,13 +46,9 @@ class AcceptanceHistory:
         self.last_full = accepted == drafted
         self.ema_frac += EMA_WEIGHT * (frac - self.ema_frac)
 
-    def features(self) -> dict[str, float]:
-        return {
-            "hist_drafts": float(self.drafts),
-            "last_frac": self.last_frac,
-            "last_full": float(self.last_full),
-            "ema_frac": self.ema_frac,
-        }
+    def features(self) -> HistoryFeatures:
+        """A snapshot for a draft's features."""
+        return HistoryFeatures(self.drafts, self.last_frac, self.last_full, self.ema_frac)
 
 
 @dataclass

@@ -24,6 +24,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from hvd_agents.drafters.base import Draft, DraftContext, Outcome
 from hvd_agents.errors import InvalidRequestError
+from hvd_agents.policy.features import PromptLookupFeatures
 from hvd_agents.structure import PromptStructure
 
 
@@ -82,7 +83,7 @@ class PromptLookupDrafter:
                 end = min(start + k, length)
                 if start < end:
                     tokens = tuple(int(t) for t in ids[start:end])
-                    return Draft(tokens, score=float(n), source=self.source, features={"ngram": float(n)})
+                    return Draft(tokens, score=float(n), source=self.source, features=PromptLookupFeatures(n))
         return Draft()
 
     def observe(self, outcome: Outcome) -> None:

@@ -6,8 +6,9 @@ both in this request's own tokens (prompt + output so far) and in the shared
 earlier requests' outputs), keeps the candidates of the greatest match length,
 and walks their continuations token by token choosing the most frequent next
 token (SuffixDecoding's frequency-weighted path, over the candidates of one
-match). The draft carries the features the payoff predictor needs: match length,
-candidate count, per-position branch probabilities, provenance kind of the
+match). The draft carries the features the payoff predictor needs, as a
+:class:`~hvd_agents.policy.features.CacheDraftFeatures`: match length, candidate
+count, per-position branch probabilities and support, provenance kind of the
 source span, and distance to the source; and the acceptance history of this
 request and of this kind of source in this session
 (:mod:`hvd_agents.drafters.cache.history`).
@@ -37,6 +38,7 @@ from hvd_agents.drafters.base import Draft, DraftContext, Outcome
 from hvd_agents.drafters.cache.history import AcceptanceHistory, KindRates
 from hvd_agents.drafters.cache.ngram_index import NgramIndex
 from hvd_agents.drafters.cache.store import CacheStore
+from hvd_agents.policy.features import CacheDraftFeatures
 from hvd_agents.structure import PromptStructure, SpanKind
 
 
@@ -127,25 +129,19 @@ class SuffixDrafter:
             return Draft()
         state.last_span = chosen.span_id
         state.last_kind = chosen.kind
-        path_prob = 1.0
-        for p in probs:
-            path_prob *= p
-        features = {
-            "match_len": float(match_len),
-            "num_candidates": float(len(candidates)),
-            "branch_prob": probs[0],
-            "path_prob": path_prob,
-            "draft_len": float(len(tokens)),
-            "distance": chosen.distance,
-            "from_store": float(chosen.from_store),
-            f"kind={chosen.kind.value}": 1.0,
-            "pos": float(ctx.num_output_tokens),
-            "covers_output": float(match_len >= ctx.num_output_tokens),
-            "kind_rate": self._kind_rates.rate(state.session_id, chosen.kind.value),
-            **state.history.features(),
-        }
-        features.update({f"prob_{i}": p for i, p in enumerate(probs)})
-        features.update({f"support_{i}": float(n) for i, n in enumerate(support)})
+        features = CacheDraftFeatures(
+            match_len=match_len,
+            candidates=len(candidates),
+            distance=chosen.distance,
+            from_store=chosen.from_store,
+            kind=chosen.kind,
+            out_pos=ctx.num_output_tokens,
+            covers_output=match_len >= ctx.num_output_tokens,
+            kind_rate=self._kind_rates.rate(state.session_id, chosen.kind.value),
+            history=state.history.features(),
+            probs=probs,
+            support=support,
+        )
         return Draft(tuple(tokens), None, float(match_len), f"{self.source}:{chosen.kind.value}", features)
 
     def alternatives(self, req_id: str, draft: Sequence[int], limit: int) -> list[Alternative]:

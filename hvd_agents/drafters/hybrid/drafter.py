@@ -61,6 +61,7 @@ from hvd_agents.drafters.base import Draft, DraftContext, Drafter, Outcome
 from hvd_agents.drafters.cache.suffix import Alternative, SuffixDrafter
 from hvd_agents.policy.calibration import StepCalibration
 from hvd_agents.policy.cost import CostModel
+from hvd_agents.policy.features import CacheDraftFeatures, ChosenDraftFeatures, TargetSignal
 from hvd_agents.policy.payoff import PayoffPredictor
 from hvd_agents.policy.selection import Choice, RateEstimate, best_length, no_draft
 from hvd_agents.structure import PromptStructure
@@ -84,7 +85,7 @@ class _Step:
     """What was proposed in the current step (for observe)."""
 
     used: str = "none"  # "cache", "model" or "none"
-    features: dict[str, float] = field(default_factory=dict)
+    features: CacheDraftFeatures | None = None  # the cache draft's (with the target's signal)
     main: int = 0  # tokens of the cache draft's main branch
     cost: float = 1.0
     verified: int = 0  # draft tokens the target verifies (a tree's nodes included)
@@ -96,7 +97,7 @@ class _Step:
 class _RequestState:
     session_id: str | None
     model_acceptance: float = MODEL_PRIOR_ACCEPTANCE
-    target: dict[str, float] = field(default_factory=dict)
+    target: TargetSignal | None = None
     step: _Step = field(default_factory=_Step)
     model_drafted: bool = False  # the previous step was a model draft (so the drafter is caught up)
     model_seen: int = 0  # context tokens when the model drafter last drafted (it has ingested them)
@@ -239,10 +240,10 @@ class HybridDrafter:
         # requests only, whose output never depends on the drafts.
         timed = ctx.temperature <= 0.0
         cost = self.cost if timed else self.profile
-        best, draft, features = no_draft(cost, rate), Draft(), {}
+        best, draft, features = no_draft(cost, rate), Draft(), None
         cached = self.cache.propose(ctx, k)
         if cached.token_ids:
-            features = {**cached.features, **state.target}
+            features = cached.features.with_target(state.target)
             survival = self.predictor.survival(features, len(cached), state.session_id)
             choice = best_length(survival, cost, rate)
             if choice.length > 0 and choice.value > best.value:
@@ -292,8 +293,7 @@ class HybridDrafter:
         if used != "cache":
             return draft
         return Draft(draft.token_ids, draft.probs, draft.score, draft.source,
-                     {**features, "full_len": float(len(cached)), "pred_accepted": best.expected_tokens - 1.0,
-                      "rate": rate}, draft.parents)
+                     ChosenDraftFeatures(features, len(cached), best.expected_tokens - 1.0, rate), draft.parents)
 
     def _model_choice(self, state: _RequestState, k: int, rate: float, model_cost: CostModel) -> Choice | None:
         if self.model is None:
@@ -432,8 +432,8 @@ def _model_survival(state: _RequestState, n: int) -> np.ndarray:
     return np.cumprod(np.full(n, state.model_acceptance))
 
 
-def _target_features(outcome: Outcome) -> dict[str, float]:
+def _target_features(outcome: Outcome) -> TargetSignal | None:
     """The target's signal at the last emitted token, when the engine reported it."""
     if outcome.target_logprob is None or outcome.target_entropy is None:
-        return {}
-    return {"has_target": 1.0, "target_logp": outcome.target_logprob, "target_entropy": outcome.target_entropy}
+        return None
+    return TargetSignal(outcome.target_logprob, outcome.target_entropy)

@@ -59,8 +59,9 @@ def templates_dir() -> Path:
     explicit = os.environ.get(TEMPLATES_ENV)
     if explicit:
         return Path(explicit).expanduser()
-    installed = Path(__file__).resolve().parent / "templates"
-    return installed if installed.is_dir() else Path(__file__).resolve().parents[1] / "templates"
+    package = Path(__file__).resolve().parents[1]  # hvd_agents/
+    installed = package / "templates"  # a wheel carries them as package data (setup.py)
+    return installed if installed.is_dir() else package.parent / "templates"
 
 
 def _template_files() -> dict[str, Path]:

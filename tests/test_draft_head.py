@@ -9,19 +9,29 @@ and the head file format.
 from __future__ import annotations
 
 import random
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hvd_agents import Engine, GenerationParams
-from hvd_agents.draft_head import DraftHead, DraftHeadConfig, DraftHeadError, HeadCache, load_head, save_head
 from hvd_agents.distill.data import answer_samples, generate_samples, teacher_forced_samples
-from hvd_agents.draft_head.model import init_weights, target_signature
 from hvd_agents.distill.train import TrainConfig, evaluate, train_head, ttt_forward
+from hvd_agents.draft_head import DraftHead, DraftHeadConfig, DraftHeadError, HeadCache, load_head, save_head
+from hvd_agents.draft_head.model import init_weights, target_signature
 from hvd_agents.draft_head.weights import shipped_head_for
-from hvd_agents.drafters import DraftContext, DraftHeadDrafter, DraftModelDrafter, HybridDrafter, SuffixDrafter
+from hvd_agents.drafters import (
+    Draft,
+    DraftContext,
+    DraftHeadDrafter,
+    DraftModelDrafter,
+    HybridDrafter,
+    ModelDrafter,
+    SuffixDrafter,
+)
 from hvd_agents.drafters.model.loop import draft_loop
+from hvd_agents.drafters.model.protocol import DEFAULT_INGEST_COST_PRIOR, DEFAULT_TOKEN_COST_PRIOR
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.policy import CostModel
 from tests.test_engine_lossless import SMALL_VOCAB, assert_samples_follow, exact_two_token_distribution
@@ -70,7 +80,7 @@ def trained(target):
 
 
 def test_training_learns_the_targets_greedy_tokens(trained) -> None:
-    head, report, untrained, samples = trained
+    _head, report, untrained, samples = trained
     to_draft = torch.full((VOCAB,), -1, dtype=torch.long)
     to_draft[untrained.draft_vocab] = torch.arange(len(untrained.draft_vocab))
     _, before = evaluate(untrained, samples[:24], TrainConfig(batch_tokens=2048), to_draft)
@@ -112,7 +122,7 @@ def test_interrupted_data_generation_resumes_with_the_same_samples(tiny_model, b
     directory made with other settings is refused by name."""
     prompts = [f"Tell me about topic {i}." for i in range(6)]
     eos = [byte_tokenizer.eos_token_id]
-    settings = dict(max_new_tokens=6, batch_size=2, sampled_fraction=0.5, temperature=1.0, seed=3)
+    settings = {"max_new_tokens": 6, "batch_size": 2, "sampled_fraction": 0.5, "temperature": 1.0, "seed": 3}
     whole = generate_samples(tiny_model, byte_tokenizer, prompts, eos, **settings)
     rng, kinds = random.Random(settings["seed"]), set()  # the draws generate_samples makes per batch
     for _ in range(3):
@@ -327,6 +337,19 @@ def test_draft_lm_says_what_catching_up_costs(target) -> None:
     other = [60, 61, 62]
     engine.generate(other, GenerationParams(max_new_tokens=4, method="rec", num_draft_tokens=3))
     assert drafter.fed[0] == len(other) and drafter.pending_before == drafter.fed
+
+
+def test_the_project_drafters_declare_the_model_drafter_protocol(target) -> None:
+    # what the hvd policy prices and steers them by, declared rather than guessed
+    head = DraftHeadDrafter(random_head(target))
+    lm = DraftModelDrafter(make_tiny_llama(VOCAB, seed=9), VOCAB)
+    for drafter in (head, lm):
+        assert isinstance(drafter, ModelDrafter) and drafter.gates_first_token
+        assert drafter.cost_prior == DEFAULT_TOKEN_COST_PRIOR and drafter.ingest_cost_prior == DEFAULT_INGEST_COST_PRIOR
+    assert head.uses_hidden_states and not lm.uses_hidden_states
+    assert head.acceptance_prior is None and lm.acceptance_prior is None  # an untrained head knows no agreement
+    assert HybridDrafter(SuffixDrafter(None), model=head).model is head  # used as is, not wrapped
+    assert HybridDrafter(SuffixDrafter(None), model=head).uses_hidden_states
 
 
 def test_head_cache_is_cropped_to_verified_entries(target) -> None:

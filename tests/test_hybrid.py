@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from hvd_agents.drafters import CacheStore, Draft, DraftContext, HybridDrafter, Outcome, SuffixDrafter
+from hvd_agents.drafters.model.protocol import ModelDrafter, PlainModelDrafter
 from hvd_agents.policy import CostModel, PayoffPredictor, PayoffWeights, RateEstimate, best_length
-from hvd_agents.runtime import profile as cost_module
 from hvd_agents.policy.features import FEATURE_NAMES, NUM_FEATURES
+from hvd_agents.runtime import profile as cost_module
 from tests.tiny import make_tiny_llama
 
 
@@ -162,8 +163,8 @@ def test_doubtful_cache_draft_is_cut_or_dropped() -> None:
     assert dropped.propose(start(dropped, prompt), 4) == Draft()
 
 
-class CountingModelDrafter:
-    """A model drafter stand-in: proposes [7, 7, ...] with a q and counts its calls."""
+class CountingDrafter:
+    """A plain drafter (no ModelDrafter declarations): proposes [7, 7, ...] with a q and counts its calls."""
 
     def __init__(self) -> None:
         self.proposed = 0
@@ -183,6 +184,29 @@ class CountingModelDrafter:
 
     def stop(self, req_id) -> None:
         pass
+
+
+class CountingModelDrafter(CountingDrafter):
+    """The same as a declared ModelDrafter: drafts the k tokens it is asked for (no stopping, no gate), and
+    its pending context is what arrived since it last drafted."""
+
+    uses_hidden_states = False
+    acceptance_prior: float | None = None
+    cost_prior = 0.1
+    ingest_cost_prior = 0.002
+    gates_first_token = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.drafted_at: dict[str, int] = {}
+
+    def pending(self, ctx: DraftContext) -> int:
+        return len(ctx.token_ids) - self.drafted_at.get(ctx.req_id, 0)
+
+    def propose(self, ctx: DraftContext, k: int, min_survival: float | None = None,
+                min_first: float | None = None) -> Draft:
+        self.drafted_at[ctx.req_id] = len(ctx.token_ids)
+        return super().propose(ctx, k)
 
 
 def test_model_draft_where_the_cache_has_nothing_and_not_where_it_is_confident() -> None:
@@ -207,7 +231,8 @@ class ThresholdRecordingDrafter(CountingModelDrafter):
         super().__init__()
         self.min_survival: list[float] = []
 
-    def propose(self, ctx: DraftContext, k: int, min_survival: float | None = None) -> Draft:
+    def propose(self, ctx: DraftContext, k: int, min_survival: float | None = None,
+                min_first: float | None = None) -> Draft:
         self.min_survival.append(min_survival)
         return super().propose(ctx, k)
 
@@ -226,7 +251,9 @@ def test_model_draft_continues_while_a_further_token_pays_for_itself() -> None:
 
 
 class GatedModelDrafter(ThresholdRecordingDrafter):
-    """Also takes ``min_first``: drafts only when its first token's reach (``reach``) clears it."""
+    """Also gates its first token: drafts only when its first token's reach (``reach``) clears ``min_first``."""
+
+    gates_first_token = True
 
     def __init__(self, reach: float) -> None:
         super().__init__()
@@ -355,13 +382,13 @@ def test_hvd_calibrates_a_measured_profile_to_the_engine_step_timings(monkeypatc
         for _ in range(120):
             draft = drafter.propose(ctx, 4)
             # the engine's step: 0.1 s, plus 0.4 of what the profile says the draft adds
-            clock.now += 0.1 * (1.0 + 0.4 * (profile.verify(len(draft)) - 1.0))
+            verify_s = 0.1 * (1.0 + 0.4 * (profile.verify(len(draft)) - 1.0))
             if draft.token_ids:  # the cycle continues: all accepted, then a token nobody has seen
                 emitted = draft.token_ids + (fresh,)
                 fresh += 1
             else:  # after a fresh token the cycle starts again
                 emitted = (1,)
-            drafter.observe(Outcome("r", draft, len(draft), emitted))
+            drafter.observe(Outcome("r", draft, len(draft), emitted, verify_s=verify_s))
             ctx.token_ids.extend(emitted)
         assert drafter.calibration.plain_s == pytest.approx(0.1)
     assert measured.calibration.steps > 30
@@ -377,7 +404,8 @@ class TimedModelDrafter(CountingModelDrafter):
         super().__init__()
         self.clock, self.seconds = clock, seconds
 
-    def propose(self, ctx: DraftContext, k: int) -> Draft:
+    def propose(self, ctx: DraftContext, k: int, min_survival: float | None = None,
+                min_first: float | None = None) -> Draft:
         self.clock.now += self.seconds[self.proposed]
         return super().propose(ctx, k)
 
@@ -397,12 +425,12 @@ def test_model_drafting_is_timed_only_once_the_drafter_is_caught_up(monkeypatch)
     for step in range(2):
         draft = drafter.propose(ctx, 4)
         assert draft.source == "model"
-        clock.now += 0.1 * profile.verify(4)  # the target's step
-        drafter.observe(Outcome("r", draft, 4, (7, 7, 7, 7, 60 + step)))
+        # the target's step, as the engine times it
+        drafter.observe(Outcome("r", draft, 4, (7, 7, 7, 7, 60 + step), verify_s=0.1 * profile.verify(4)))
         ctx.token_ids.extend((7, 7, 7, 7, 60 + step))
         if step == 0:
             assert drafter.model_cost().verify(4) == pytest.approx(profile.verify(4) + 4 * 0.1)  # still the prior
-    drafter.propose(ctx, 4)  # times the step before it, then drafts
+    drafter.propose(ctx, 4)  # caught up again: this draft is timed too
     # 0.02 s for 4 tokens against 0.1 s plain steps: 0.05 of a step per drafted token
     assert drafter.model_cost().verify(4) == pytest.approx(profile.verify(4) + 4 * 0.05, abs=1e-3)
 
@@ -442,3 +470,85 @@ def test_sampled_requests_decide_from_the_profile_not_from_step_timings() -> Non
     # profile's 1.5 + 0.033
     assert drafter.propose(DraftContext("greedy", list(prompt), len(prompt)), 4).token_ids == (12, 13, 20)
     assert drafter.propose(DraftContext("sampled", list(prompt), len(prompt), temperature=0.9), 4) == Draft()
+
+
+def test_calibration_times_verification_and_the_policy_not_the_streams_consumer(monkeypatch) -> None:
+    # a consumer that takes seconds between two events (a UI, a tool call parser) must not make the engine's
+    # steps look dear: a step is the engine's verification plus the policy's own time in propose
+    from hvd_agents.drafters.hybrid import drafter as hybrid
+
+    clock = FakeClock()
+    monkeypatch.setattr(hybrid, "time", clock)
+    drafter = HybridDrafter(SuffixDrafter(None), constant_predictor(-6.0), lambda: CostModel.linear(0.02))
+    ctx = start(drafter, [1, 2, 3, 4])
+    for step in range(5):
+        draft = drafter.propose(ctx, 4)
+        assert draft == Draft()  # plain steps
+        drafter.observe(Outcome("r", draft, 0, (50 + step,), verify_s=0.1))
+        ctx.token_ids.append(50 + step)
+        clock.now += 3.0  # the consumer's time
+    assert drafter.calibration.plain_s == pytest.approx(0.1)
+    drafter.observe(Outcome("r", Draft(), 0, (60,)))  # a step the engine did not time (verify_s 0) is not folded
+    assert drafter.calibration.plain_s == pytest.approx(0.1)
+
+
+def test_propose_and_observe_outside_a_started_request_raise() -> None:
+    drafter = HybridDrafter(SuffixDrafter(None), constant_predictor(6.0), CostModel.linear(0.02))
+    with pytest.raises(ValueError, match="'never'"):
+        drafter.propose(DraftContext("never", [1, 2, 3], 3), 4)
+    with pytest.raises(ValueError, match="'never'"):
+        drafter.observe(Outcome("never", Draft(), 0, (4,)))
+    ctx = start(drafter, [1, 2, 3])
+    drafter.propose(ctx, 4)
+    drafter.observe(Outcome("r", Draft(), 0, (4,)))
+    drafter.stop("r")
+    drafter.stop("r")  # safe twice
+    with pytest.raises(ValueError, match="'r'.*not started"):
+        drafter.propose(ctx, 4)
+    with pytest.raises(ValueError, match="'r'"):
+        drafter.observe(Outcome("r", Draft(), 0, (5,)))
+
+
+def test_a_plain_drafter_is_wrapped_with_what_it_does_not_declare() -> None:
+    # a Drafter that declares nothing drafts the k tokens it is asked for, and pays for the context since it
+    # last drafted: here the whole prompt (3,000 tokens) at first, which no draft can repay
+    for length, drafts in ((8, True), (3000, False)):
+        plain = CountingDrafter()
+        drafter = HybridDrafter(SuffixDrafter(None), constant_predictor(6.0), CostModel.linear(0.02),
+                                model=PlainModelDrafter(plain, acceptance_prior=0.6))
+        draft = drafter.propose(start(drafter, list(range(100, 100 + length))), 4)
+        assert (draft.source == "model") is drafts and plain.proposed == int(drafts)
+    wrapped = HybridDrafter(SuffixDrafter(None), model=CountingDrafter()).model
+    assert isinstance(wrapped, PlainModelDrafter) and isinstance(wrapped, ModelDrafter)
+    assert not wrapped.gates_first_token and wrapped.acceptance_prior is None
+    ctx = DraftContext("r", [1, 2, 3, 4, 5], 5)
+    wrapped.start("r", ctx.token_ids)
+    assert wrapped.pending(ctx) == 5  # nothing drafted yet
+    assert len(wrapped.propose(ctx, 3, min_survival=0.9)) == 3  # what it was asked for, whatever the threshold
+    assert wrapped.pending(DraftContext("r", [1, 2, 3, 4, 5, 9, 8], 5)) == 2  # the tokens since
+
+
+def test_a_half_declared_model_drafter_is_refused() -> None:
+    # a drafter that says its acceptance but not the rest would be priced by defaults it did not choose
+    half = CountingDrafter()
+    half.acceptance_prior = 0.9
+    with pytest.raises(TypeError, match="acceptance_prior.*but not.*pending"):
+        HybridDrafter(SuffixDrafter(None), model=half)
+    assert isinstance(HybridDrafter(SuffixDrafter(None), model=CountingModelDrafter()).model, CountingModelDrafter)
+
+
+def test_decisions_are_kept_per_request() -> None:
+    # two requests proposed before either is observed (as a batch would): each observe learns from its own step
+    model = CountingModelDrafter()
+    drafter = HybridDrafter(SuffixDrafter(None), constant_predictor(6.0), CostModel.linear(0.02), model=model)
+    cached_prompt = [10, 11, 12, 13, 20, 21, 5, 10, 11]
+    drafter.start("cache", cached_prompt)
+    drafter.start("model", [1, 2, 3, 4])
+    from_cache = drafter.propose(DraftContext("cache", list(cached_prompt), len(cached_prompt)), 4)
+    from_model = drafter.propose(DraftContext("model", [1, 2, 3, 4], 4), 4)
+    assert from_cache.source.startswith("suffix:") and from_model.source == "model"
+    before = drafter.model_acceptance
+    drafter.observe(Outcome("cache", from_cache, 4, (12, 13, 20, 21, 5)))
+    assert drafter.model_acceptance == before  # the cache step did not move the model's acceptance
+    drafter.observe(Outcome("model", from_model, 0, (9,)))
+    assert drafter.model_acceptance < before  # the model step did

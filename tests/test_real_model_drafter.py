@@ -9,8 +9,8 @@ from hvd_agents import GenerationParams
 from hvd_agents.bench.prompts import chat_prompts
 from hvd_agents.chat.template import encode_prompt
 from hvd_agents.cli import main
-from hvd_agents.draft_head.model import target_signature
 from hvd_agents.distill.prompts import TOPICS
+from hvd_agents.draft_head.model import target_signature
 from hvd_agents.draft_head.weights import read_recipe, shipped_heads
 from hvd_agents.engine.sampling import target_probs
 from tests.test_engine_lossless import assert_samples_follow

@@ -13,12 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from hvd_agents.drafters.base import Draft, DraftContext, Drafter, NoDrafter, Outcome
-from hvd_agents.drafters.model.head import DraftHeadDrafter
-from hvd_agents.drafters.model.draft_lm import DraftModelDrafter
-from hvd_agents.drafters.hybrid.drafter import HybridDrafter
 from hvd_agents.drafters.cache.prompt_lookup import PromptLookupDrafter
 from hvd_agents.drafters.cache.store import CacheStore
 from hvd_agents.drafters.cache.suffix import SuffixDrafter
+from hvd_agents.drafters.hybrid.config import HybridConfig
+from hvd_agents.drafters.hybrid.drafter import HybridDrafter
+from hvd_agents.drafters.model.draft_lm import DraftModelDrafter
+from hvd_agents.drafters.model.head import DraftHeadDrafter
+from hvd_agents.drafters.model.protocol import ModelDrafter, PlainModelDrafter
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.policy.cost import CostModel
 
@@ -31,12 +33,13 @@ class DrafterResources:
         store: the cross-request cache store.
         cost: returns the target's cost model (measured lazily, on first call).
         model_drafter: returns a fresh model drafter for the target (a draft
-            head or a draft LM), or None when the engine has none.
+            head or a draft LM, :class:`~hvd_agents.drafters.model.protocol.ModelDrafter`),
+            or None when the engine has none.
     """
 
     store: CacheStore
     cost: Callable[[], CostModel] = lambda: CostModel.linear(0.02)
-    model_drafter: Callable[[], Drafter | None] = lambda: None
+    model_drafter: Callable[[], ModelDrafter | None] = lambda: None
 
 
 def _model_only(resources: DrafterResources) -> Drafter:
@@ -90,9 +93,12 @@ __all__ = [
     "DraftModelDrafter",
     "Drafter",
     "DrafterResources",
+    "HybridConfig",
     "HybridDrafter",
+    "ModelDrafter",
     "NoDrafter",
     "Outcome",
+    "PlainModelDrafter",
     "PromptLookupDrafter",
     "SuffixDrafter",
     "available_methods",

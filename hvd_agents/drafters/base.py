@@ -14,6 +14,9 @@ Drafters own their own state (indexes, caches, RNG, a model drafter's own KV); t
 engine owns the target model, its KV cache and the token sequence. A drafter that
 drafts from the target's hidden states sets the attribute ``uses_hidden_states =
 True``; the engine then computes them and passes them in :class:`DraftContext`.
+What the ``hvd`` policy needs of a model drafter beyond these calls (its priors,
+its pending context, the thresholds its ``propose`` honours) is declared by
+:class:`~hvd_agents.drafters.model.protocol.ModelDrafter`.
 """
 
 from __future__ import annotations

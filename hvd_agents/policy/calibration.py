@@ -1,4 +1,4 @@
-"""The cost profile as the engine pays it: calibrated online against the policy's own step timings.
+"""The cost profile as the engine pays it: calibrated online against the engine's step timings.
 
 The profile (:mod:`hvd_agents.policy.cost`) times bare forwards back to back. A
 decoding step inside the engine also pays work that does not grow with the
@@ -13,8 +13,11 @@ forward (``alpha < 1``), and where the engine's step adds cost of its own that
 grows with the draft, a larger one (``alpha > 1``).
 
 :class:`StepCalibration` estimates ``alpha`` and the engine's plain-step seconds
-``T0`` from the steps the policy times (model drafting excluded): ``T0`` is a
-running mean of the plain steps; each drafted step adds its extra time
+``T0`` from the steps it is given: the ``hvd`` policy gives each step's
+verification seconds as the engine measured them plus its own seconds choosing
+the draft (:mod:`hvd_agents.drafters.hybrid.pricing`; model drafting and the
+stream consumer's time between steps excluded). ``T0`` is a running mean of the
+plain steps; each drafted step adds its extra time
 ``s / T0 - 1`` against the profile's ``p(d) - 1`` to a regression through the
 origin with exponential forgetting. It starts from ``alpha = 1`` (the profile as
 measured), held with the weight of :data:`PRIOR_STEPS` drafted steps, and

@@ -1,5 +1,21 @@
-"""The ``hvd`` method: payoff-guided choice between a cache draft, a model draft or none."""
+"""The ``hvd`` method: payoff-guided choice between a cache draft, a model draft or none.
 
-from hvd_agents.drafters.hybrid.drafter import HybridDrafter
+Read in this order (one step of the policy):
 
-__all__ = ["HybridDrafter"]
+* :mod:`.drafter`: :class:`HybridDrafter`, whose ``propose`` is four named phases
+  (cache draft and its payoff, tree growth, the model drafter, the record) and
+  whose ``observe`` feeds the outcome back; the policy's overview and a worked
+  example are its module docstring.
+* :mod:`.tree`: growing the cache draft into a tree of alternatives (pure functions).
+* :mod:`.pricing`: what a step costs, calibrated to the engine's step timings.
+* :mod:`.config`: every prior, running-estimate weight and limit, in one frozen record.
+
+What the policy needs of a model drafter is declared in
+:mod:`hvd_agents.drafters.model.protocol`.
+"""
+
+from hvd_agents.drafters.hybrid.config import HybridConfig
+from hvd_agents.drafters.hybrid.drafter import HybridDrafter, StepDecision
+from hvd_agents.drafters.hybrid.pricing import StepPricing
+
+__all__ = ["HybridConfig", "HybridDrafter", "StepDecision", "StepPricing"]

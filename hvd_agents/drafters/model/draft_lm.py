@@ -19,6 +19,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from hvd_agents.drafters.base import Draft, DraftContext, Outcome
 from hvd_agents.drafters.model.loop import DEFAULT_MIN_SURVIVAL, RequestPrefix, common_prefix, draft_loop
+from hvd_agents.drafters.model.protocol import DEFAULT_INGEST_COST_PRIOR, DEFAULT_TOKEN_COST_PRIOR
 from hvd_agents.runtime.kv import new_cache, truncate
 from hvd_agents.structure import PromptStructure
 
@@ -26,14 +27,27 @@ from hvd_agents.structure import PromptStructure
 class DraftModelDrafter:
     """Drafts with a smaller causal LM (see the module docstring).
 
+    A :class:`~hvd_agents.drafters.model.protocol.ModelDrafter` with no acceptance
+    prior of its own (the policy's applies).
+
     Args:
         model: the draft model, in eval mode.
         target_vocab: the target's vocabulary size.
         min_survival: when ``propose`` is not given one (method ``model`` alone),
             drafting stops once the product of the draft model's confidences falls below it.
+
+    Example: its cache covers ``1 2 3 4 5 6`` and the context is ``1 2 3 4 9`` (the
+    draft ``5 6`` was rejected, the target chose ``9``): ``pending`` is 1, and
+    ``propose`` keeps ``1 2 3 4``, feeds ``9`` for the next logits and drafts from
+    there. Had the target accepted both (context ``1 2 3 4 5 6``), it would keep
+    five tokens and feed ``6`` again: the last token is always fed for its logits.
     """
 
     uses_hidden_states = False
+    gates_first_token = True  # propose honours min_first (draft_loop)
+    acceptance_prior: float | None = None
+    cost_prior = DEFAULT_TOKEN_COST_PRIOR
+    ingest_cost_prior = DEFAULT_INGEST_COST_PRIOR
     source = "draft-lm"
 
     def __init__(self, model: PreTrainedModel, target_vocab: int, min_survival: float = DEFAULT_MIN_SURVIVAL) -> None:

@@ -30,19 +30,31 @@ import torch
 from hvd_agents.draft_head.model import DraftHead, HeadCache
 from hvd_agents.drafters.base import Draft, DraftContext, Outcome
 from hvd_agents.drafters.model.loop import DEFAULT_MIN_SURVIVAL, RequestPrefix, draft_loop
+from hvd_agents.drafters.model.protocol import DEFAULT_INGEST_COST_PRIOR, DEFAULT_TOKEN_COST_PRIOR
 from hvd_agents.structure import PromptStructure
 
 
 class DraftHeadDrafter:
     """Drafts with an attached :class:`~hvd_agents.draft_head.model.DraftHead` (see the module docstring).
 
+    A :class:`~hvd_agents.drafters.model.protocol.ModelDrafter`: its acceptance prior
+    is the head's held-out agreement with the target (from its training recipe).
+
     Args:
         head: the attached head.
         min_survival: when ``propose`` is not given one (method ``model`` alone),
             drafting stops once the product of the head's confidences falls below it.
+
+    Example: after a prompt of 7 tokens with their hidden states ``h_0 .. h_5``, the
+    first ``propose(ctx, 4)`` ingests indices 0..5 (``pending`` says 6), then drafts
+    up to 4 tokens at the feature level; the next step ingests only the tokens the
+    target emitted since (their hidden states arrive with it).
     """
 
     uses_hidden_states = True
+    gates_first_token = True  # propose honours min_first (draft_loop)
+    cost_prior = DEFAULT_TOKEN_COST_PRIOR
+    ingest_cost_prior = DEFAULT_INGEST_COST_PRIOR
     source = "head"
 
     def __init__(self, head: DraftHead, min_survival: float = DEFAULT_MIN_SURVIVAL) -> None:
@@ -50,7 +62,7 @@ class DraftHeadDrafter:
         if head.embed is None:
             raise ValueError("the draft head must be attached to its target (DraftHead.attach) first")
         self.head = head
-        self.acceptance_prior = head.acceptance_prior  # read by the hvd policy
+        self.acceptance_prior: float | None = head.acceptance_prior
         self.cache = HeadCache()
         self._tokens: list[int] = []  # tokens the cache's entries were built from
         self._fresh = True  # first propose of a request: compare with the cached tokens

@@ -1,0 +1,63 @@
+"""Every prior, running-estimate weight and limit of the ``hvd`` drafter, in one frozen record.
+
+Estimators the policy shares with other code keep their own constants next to
+them: the running rate ``R`` (:data:`hvd_agents.policy.selection.RATE_EMA`), the
+step calibration (:mod:`hvd_agents.policy.calibration`) and the payoff
+predictor's online step (:mod:`hvd_agents.policy.payoff`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hvd_agents.drafters.model.protocol import DEFAULT_INGEST_COST_PRIOR, DEFAULT_TOKEN_COST_PRIOR
+
+
+@dataclass(frozen=True)
+class HybridConfig:
+    """The ``hvd`` drafter's tuning (the defaults are what it ships with)."""
+
+    default_verify_cost: float = 0.02
+    """Per-token verification cost ``c`` of the linear cost model used when no cost is given: the order of
+    a small model's on a CPU at batch 1 (a measured profile replaces it in the engine)."""
+
+    model_prior_acceptance: float = 0.5
+    """A model drafter's per-token acceptance before any outcome, when it declares none
+    (``acceptance_prior`` None): an even chance, which lets a confident first token decide early steps."""
+
+    model_rate_ema: float = 0.2
+    """Weight of the newest model draft in the running acceptance (per request and across requests): a model
+    drafter's acceptance moves with the text, so a handful of drafts should be enough to follow it."""
+
+    model_prior_token_cost: float = DEFAULT_TOKEN_COST_PRIOR
+    """A drafted token's cost in plain steps, before it is timed, for a drafter wrapped in
+    :class:`~hvd_agents.drafters.model.protocol.PlainModelDrafter` (a declared drafter brings its own
+    ``cost_prior``): about one drafter forward per drafted token."""
+
+    model_prior_ingest_cost: float = DEFAULT_INGEST_COST_PRIOR
+    """One context token's catch-up cost in plain steps, before it is timed, for a wrapped drafter: the new
+    tokens go through the drafter in one batch, so each costs a small share of a forward."""
+
+    branches: int = 8
+    """Most alternative continuations a cache draft grows into a tree (0: chains only). Each is kept only
+    while its tokens pay, so the limit bounds the policy's work, not the verified tokens."""
+
+    alternative_prior: float = 0.1
+    """P(an alternative is the target's choice | the main branch's token was rejected where it departs),
+    before any outcome: on agent traces it was about 10%, whatever the candidates' shares."""
+
+    alternative_ema: float = 0.05
+    """Weight of the newest tried alternative in that rate: alternatives are tried rarely and succeed rarely,
+    so it moves slowly."""
+
+    timing_ema: float = 0.1
+    """Weight of the newest timed model draft in the drafter's per-token and per-ingested-token costs."""
+
+    def __post_init__(self) -> None:
+        if self.branches < 0:
+            raise ValueError(f"branches must be >= 0, got {self.branches}")
+        emas = {"model_rate_ema": self.model_rate_ema, "alternative_ema": self.alternative_ema,
+                "timing_ema": self.timing_ema}
+        for name, weight in emas.items():
+            if not 0.0 < weight <= 1.0:
+                raise ValueError(f"{name} must be in (0, 1], got {weight}")

@@ -26,6 +26,7 @@ demo: $(STAMP)
 	$(BIN)/hvd-agents demo
 
 test: $(STAMP)
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)

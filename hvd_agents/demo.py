@@ -13,9 +13,9 @@ import json
 
 from hvd_agents.bench.prompts import SYSTEM, WEATHER_TOOL
 from hvd_agents.chat.conversation import prepare
+from hvd_agents.chat.toolcalls import ToolCall, forced_call_prefix, parse_tool_calls
 from hvd_agents.engine import GenerationParams, RequestStats
 from hvd_agents.engine.shared import shared_engine
-from hvd_agents.chat.toolcalls import ToolCall, forced_call_prefix, parse_tool_calls
 
 
 def get_weather(city: str, unit: str = "celsius") -> dict:

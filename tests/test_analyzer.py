@@ -8,13 +8,13 @@ import pytest
 
 from hvd_agents.chat.analyzer import analyze, derive_session_id, kind_by_token, register, skeleton_texts
 from hvd_agents.chat.template import encode_prompt, render_prompt
-from hvd_agents.structure import PromptStructure, SpanKind, TypedSpan
 from hvd_agents.chat.toolcalls import (
     forced_call_prefix,
     parse_tool_calls,
     render_tool_call,
     render_tools_system_block,
 )
+from hvd_agents.structure import PromptStructure, SpanKind, TypedSpan
 from tests.helpers import make_byte_tokenizer
 
 WEATHER_TOOL = {

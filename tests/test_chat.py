@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from functools import lru_cache
 
 import pytest
 
 from hvd_agents.chat.template import encode_prompt, render_prompt, to_template_messages
-from hvd_agents.errors import InvalidRequestError
 from hvd_agents.chat.toolcalls import parse_tool_calls, render_tool_call, render_tools_system_block
+from hvd_agents.errors import InvalidRequestError
 from tests.helpers import make_byte_tokenizer
 
 TOOLS = [
@@ -88,7 +89,7 @@ def test_rendering_is_prefix_stable(tools, with_chat_template: bool) -> None:
         prompts = [
             render_prompt(tok, messages[:n], tools, add_generation_prompt=False) for n in range(1, len(messages) + 1)
         ]
-        for shorter, longer in zip(prompts, prompts[1:]):
+        for shorter, longer in itertools.pairwise(prompts):
             assert longer.startswith(shorter) and len(longer) > len(shorter)
         with_generation = render_prompt(tok, messages, tools)
         assert with_generation == prompts[-1] + "<|im_start|>assistant\n"

@@ -391,7 +391,7 @@ def test_min_survival_stops_model_drafts_early(target) -> None:
     cut = drafter.propose(DraftContext("r", [1, 2, 3], 3), k=8, min_survival=0.999)
     assert full.main_length == 8 and cut.main_length < 8
     assert full.token_ids[: cut.main_length] == cut.token_ids[: cut.main_length]
-    assert cut.score >= 0.999 and full.features["model_survival"] <= cut.score
+    assert cut.score >= 0.999 and full.features.survival <= cut.score
 
 
 def test_draft_loop_skips_the_forward_it_could_not_use() -> None:

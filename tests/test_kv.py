@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import DynamicCache
 
-from hvd_agents.runtime.kv import MIN_ROOM, GrowingLayer, keep, new_cache, supports_trees, truncate
 from hvd_agents.engine.prefix_cache import PrefixCache
+from hvd_agents.runtime.kv import MIN_ROOM, GrowingLayer, keep, new_cache, supports_trees, truncate
 from tests.tiny import make_tiny_llama
 
 HEADS, DIM = 2, 3

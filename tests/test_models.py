@@ -14,15 +14,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers import models as tok_models
-from tokenizers import pre_tokenizers
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
-from tests.tiny import make_tiny_llama
-
-from hvd_agents.runtime import loading as models
 from hvd_agents.errors import HVDError, InvalidRequestError, ModelLoadError, ModelNotFoundError
+from hvd_agents.runtime import loading as models
+from tests.tiny import make_tiny_llama
 
 SPECIALS = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 WORDS = ["hello", "world", "the", "cat", "sat", "on", "mat", "a", "dog"]

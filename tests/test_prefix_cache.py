@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from transformers import DynamicCache
 
 from hvd_agents import Engine, GenerationParams
-from hvd_agents.runtime.kv import new_cache
 from hvd_agents.engine.prefix_cache import PrefixCache, common_prefix_length
+from hvd_agents.runtime.kv import new_cache
 from tests.tiny import make_tiny_llama
 
 VOCAB = 64

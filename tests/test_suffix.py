@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hvd_agents.drafters import CacheStore, DraftContext, Outcome, SuffixDrafter
+from hvd_agents.drafters import CacheStore, DraftContext, Outcome, PromptLookupDrafter, SuffixDrafter
 from hvd_agents.drafters.base import Draft
 from hvd_agents.drafters.cache.ngram_index import NgramIndex, _bulk_keys, ngram_key
 from hvd_agents.errors import InvalidRequestError, StoreFormatError
@@ -185,7 +185,7 @@ def test_save_load_round_trip(tmp_path) -> None:
     path = tmp_path / "store.npz"
     store.save(path)
     loaded = CacheStore.load(path)
-    strip = lambda s: [(x.kind, x.session_id, x.length, x.age) for x in s.spans]  # noqa: E731
+    strip = lambda s: [(x.kind, x.session_id, x.length, x.age) for x in s.spans]
     assert strip(loaded) == strip(store)
     assert loaded.token_budget == 100 and loaded.clock == store.clock
     assert loaded.lookup([9, 4, 5])[0].length == 2
@@ -245,3 +245,16 @@ def test_no_alternatives_when_the_candidates_agree() -> None:
     draft = drafter.propose(DraftContext("r", prompt, len(prompt)), 3)
     assert draft.token_ids == (3, 0, 1)
     assert drafter.alternatives("r", draft.token_ids, limit=4) == []
+
+
+@pytest.mark.parametrize("make", [lambda: SuffixDrafter(CacheStore()), PromptLookupDrafter], ids=["suffix", "pld"])
+def test_calls_for_a_request_that_is_not_started_raise_naming_it(make) -> None:
+    drafter = make()
+    with pytest.raises(ValueError, match="propose for request 'ghost', which is not started"):
+        drafter.propose(DraftContext("ghost", [1, 2, 3], 3), 4)
+    drafter.start("r", [1, 2, 3, 1, 2])
+    drafter.observe(Outcome("r", Draft(), 0, (3,)))
+    drafter.stop("r")
+    drafter.stop("r")  # safe twice
+    with pytest.raises(ValueError, match="observe for request 'r', which is not started"):
+        drafter.observe(Outcome("r", Draft(), 0, (4,)))

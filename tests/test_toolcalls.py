@@ -7,7 +7,6 @@ import re
 
 import pytest
 
-from hvd_agents.errors import InvalidRequestError
 from hvd_agents.chat.toolcalls import (
     InvalidToolCall,
     ParsedOutput,
@@ -17,6 +16,7 @@ from hvd_agents.chat.toolcalls import (
     render_tool_call,
     render_tools_system_block,
 )
+from hvd_agents.errors import InvalidRequestError
 
 ID_RE = re.compile(r"^call_[0-9a-f]{24}$")
 WEATHER = {

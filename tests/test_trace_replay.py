@@ -118,7 +118,7 @@ def test_threshold_rule(tok, trace) -> None:
     assert never.stats["suffix-threshold"].steps == never.stats["ar"].steps
     always, _ = run(tok, trace, ("suffix-threshold", "suffix"), threshold=0)
     assert always.stats["suffix-threshold"].steps == always.stats["suffix"].steps
-    default, steps = run(tok, trace, ("suffix-threshold",), k=8)
+    _, steps = run(tok, trace, ("suffix-threshold",), k=8)
     drafted = [s for s in steps if s.drafted]
     assert drafted and all(s.features.match_len >= 8 for s in drafted)
 

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from hvd_agents.errors import HVDError, InvalidRequestError
 from hvd_agents.chat.templates import (
     Template,
     apply_system_template,
@@ -22,6 +21,7 @@ from hvd_agents.chat.templates import (
     load_template,
     templates_dir,
 )
+from hvd_agents.errors import HVDError, InvalidRequestError
 from tests.trace_data import FILE_TOOL, WEATHER_TOOL
 
 

@@ -6,14 +6,14 @@ import pytest
 
 tiktoken = pytest.importorskip("tiktoken")
 
-from hvd_agents.chat.analyzer import analyze  # noqa: E402
-from hvd_agents.errors import HVDError  # noqa: E402
-from hvd_agents.runtime.loading import load_tokenizer  # noqa: E402
-from hvd_agents.structure import SpanKind  # noqa: E402
-from hvd_agents.runtime.tiktoken_tokenizer import TiktokenTokenizer  # noqa: E402
-from hvd_agents.trace.loader import load_trace  # noqa: E402
-from hvd_agents.trace.replay import ReplayConfig, replay_trace, reply_tokens  # noqa: E402
-from tests.trace_data import conversations, copy_conversation, write_jsonl  # noqa: E402
+from hvd_agents.chat.analyzer import analyze
+from hvd_agents.errors import HVDError
+from hvd_agents.runtime.loading import load_tokenizer
+from hvd_agents.runtime.tiktoken_tokenizer import TiktokenTokenizer
+from hvd_agents.structure import SpanKind
+from hvd_agents.trace.loader import load_trace
+from hvd_agents.trace.replay import ReplayConfig, replay_trace, reply_tokens
+from tests.trace_data import conversations, copy_conversation, write_jsonl
 
 PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hvd_agents.runtime import loading as models
 from hvd_agents.errors import ModelNotFoundError
+from hvd_agents.runtime import loading as models
 from tests.helpers import make_byte_tokenizer
 from tests.tiny import make_tiny_llama
 

@@ -28,8 +28,8 @@ import torch
 
 from hvd_agents.bench.digest import output_digest
 from hvd_agents.bench.prompts import AgentPrompt, agent_prompts
-from hvd_agents.chat.template import encode_prompt
 from hvd_agents.chat.conversation import prepare
+from hvd_agents.chat.template import encode_prompt
 from hvd_agents.drafters import CacheStore
 from hvd_agents.engine import Engine, GenerationParams
 from hvd_agents.engine.shared import shared_engine

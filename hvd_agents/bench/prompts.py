@@ -59,7 +59,7 @@ _CODE = '''def parse_config(path):
 _WEATHER_RESULT = {"city": "Paris", "temperature": 18, "unit": "celsius", "condition": "partly cloudy",
                    "humidity": 64, "wind_kmh": 12}
 
-_SEARCH_RESULT = "\n".join(
+_SEARCH_RESULT = "\n".join(  # noqa: FLY002 (one search hit a line reads as the tool output does)
     [
         "src/app/config.py:12: def load_settings(path: str) -> Settings:",
         "src/app/config.py:40: def save_settings(settings: Settings, path: str) -> None:",

@@ -42,8 +42,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from hvd_agents.chat.template import render_prompt, to_template_messages
-from hvd_agents.errors import InvalidRequestError
-from hvd_agents.structure import PromptStructure, SpanKind, TypedSpan
 from hvd_agents.chat.toolcalls import (
     TOOL_CALL_CLOSE,
     TOOL_CALL_OPEN,
@@ -51,6 +49,8 @@ from hvd_agents.chat.toolcalls import (
     render_tool_call,
     render_tools_system_block,
 )
+from hvd_agents.errors import InvalidRequestError
+from hvd_agents.structure import PromptStructure, SpanKind, TypedSpan
 
 logger = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hvd_agents.errors import InvalidRequestError
 from hvd_agents.chat.toolcalls import render_tool_call, render_tools_system_block
+from hvd_agents.errors import InvalidRequestError
 
 logger = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hvd_agents.errors import HVDError, InvalidRequestError
 from hvd_agents.chat.toolcalls import normalize_tool
+from hvd_agents.errors import HVDError, InvalidRequestError
 
 TEMPLATES_ENV = "HVD_AGENTS_TEMPLATES"
 _SUFFIXES = (".txt", ".md")

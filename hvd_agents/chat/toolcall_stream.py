@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hvd_agents.errors import InvalidRequestError
 from hvd_agents.chat.toolcalls import TOOL_CALL_OPEN, ParsedOutput
+from hvd_agents.errors import InvalidRequestError
 
 
 def normalize_tool_choice(tool_choice: Any) -> str | None:

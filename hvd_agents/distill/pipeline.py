@@ -37,6 +37,10 @@ class DataConfig:
     seed: int = 0
 
 
+DEFAULT_DATA = DataConfig()
+DEFAULT_TRAIN = TrainConfig()  # both frozen: safe as shared defaults
+
+
 def _parts_dir(data_file: str | Path) -> Path:
     return Path(f"{data_file}.parts")
 
@@ -46,8 +50,8 @@ def train_drafter(
     *,
     model: str | None = None,
     device: str | None = None,
-    data: DataConfig = DataConfig(),
-    train: TrainConfig = TrainConfig(),
+    data: DataConfig = DEFAULT_DATA,
+    train: TrainConfig = DEFAULT_TRAIN,
     data_file: str | Path | None = None,
     log: Callable[[str], None] = print,
 ) -> TrainReport:

@@ -19,9 +19,9 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from hvd_agents.runtime.kernels import match_linear_kernel
 from hvd_agents.draft_head.model import DraftHead, DraftHeadConfig, target_signature
 from hvd_agents.errors import HVDError
+from hvd_agents.runtime.kernels import match_linear_kernel
 
 logger = logging.getLogger(__name__)
 SHIPPED_DIR = "weights"

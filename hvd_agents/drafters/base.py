@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 import torch
 
@@ -264,3 +264,20 @@ class NoDrafter:
 
     def stop(self, req_id: str) -> None:
         del req_id
+
+
+State = TypeVar("State")
+
+
+def started(requests: Mapping[str, State], req_id: str, drafter: str, call: str) -> State:
+    """The state a drafter keeps for ``req_id``: lifecycle misuse (``call`` for a request that
+    was never started, or already stopped) raises instead of drafting nothing silently.
+
+    Raises:
+        ValueError: ``req_id`` has no state; the message names the drafter, the call and the request.
+    """
+    state = requests.get(req_id)
+    if state is None:
+        raise ValueError(f"{drafter}: {call} for request {req_id!r}, which is not started (or already stopped): "
+                         f"call start({req_id!r}, prompt_ids) first")
+    return state

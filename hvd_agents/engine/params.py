@@ -69,7 +69,7 @@ class GenerationParams:
             raise InvalidRequestError(f"stop strings must be non-empty strings, got {self.stop!r}")
         if self.stop_token_ids is not None:
             object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
-        self.sampling  # validates the sampling fields
+        _ = self.sampling  # validates the sampling fields
 
     @property
     def draft_tokens(self) -> int:

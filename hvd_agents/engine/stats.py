@@ -93,11 +93,11 @@ class RequestStats:
     def summary(self) -> str:
         """A short human-readable report (what ``hvd-agents generate`` prints)."""
         lines = [
-            f"prompt {self.prompt_tokens} tok ({self.reused_prefix_tokens} reused, {self.prefilled_tokens} prefilled), "
-            f"prefill {self.prefill_s:.2f} s | "
-            f"{self.new_tokens} new tok in {self.decode_s:.2f} s ({self.decode_tokens_per_s:.1f} tok/s)",
-            f"steps {self.steps}, tokens/step {self.tokens_per_step:.2f}, "
-            f"drafted {self.drafted_tokens}, accepted {self.accepted_tokens} ({self.acceptance_rate:.0%})",
+            (f"prompt {self.prompt_tokens} tok ({self.reused_prefix_tokens} reused, {self.prefilled_tokens} prefilled), "
+             f"prefill {self.prefill_s:.2f} s | "
+             f"{self.new_tokens} new tok in {self.decode_s:.2f} s ({self.decode_tokens_per_s:.1f} tok/s)"),
+            (f"steps {self.steps}, tokens/step {self.tokens_per_step:.2f}, "
+             f"drafted {self.drafted_tokens}, accepted {self.accepted_tokens} ({self.acceptance_rate:.0%})"),
         ]
         if self.prefix_break_at is not None:
             lines.append(f"prefix break at prompt token {self.prefix_break_at}: earlier history was rewritten")

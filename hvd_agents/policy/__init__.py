@@ -6,7 +6,8 @@
 * :mod:`~hvd_agents.policy.cost`: the target's cost model (measured per model and
   machine, cached).
 * :mod:`~hvd_agents.policy.calibration`: that profile as the engine pays it,
-  calibrated online against the policy's own step timings.
+  calibrated online against the steps' timings (the engine's verification seconds plus the
+  policy's own time).
 * :mod:`~hvd_agents.policy.selection`: the choice of draft and length that maximises
   expected tokens per unit of cost.
 * :mod:`~hvd_agents.policy.train`: offline training and evaluation

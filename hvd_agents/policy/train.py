@@ -80,7 +80,7 @@ def read_samples(paths: Sequence[str | os.PathLike]) -> list[DraftSample]:
     samples: list[DraftSample] = []
     for path in paths:
         try:
-            handle = open(path, encoding="utf-8")
+            handle = open(path, encoding="utf-8")  # noqa: SIM115 (closed by the `with` below; opened here to name the path)
         except OSError as exc:
             raise HVDError(f"cannot read step records {path}: {exc}") from exc
         with handle:

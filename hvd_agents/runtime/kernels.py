@@ -100,7 +100,7 @@ def _use_gqa_attention(model: nn.Module) -> bool:
         AttentionInterface.register(ATTENTION_NAME, gqa_sdpa_attention)
         AttentionMaskInterface.register(ATTENTION_NAME, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
         model.set_attn_implementation(ATTENTION_NAME)
-    except Exception as exc:  # an older or newer transformers without these hooks: keep stock sdpa
+    except Exception as exc:  # noqa: BLE001 (an older or newer transformers without these hooks: keep stock sdpa)
         logger.debug("grouped-query attention kernel not installed: %s", exc)
         return False
     return True

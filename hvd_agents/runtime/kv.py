@@ -26,6 +26,7 @@ so neither reaches into transformers' layers.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -206,7 +207,7 @@ def keep(cache: DynamicCache, start: int, offsets: Sequence[int]) -> None:
         ValueError: an offset is out of range or the offsets do not increase.
     """
     current = cache.get_seq_length()
-    increasing = all(a < b for a, b in zip(offsets, offsets[1:]))
+    increasing = all(a < b for a, b in itertools.pairwise(offsets))
     if not increasing or (offsets and (offsets[0] < 0 or start + offsets[-1] >= current)):
         raise ValueError(f"cannot keep offsets {list(offsets)[:8]} after {start} of a cache of {current} positions")
     if list(offsets) == list(range(len(offsets))):

@@ -54,7 +54,7 @@ def cpu_supports_kernel() -> bool:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return False
     capability = torch.backends.cpu.get_cpu_capability()
-    return capability.startswith("AVX2") or capability.startswith("AVX512")
+    return capability.startswith(("AVX2", "AVX512"))
 
 
 def build_key() -> str:
@@ -98,7 +98,7 @@ def available() -> bool:
                     _build(directory, name)
                 ok = hasattr(torch.ops.hvd, "row_linear")
                 why = "" if ok else "the library loaded but registered no hvd::row_linear"
-            except Exception as exc:  # no compiler, no ninja, no headers: fall back, say why
+            except Exception as exc:  # noqa: BLE001 (no compiler, no ninja, no headers: fall back, say why)
                 why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc!r}"
         if not ok:
             logger.warning("row-streaming linear kernel unavailable (%s); using PyTorch's CPU kernels", why)

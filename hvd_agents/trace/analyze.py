@@ -16,9 +16,9 @@ from typing import IO, Any
 
 from hvd_agents.errors import HVDError, InvalidRequestError
 from hvd_agents.trace.loader import TraceFile, load_trace
-from hvd_agents.trace.strategies import resolve_policy_names
 from hvd_agents.trace.replay import ReplayConfig, ReplayResult, prepare_conversation, replay_trace
 from hvd_agents.trace.report import StepWriter, format_table, report_json, write_json
+from hvd_agents.trace.strategies import resolve_policy_names
 
 logger = logging.getLogger(__name__)
 

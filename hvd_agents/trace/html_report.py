@@ -18,8 +18,8 @@ from typing import Any
 
 from hvd_agents.errors import HVDError
 from hvd_agents.trace.loader import Conversation
-from hvd_agents.trace.report import policy_figures
 from hvd_agents.trace.replay import HighlightTurn, ReplayResult
+from hvd_agents.trace.report import policy_figures
 from hvd_agents.trace.stats import TARGET_KIND
 
 MAX_MESSAGE_CHARS = 2000

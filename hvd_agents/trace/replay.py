@@ -32,13 +32,13 @@ from typing import Any
 
 from hvd_agents.chat.analyzer import analyze
 from hvd_agents.chat.template import render_prompt, to_template_messages
+from hvd_agents.chat.templates import Template, apply_system_template, canonicalize_tools
 from hvd_agents.drafters import Draft, DraftContext, Outcome
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.structure import PromptStructure
-from hvd_agents.chat.templates import Template, apply_system_template, canonicalize_tools
 from hvd_agents.trace.loader import Conversation, TraceFile
-from hvd_agents.trace.strategies import Policy, make_policy
 from hvd_agents.trace.stats import TARGET_KIND, PolicyStats, StepRecord, source_kind
+from hvd_agents.trace.strategies import Policy, make_policy
 
 logger = logging.getLogger(__name__)
 

@@ -104,7 +104,7 @@ class StepWriter:
         self._fh: IO[str] | None = None
         self.count = 0
 
-    def __enter__(self) -> StepWriter:
+    def __enter__(self) -> StepWriter:  # noqa: PYI034 (a final class)
         try:
             self._fh = open(self.path, "w", encoding="utf-8")
         except OSError as exc:

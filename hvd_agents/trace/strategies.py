@@ -44,8 +44,17 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from hvd_agents.chat.analyzer import register
-from hvd_agents.drafters import CacheStore, Draft, DraftContext, Drafter, NoDrafter, Outcome, PromptLookupDrafter
-from hvd_agents.drafters import HybridDrafter, SuffixDrafter
+from hvd_agents.drafters import (
+    CacheStore,
+    Draft,
+    DraftContext,
+    Drafter,
+    HybridDrafter,
+    NoDrafter,
+    Outcome,
+    PromptLookupDrafter,
+    SuffixDrafter,
+)
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.policy import CostModel, PayoffPredictor
 from hvd_agents.structure import PromptStructure
@@ -162,7 +171,7 @@ def arctic_available() -> bool:
     """Whether ``arctic_inference`` (with its compiled suffix tree) imports."""
     try:
         import arctic_inference.suffix_decoding  # noqa: F401
-    except Exception:  # ImportError, or a broken native extension
+    except Exception:  # noqa: BLE001 (ImportError, or a broken native extension)
         return False
     return True
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from hvd_agents.drafters.base import Draft, DraftContext, Outcome
+from hvd_agents.drafters.base import Draft, DraftContext, Outcome, started
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.policy.features import PromptLookupFeatures
 from hvd_agents.structure import PromptStructure
@@ -70,8 +70,8 @@ class PromptLookupDrafter:
         self._requests[req_id] = _TokenBuffer(prompt_ids)
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
-        buf = self._requests.get(ctx.req_id)
-        if buf is None or k <= 0:
+        buf = started(self._requests, ctx.req_id, self.source, "propose")
+        if k <= 0:
             return Draft()
         ids = buf.view
         length = len(ids)
@@ -87,9 +87,7 @@ class PromptLookupDrafter:
         return Draft()
 
     def observe(self, outcome: Outcome) -> None:
-        buf = self._requests.get(outcome.req_id)
-        if buf is not None:
-            buf.extend(outcome.new_token_ids)
+        started(self._requests, outcome.req_id, self.source, "observe").extend(outcome.new_token_ids)
 
     def stop(self, req_id: str) -> None:
         self._requests.pop(req_id, None)

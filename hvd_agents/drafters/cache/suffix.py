@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from hvd_agents.drafters.base import Draft, DraftContext, Outcome
+from hvd_agents.drafters.base import Draft, DraftContext, Outcome, started
 from hvd_agents.drafters.cache.history import AcceptanceHistory, KindRates
 from hvd_agents.drafters.cache.ngram_index import NgramIndex
 from hvd_agents.drafters.cache.store import CacheStore
@@ -117,8 +117,8 @@ class SuffixDrafter:
         self._requests[req_id] = _RequestState(index, len(prompt_ids), kinds, session)
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
-        state = self._requests.get(ctx.req_id)
-        if state is None or k <= 0:
+        state = started(self._requests, ctx.req_id, self.source, "propose")
+        if k <= 0:
             return Draft()
         candidates, match_len = self._candidates(state, ctx.token_ids, k)
         state.candidates, state.k = candidates, k
@@ -150,8 +150,8 @@ class SuffixDrafter:
         One per departure point and token, the most shared first (ties: the most
         recent). ``draft`` is the proposal's tokens (a prefix of them is fine).
         """
-        state = self._requests.get(req_id)
-        if state is None or limit <= 0 or len(state.candidates) < 2:
+        state = started(self._requests, req_id, self.source, "alternatives")
+        if limit <= 0 or len(state.candidates) < 2:
             return []
         groups: dict[tuple[int, ...], int] = {}
         for candidate in state.candidates:
@@ -195,9 +195,7 @@ class SuffixDrafter:
         return [c for c in out if c.tokens], best
 
     def observe(self, outcome: Outcome) -> None:
-        state = self._requests.get(outcome.req_id)
-        if state is None:
-            return
+        state = started(self._requests, outcome.req_id, self.source, "observe")
         for token in outcome.new_token_ids:
             state.index.append(token)
         state.output.extend(outcome.new_token_ids)

@@ -59,7 +59,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from hvd_agents.drafters.base import Draft, DraftContext, Drafter, Outcome
+from hvd_agents.drafters.base import Draft, DraftContext, Drafter, Outcome, started
 from hvd_agents.drafters.cache.suffix import SuffixDrafter
 from hvd_agents.drafters.hybrid.config import HybridConfig
 from hvd_agents.drafters.hybrid.pricing import StepPricing
@@ -228,11 +228,7 @@ class HybridDrafter:
         self._requests.pop(req_id, None)
 
     def _request(self, req_id: str, call: str) -> _Request:
-        request = self._requests.get(req_id)
-        if request is None:
-            raise ValueError(f"hvd: {call} for request {req_id!r}, which is not started (or already stopped): "
-                             f"call start({req_id!r}, prompt_ids) first")
-        return request
+        return started(self._requests, req_id, "hvd", call)
 
     # ------------------------------------------------------------------ one step
 

@@ -39,6 +39,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from hvd_agents.drafters.base import Draft
+from hvd_agents.policy.features import ModelDraftFeatures
 
 # Used by method ``model`` alone (no policy to set it): stop once the drafter gives the whole
 # draft less than this chance of surviving.
@@ -117,7 +118,7 @@ def draft_loop(
                 break
             logits = advance(token)
     probs = torch.stack(q_rows) if q_rows else None
-    features = {"model_survival": survival, "model_tokens": float(len(tokens))}
+    features = ModelDraftFeatures(survival, len(tokens))
     if not others:
         return Draft(tuple(tokens), probs, survival, source, features)
     chain = list(range(-1, len(tokens) - 1))

@@ -242,7 +242,7 @@ class HybridDrafter:
         request = self._request(ctx.req_id, "propose")
         if k <= 0:
             return Draft()
-        started = time.perf_counter()
+        begun = time.perf_counter()
         # Under sampling the drafts decide which random numbers are drawn, so a seeded request's output must not
         # depend on how long steps took: timings (calibration, the model drafter's timed costs) inform greedy
         # requests only, whose output never depends on the drafts.
@@ -273,7 +273,7 @@ class HybridDrafter:
         best, draft_s = self._ask_model(ctx, k, request, best, cost, rate, timed)
 
         # 4. the record observe learns from
-        policy_s = time.perf_counter() - started - draft_s
+        policy_s = time.perf_counter() - begun - draft_s
         main = cache_main if best.source == "cache" else 0
         request.decision = StepDecision(best.source, features, main, best.choice.cost, len(best.draft), draft_s,
                                         policy_s)
@@ -303,7 +303,7 @@ class HybridDrafter:
         # a further token is worth its cost iff S > R * marginal (whether to draft at all was decided above, so the
         # first token's dearer share of the cost is not charged to the tokens after it)
         min_survival = rate * float(model_cost.marginal(2)[-1])
-        started = time.perf_counter()
+        drafting = time.perf_counter()
         if model.gates_first_token:
             # by its first token the drafter's forward is spent: the token is drafted iff, at the drafter's
             # confidence p, the step beats the best other choice: 1 + p - R * verify(1) > best
@@ -311,7 +311,7 @@ class HybridDrafter:
             proposed = model.propose(ctx, k, min_survival=min_survival, min_first=min_first)
         else:
             proposed = model.propose(ctx, choice.length, min_survival=min_survival)
-        draft_s = time.perf_counter() - started
+        draft_s = time.perf_counter() - drafting
         if not proposed.token_ids:
             return best, draft_s
         self.pricing.observe_model_draft(draft_s, proposed.main_length, pending, caught_up=request.model_drafted)

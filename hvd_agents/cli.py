@@ -4,11 +4,11 @@ Subcommands:
 
 * ``generate``: one chat turn (or a raw prompt) on a model, printing text and stats.
 * ``demo``: a short agent turn with a tool call on the embedded model.
-* ``bench``: the live engine benchmark against HF ``generate`` (same run, same prompts).
+* ``bench``: the live engine benchmark against HF ``generate`` (same run, same prompts; llama.cpp with ``--peers``).
 * ``bench-model``: the model drafter against ``ar``, ``hvd-cache`` and ``hvd`` (chat and agent prompts).
 * ``bench-kernels``: the CPU linear-layer kernels (dense, packed, row): forward cost per draft length, tok/s.
 * ``bench-drafter``: propose / update cost of the cache drafter at scale (no model).
-* ``bench-prefix``: a multi-turn agent conversation with and without prefix KV reuse.
+* ``bench-prefix``: a multi-turn agent conversation with and without prefix KV reuse (llama.cpp with ``--peers``).
 * ``analyze``: replay an agent trace through the drafters; estimated speedup per policy (no model).
 * ``train-payoff``: fit the payoff predictor on ``analyze --steps`` records (no model).
 * ``train-drafter``: distil the draft head (the model drafter) from the target.
@@ -50,6 +50,13 @@ def _add_generation_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-model", default=None,
                         help="a smaller model with the same tokenizer that drafts for methods model/hvd "
                         "(default: the draft head shipped for the model, if any)")
+
+
+def _add_peers_arg(parser: argparse.ArgumentParser, reuse: bool = False) -> None:
+    parser.add_argument("--peers", nargs="+", default=[], choices=["llama.cpp"], metavar="PEER",
+                        help="other engines as extra arms on the same prompt token ids: llama.cpp"
+                        + (" (one instance over the turns, reusing its cached prefix)" if reuse else "")
+                        + "; needs pip install 'hvd-agents[peers]'")
 
 
 def _params(args: argparse.Namespace) -> GenerationParams:
@@ -118,7 +125,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from hvd_agents.bench.live import run_live_benchmark
 
     run_live_benchmark(model=args.model, device=args.device, max_new_tokens=args.max_new_tokens, k=args.k,
-                       rounds=args.rounds, hvd_k=args.hvd_k)
+                       rounds=args.rounds, hvd_k=args.hvd_k, chat=args.chat, peers=args.peers)
     return 0
 
 
@@ -149,11 +156,13 @@ def cmd_bench_prefix(args: argparse.Namespace) -> int:
 
     budget_mb = args.budget_mb if args.budget_mb is not None else (128 if args.memory_turns else 1024)
     budget = int(budget_mb * 2**20)
+    if args.memory_turns and args.peers:
+        raise HVDError("--peers compares the agent conversation; it does not apply to --memory-turns")
     if args.memory_turns:
         run_memory_benchmark(model=args.model, device=args.device, turns=args.memory_turns, budget_bytes=budget)
     else:
         run_prefix_benchmark(model=args.model, device=args.device, turns=args.turns,
-                             max_new_tokens=args.max_new_tokens, budget_bytes=budget)
+                             max_new_tokens=args.max_new_tokens, budget_bytes=budget, peers=args.peers)
     return 0
 
 
@@ -246,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--k", type=int, default=10, help="draft tokens per step (prompt_lookup_num_tokens)")
     bench.add_argument("--rounds", type=int, default=2, help="passes over the prompts (order alternates)")
     bench.add_argument("--hvd-k", type=int, default=None, help="most draft tokens hvd may verify (default: hvd's own, 32)")
+    bench.add_argument("--chat", action="store_true",
+                       help="add the 8 held-out chat prompts to the 4 agent prompts (figures per group too)")
+    _add_peers_arg(bench)
     bench.set_defaults(func=cmd_bench)
 
     micro = sub.add_parser("bench-drafter", help="cache drafter propose/update cost at scale (no model)")
@@ -263,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="prefix cache budget in MiB (default: the engine's 1024; 128 with --memory-turns)")
     prefix.add_argument("--memory-turns", type=int, default=0,
                         help="instead: this many short turns over 4 conversations, printing peak bytes vs budget")
+    _add_peers_arg(prefix, reuse=True)
     prefix.set_defaults(func=cmd_bench_prefix)
 
     model_bench = sub.add_parser("bench-model", help="the model drafter vs ar, hvd-cache and hvd, side by side")

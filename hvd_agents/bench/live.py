@@ -9,7 +9,14 @@ For every prompt, five runs on the same model, greedy, same max_new_tokens:
 * engine ``hvd-cache``: the cache drafter, with the prompt's structure (system
   prompt, tool schemas, call skeletons, turns) registered in a fresh store per run;
 * engine ``hvd``: the same cache drafter with the payoff predictor and the measured
-  cost model choosing each step's draft length (fresh store per run too).
+  cost model choosing each step's draft length (fresh store per run too);
+* with ``peers=("llama.cpp",)``: llama.cpp (llama-cpp-python, :mod:`hvd_agents.bench.llama_cpp`)
+  on the model's GGUF file, fed the same prompt token ids, greedy, on the CPU with torch's
+  thread count. Its kernels differ from ours, so its outputs may differ: the number of runs
+  whose tokens equal ``engine-ar``'s is printed, not required.
+
+The prompts are the 4 agent prompts; ``chat=True`` adds the 8 held-out chat prompts and the
+figures are then also printed per prompt group.
 
 Each configuration runs once to warm up, then the runs are interleaved prompt by
 prompt, in ``rounds`` rounds whose configuration order alternates (forward, then
@@ -21,19 +28,20 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
 
 from hvd_agents.bench.digest import output_digest
-from hvd_agents.bench.prompts import AgentPrompt, agent_prompts
+from hvd_agents.bench.llama_cpp import PEER_NAME, LlamaCppPeer, check_peers, same_count
+from hvd_agents.bench.prompts import AgentPrompt, agent_prompts, chat_prompts
 from hvd_agents.chat.conversation import prepare
 from hvd_agents.chat.template import encode_prompt
 from hvd_agents.drafters import CacheStore
 from hvd_agents.engine import Engine, GenerationParams
 from hvd_agents.engine.shared import shared_engine
-from hvd_agents.engine.stats import SourceStats
+from hvd_agents.engine.stats import RequestStats, SourceStats
 
 logger = logging.getLogger(__name__)
 
@@ -51,15 +59,42 @@ class Tally:
         return self.tokens / self.seconds if self.seconds else 0.0
 
 
+@dataclass
+class Split:
+    """Prefill and decode seconds of one configuration's runs (those that report them)."""
+
+    tokens: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return self.tokens / self.decode_s if self.decode_s else 0.0
+
+    def add(self, tokens: int, prefill_s: float, decode_s: float) -> None:
+        self.tokens += tokens
+        self.prefill_s += prefill_s
+        self.decode_s += decode_s
+
+
+Splits = dict[str, Split]  # by prompt group
+
+
 @dataclass(frozen=True)
 class _Item:
     """One benchmark prompt, rendered once."""
 
     prompt: AgentPrompt
     ids: list[int]
+    group: str = "agent"
 
 
 Runner = Callable[[_Item], tuple[int, ...]]
+
+
+def _record(splits: Splits | None, item: _Item, stats: RequestStats) -> None:
+    if splits is not None:
+        splits.setdefault(item.group, Split()).add(stats.new_tokens, stats.prefill_s, stats.decode_s)
 
 
 def _hf_runner(engine: Engine, max_new_tokens: int, **extra) -> Runner:
@@ -83,9 +118,25 @@ def _hf_runner(engine: Engine, max_new_tokens: int, **extra) -> Runner:
     return run
 
 
-def _engine_runner(engine: Engine, params: GenerationParams) -> Runner:
+def _engine_runner(engine: Engine, params: GenerationParams, splits: Splits | None = None) -> Runner:
     def run(item: _Item) -> tuple[int, ...]:
-        return engine.generate(item.ids, params).token_ids
+        result = engine.generate(item.ids, params)
+        _record(splits, item, result.stats)
+        return result.token_ids
+
+    return run
+
+
+def _peer_runner(peer: LlamaCppPeer, max_new_tokens: int, stop_ids: Sequence[int],
+                 splits: Splits | None = None) -> Runner:
+    """llama.cpp from a fresh state per run (no prefix reuse, like the engine's arms here)."""
+    stops = frozenset(stop_ids)
+
+    def run(item: _Item) -> tuple[int, ...]:
+        result = peer.generate(item.ids, max_new_tokens, stops)
+        if splits is not None:
+            splits.setdefault(item.group, Split()).add(len(result.token_ids), result.prefill_s, result.decode_s)
+        return result.token_ids
 
     return run
 
@@ -96,11 +147,12 @@ def _cache_runner(
     *,
     model_drafter: bool = True,
     sources: dict[str, SourceStats] | None = None,
+    splits: Splits | None = None,
 ) -> Runner:
     """A cache method with the prompt's structure registered in a FRESH store (and drafter) per
     run, so no run can copy an earlier run's output of the same prompt; ``model_drafter=False``
     leaves the engine's model drafter out. ``sources`` adds up the runs' steps by draft source
-    (``"suffix"``, ``"head"``, ``"none"``, ...)."""
+    (``"suffix"``, ``"head"``, ``"none"``, ...); ``splits`` their prefill and decode seconds by prompt group."""
     cost = engine.cost_model()
 
     def run(item: _Item) -> tuple[int, ...]:
@@ -110,6 +162,7 @@ def _cache_runner(
                        draft_head=engine.draft_head if model_drafter else None)
         structure = prepare(fresh, item.prompt.messages, item.prompt.tools)
         result = fresh.generate(structure.prompt_ids, params, structure=structure)
+        _record(splits, item, result.stats)
         if sources is not None:
             for name, per in result.stats.per_source.items():
                 total = sources.setdefault(name.split(":")[0], SourceStats())
@@ -136,45 +189,85 @@ def run_live_benchmark(
     k: int = 10,
     rounds: int = 2,
     hvd_k: int | None = None,
+    chat: bool = False,
+    peers: Sequence[str] = (),
 ) -> dict[str, Tally]:
-    """Run the benchmark and print its table; returns the tallies by configuration name.
+    """Run the benchmark and print its table; returns the tallies by configuration name (all prompts).
 
     ``k`` is the draft length of the fixed-length methods; ``hvd_k`` the most draft
     tokens ``hvd`` may verify (its policy picks the length each step; default: its own, 32).
+    ``chat`` adds the 8 held-out chat prompts to the 4 agent prompts; ``peers`` adds other
+    engines as arms (``"llama.cpp"``: needs ``pip install 'hvd-agents[peers]'``).
+
+    Raises:
+        HVDError: an unknown peer, or llama.cpp asked for and not installed or ``model`` not
+            a GGUF file (checked before the model loads).
     """
+    check_peers(peers, model)
     engine = shared_engine(model, device=device)
-    items = [_Item(p, encode_prompt(engine.tokenizer, p.messages, p.tools)) for p in agent_prompts()]
+    groups = {"agent": agent_prompts(), **({"chat": chat_prompts()} if chat else {})}
+    items = [_Item(p, encode_prompt(engine.tokenizer, p.messages, p.tools), group)
+             for group, prompts in groups.items() for p in prompts]
     # prefill reuse across repeated runs of a prompt would favour the engine: off here
     # (measured by bench-prefix); this benchmark compares decoding
     params = GenerationParams(max_new_tokens=max_new_tokens, num_draft_tokens=k, reuse_prefix=False)
+    splits: dict[str, Splits] = {"engine-ar": {}, "engine-hvd": {}}
     runners = {
         "hf-generate": _hf_runner(engine, max_new_tokens),
-        "engine-ar": _engine_runner(engine, replace(params, method="ar")),
+        "engine-ar": _engine_runner(engine, replace(params, method="ar"), splits["engine-ar"]),
         "hf-prompt-lookup": _hf_runner(engine, max_new_tokens, prompt_lookup_num_tokens=k),
         "engine-pld": _engine_runner(engine, replace(params, method="pld")),
         "engine-hvd-cache": _cache_runner(engine, replace(params, method="hvd-cache")),
         "engine-hvd": _cache_runner(engine, GenerationParams(max_new_tokens=max_new_tokens, method="hvd",
-                                                             num_draft_tokens=hvd_k, reuse_prefix=False)),
+                                                             num_draft_tokens=hvd_k, reuse_prefix=False),
+                                    splits=splits["engine-hvd"]),
     }
+    peer = None
+    if PEER_NAME in peers:
+        longest = max(len(item.ids) for item in items) + max_new_tokens
+        peer = LlamaCppPeer.load(model, n_ctx=min(engine.context_window, -(-longest // 256) * 256),
+                                 threads=torch.get_num_threads())
+        splits[PEER_NAME] = {}
+        runners[PEER_NAME] = _peer_runner(peer, max_new_tokens, engine.eos_token_ids, splits[PEER_NAME])
     for run in runners.values():  # warm-up (allocator, kernels)
         run(items[-1])
-    tallies = {name: Tally() for name in runners}
+    for by_group in splits.values():
+        by_group.clear()
+    tallies = {group: {name: Tally() for name in runners} for group in groups}
     order = list(runners)
     for round_index in range(rounds):
         for i, item in enumerate(items):
             logger.info("round %d, prompt %d/%d (%d tokens)", round_index + 1, i + 1, len(items), len(item.ids))
             for name in order if round_index % 2 == 0 else reversed(order):
-                _timed(runners[name], item, tallies[name])
-    _print_table(tallies, [item.ids for item in items] * rounds, max_new_tokens, k, engine.device)
-    return tallies
+                _timed(runners[name], item, tallies[item.group][name])
+    merged = {name: merge_tallies([tallies[group][name] for group in groups]) for name in runners}
+    what = "agent-style prompts" if len(groups) == 1 else " + ".join(f"{len(p)} {g}" for g, p in groups.items()) + " prompts"
+    _print_table(merged, [item.ids for item in items] * rounds, max_new_tokens, k, engine.device, what)
+    if peer is not None:
+        print(f"{PEER_NAME}: {peer.describe()}; the engine on {engine.device} with {torch.get_num_threads()} torch "
+              "threads")
+    if peer is not None or len(groups) > 1:
+        _print_groups(tallies, merged, splits)
+    return merged
+
+
+def merge_tallies(tallies: Sequence[Tally]) -> Tally:
+    """One tally over several (outputs in their order)."""
+    merged = Tally()
+    for tally in tallies:
+        merged.tokens += tally.tokens
+        merged.seconds += tally.seconds
+        merged.outputs += tally.outputs
+    return merged
 
 
 def _print_table(
-    tallies: dict[str, Tally], prompts: Sequence[list[int]], max_new_tokens: int, k: int, device: torch.device
+    tallies: dict[str, Tally], prompts: Sequence[list[int]], max_new_tokens: int, k: int, device: torch.device,
+    what: str = "agent-style prompts",
 ) -> None:
     reference = tallies["hf-generate"]
     mean_prompt = sum(len(p) for p in prompts) / len(prompts)
-    print(f"{len(prompts)} runs of agent-style prompts (mean {mean_prompt:.0f} tokens), greedy, "
+    print(f"{len(prompts)} runs of {what} (mean {mean_prompt:.0f} tokens), greedy, "
           f"max_new_tokens={max_new_tokens}, k={k}, device={device}")
     print(f"{'configuration':<18}{'tokens':>8}{'seconds':>10}{'tok/s':>9}{'vs hf-generate':>16}{'same tokens':>13}")
     for name, tally in tallies.items():
@@ -192,3 +285,56 @@ def _print_table(
           f"engine-hvd / engine-pld: {hvd / tallies['engine-pld'].tokens_per_s:.2f}x   "
           f"engine-hvd / hf-generate: {hvd / reference.tokens_per_s:.2f}x")
     print("output tokens sha256: " + "  ".join(f"{name} {output_digest(t.outputs)}" for name, t in tallies.items()))
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if b else "-"
+
+
+def group_rows(
+    tallies: dict[str, dict[str, Tally]], merged: dict[str, Tally], splits: dict[str, Splits]
+) -> tuple[list[str], list[tuple[str, list[str]]]]:
+    """The per-group table: column heads and ``(label, cells)`` rows (the ``all`` column when several groups).
+
+    Rows: tok/s of every configuration (whole calls); with the llama.cpp arm, engine-hvd and
+    engine-ar over it and how many of its runs equal engine-ar's tokens; then decode tok/s
+    (prefill excluded) and prefill seconds of the configurations that report them.
+    """
+    columns = {**tallies, "all": merged} if len(tallies) > 1 else dict(tallies)
+    heads = [f"{group} ({len(next(iter(column.values())).outputs)})" for group, column in columns.items()]
+    rows = [(name, [f"{column[name].tokens_per_s:.1f}" for column in columns.values()]) for name in merged]
+    if PEER_NAME in merged:
+        for arm in ("engine-hvd", "engine-ar"):
+            rows.append((f"{arm} / {PEER_NAME}", [_ratio(c[arm].tokens_per_s, c[PEER_NAME].tokens_per_s)
+                                                 for c in columns.values()]))
+        rows.append((f"{PEER_NAME} tokens = engine-ar", [
+            f"{same_count(c[PEER_NAME].outputs, c['engine-ar'].outputs)}/{len(c['engine-ar'].outputs)}"
+            for c in columns.values()]))
+    split_columns = {name: {**by_group, "all": _merge_splits(by_group.values())} for name, by_group in splits.items()}
+    for name, by_group in split_columns.items():
+        cells = [by_group.get(group, Split()) for group in columns]
+        rows.append((f"{name} decode tok/s", [f"{s.decode_tokens_per_s:.1f}" for s in cells]))
+        rows.append((f"{name} prefill s", [f"{s.prefill_s:.2f}" for s in cells]))
+    if PEER_NAME in split_columns:
+        peer = split_columns[PEER_NAME]
+        rows.append((f"decode engine-hvd / {PEER_NAME}", [
+            _ratio(split_columns["engine-hvd"].get(g, Split()).decode_tokens_per_s,
+                   peer.get(g, Split()).decode_tokens_per_s) for g in columns]))
+    return heads, rows
+
+
+def _merge_splits(splits: Iterable[Split]) -> Split:
+    total = Split()
+    for split in splits:
+        total.add(split.tokens, split.prefill_s, split.decode_s)
+    return total
+
+
+def _print_groups(tallies: dict[str, dict[str, Tally]], merged: dict[str, Tally], splits: dict[str, Splits]) -> None:
+    heads, rows = group_rows(tallies, merged, splits)
+    width = max(len(label) for label, _ in rows) + 2
+    print("by prompt group (runs): tok/s = new tokens / seconds of the whole call; decode tok/s = new tokens / "
+          "decode seconds (prefill excluded)")
+    print(f"{'':<{width}}" + "".join(f"{head:>14}" for head in heads))
+    for label, cells in rows:
+        print(f"{label:<{width}}" + "".join(f"{cell:>14}" for cell in cells))

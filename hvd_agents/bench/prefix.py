@@ -17,6 +17,14 @@ prompt goes through :func:`hvd_agents.chat.conversation.prepare`, the real chat 
 Printed per turn: prompt tokens, reused tokens, prefill seconds and turn latency per
 arm; then the prefill cut over turns 2..N and the end-to-end speedup.
 
+With ``peers=("llama.cpp",)`` a fourth arm, ``llama.cpp+reuse``: one llama.cpp instance
+(:mod:`hvd_agents.bench.llama_cpp`) kept over the turns, so each turn prefills only what
+follows the longest common prefix with what its KV cache holds. It decodes the prompt token
+ids our tokenizer renders from its own conversation (the same rule as the other arms: its
+replies are sent back), greedy, with the same max_new_tokens and stop ids. Its kernels differ
+from ours, so its replies may differ from ``ar``'s; then its later prompts differ too. This is
+reported per turn, not required.
+
 Memory mode (``memory_turns``): a long loop of short turns over interleaved
 conversations, printing the prefix cache's peak bytes against its budget.
 """
@@ -25,11 +33,17 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+import torch
 
 from hvd_agents.bench.agent_session import agent_tools, first_messages, tool_exchange
 from hvd_agents.bench.digest import output_digest
+from hvd_agents.bench.llama_cpp import PEER_NAME, LlamaCppPeer, check_peers, reply_text
 from hvd_agents.chat.conversation import prepare
+from hvd_agents.chat.template import encode_prompt
 from hvd_agents.drafters import CacheStore
 from hvd_agents.engine import Engine, GenerationParams
 from hvd_agents.engine.engine import DEFAULT_PREFIX_CACHE_BYTES
@@ -74,6 +88,30 @@ class Arm:
         self.messages += tool_exchange(turn, result.text)
 
 
+@dataclass
+class PeerArm:
+    """The llama.cpp arm: one instance over the turns, reusing its cached prefix; greedy."""
+
+    name: str
+    peer: LlamaCppPeer
+    tokenizer: Any
+    context_window: int
+    max_new_tokens: int
+    stop_ids: frozenset[int]
+    messages: list[dict]
+    turns: list[TurnFigures] = field(default_factory=list)
+
+    def run_turn(self, turn: int, tools: list[dict]) -> None:
+        """One agent call: render + decode (our tokenizer's ids), then append the reply and the next tool exchange."""
+        start = time.perf_counter()
+        prompt = encode_prompt(self.tokenizer, self.messages, tools)  # the ids prepare() gives the other arms
+        budget = min(self.max_new_tokens, self.context_window - len(prompt))  # the engine's budget
+        result = self.peer.generate_reusing(prompt, budget, self.stop_ids)
+        latency = time.perf_counter() - start
+        self.turns.append(TurnFigures(len(prompt), result.reused_tokens, result.prefill_s, latency, result.token_ids))
+        self.messages += tool_exchange(turn, reply_text(self.tokenizer, result.token_ids, self.stop_ids))
+
+
 def _fresh_engine(base: Engine, budget: int) -> Engine:
     return Engine(base.model, base.tokenizer, eos_token_ids=base.eos_token_ids, context_window=base.context_window,
                   cache_store=CacheStore(), cost_model=base.cost_model(), prefix_cache_bytes=budget)
@@ -81,36 +119,57 @@ def _fresh_engine(base: Engine, budget: int) -> Engine:
 
 def run_prefix_benchmark(
     model: str | None = None, device: str | None = None, turns: int = 6, max_new_tokens: int = 48,
-    budget_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
-) -> list[Arm]:
-    """Run the agent-mode benchmark, print its table and return the arms."""
+    budget_bytes: int = DEFAULT_PREFIX_CACHE_BYTES, peers: Sequence[str] = (),
+) -> list[Arm | PeerArm]:
+    """Run the agent-mode benchmark, print its table and return the arms (the llama.cpp arm last, if asked for).
+
+    Raises:
+        HVDError: an unknown peer, or llama.cpp asked for and not installed or ``model`` not
+            a GGUF file (checked before the model loads).
+    """
+    check_peers(peers, model)
     base = shared_engine(model, device=device)
     tools = agent_tools()
     arms = [Arm(name, _fresh_engine(base, budget_bytes if reuse else 0),
                 GenerationParams(max_new_tokens=max_new_tokens, method=method), first_messages())
             for name, method, reuse in ARMS]
-    base.generate(base.tokenizer("warm up the kernels").input_ids, GenerationParams(max_new_tokens=4, method="ar",
-                                                                                      reuse_prefix=False))
+    warm_ids = base.tokenizer("warm up the kernels").input_ids
+    base.generate(warm_ids, GenerationParams(max_new_tokens=4, method="ar", reuse_prefix=False))
+    peer = None
+    if PEER_NAME in peers:
+        stops = frozenset(base.eos_token_ids)
+        llama = LlamaCppPeer.load(model, n_ctx=base.context_window, threads=torch.get_num_threads())
+        llama.generate(warm_ids, 4, stops)
+        peer = PeerArm(f"{PEER_NAME}+reuse", llama, base.tokenizer, base.context_window, max_new_tokens, stops,
+                       first_messages())
+    everyone: list[Arm | PeerArm] = [*arms, *([peer] if peer is not None else [])]
     for turn in range(turns):
-        for arm in arms if turn % 2 == 0 else reversed(arms):
+        for arm in everyone if turn % 2 == 0 else reversed(everyone):
             logger.info("turn %d, arm %s", turn + 1, arm.name)
             arm.run_turn(turn, tools)
-    _print_agent_table(arms, max_new_tokens, base)
-    return arms
+    _print_agent_table(arms, max_new_tokens, base, peer)
+    return everyone
 
 
-def _print_agent_table(arms: list[Arm], max_new_tokens: int, engine: Engine) -> None:
+def _print_agent_table(arms: list[Arm], max_new_tokens: int, engine: Engine, peer: PeerArm | None = None) -> None:
     plain, reuse, hvd = arms
     print(f"{len(plain.turns)}-turn agent conversation, greedy, max_new_tokens={max_new_tokens}, "
           f"device={engine.device}, prefix budget {reuse.engine.prefix_cache.budget_bytes / 2**20:.0f} MiB")
-    print(f"{'turn':>4}{'prompt':>8}{'reused':>8} | {'prefill s: ar':>14}{'ar+reuse':>10}{'hvd+reuse':>11} | "
-          f"{'turn s: ar':>11}{'ar+reuse':>10}{'hvd+reuse':>11} | same tokens")
+    if peer is not None:
+        print(f"{peer.name}: {peer.peer.describe()}; the engine with {torch.get_num_threads()} torch threads")
+    wide = f"{peer.name:>17}" if peer is not None else ""
+    print(f"{'turn':>4}{'prompt':>8}{'reused':>8} | {'prefill s: ar':>14}{'ar+reuse':>10}{'hvd+reuse':>11}{wide} | "
+          f"{'turn s: ar':>11}{'ar+reuse':>10}{'hvd+reuse':>11}{wide} | same tokens"
+          + (f" | {peer.name}: prompt  reused  = ar" if peer is not None else ""))
     for i, (a, b, c) in enumerate(zip(plain.turns, reuse.turns, hvd.turns)):
         same = a.token_ids == b.token_ids == c.token_ids
+        d = peer.turns[i] if peer is not None else None
         print(f"{i + 1:>4}{a.prompt_tokens:>8}{b.reused_tokens:>8} | {a.prefill_s:>14.2f}{b.prefill_s:>10.2f}"
-              f"{c.prefill_s:>11.2f} | {a.latency_s:>11.2f}{b.latency_s:>10.2f}{c.latency_s:>11.2f} | {same}")
+              f"{c.prefill_s:>11.2f}{f'{d.prefill_s:>17.2f}' if d else ''} | {a.latency_s:>11.2f}{b.latency_s:>10.2f}"
+              f"{c.latency_s:>11.2f}{f'{d.latency_s:>17.2f}' if d else ''} | {f'{same!s:>11}' if d else same}"
+              + (f" | {d.prompt_tokens:>23}{d.reused_tokens:>8}  {d.token_ids == a.token_ids!s:>4}" if d else ""))
 
-    def total(arm: Arm, what: str, first: int = 0) -> float:
+    def total(arm: Arm | PeerArm, what: str, first: int = 0) -> float:
         return sum(getattr(t, what) for t in arm.turns[first:])
 
     for arm in (reuse, hvd):
@@ -123,8 +182,33 @@ def _print_agent_table(arms: list[Arm], max_new_tokens: int, engine: Engine) -> 
           f"{total(plain, 'latency_s') / total(reuse, 'latency_s'):.2f}x")
     same = sum(a.token_ids == b.token_ids == c.token_ids for a, b, c in zip(plain.turns, reuse.turns, hvd.turns))
     print(f"identical outputs in all three arms: {same}/{len(plain.turns)} turns")
+    if peer is not None:
+        for line in peer_summary(plain, reuse, hvd, peer):
+            print(line)
     print("output tokens sha256: " + "  ".join(f"{arm.name} {output_digest(t.token_ids for t in arm.turns)}"
-                                               for arm in arms))
+                                               for arm in [*arms, *([peer] if peer is not None else [])]))
+
+
+def peer_summary(plain: Arm | PeerArm, reuse: Arm | PeerArm, hvd: Arm | PeerArm, peer: Arm | PeerArm) -> list[str]:
+    """The llama.cpp arm's summary lines: its end-to-end time against ours, and its replies against ``ar``'s."""
+
+    def total(arm: Arm | PeerArm, first: int = 0) -> float:
+        return sum(t.latency_s for t in arm.turns[first:])
+
+    n = len(plain.turns)
+    timing = (f"end-to-end agent latency: {peer.name} {total(peer):.1f} s (prefill "
+              f"{sum(t.prefill_s for t in peer.turns):.1f} s); hvd+reuse vs {peer.name} "
+              f"{total(peer) / total(hvd):.2f}x (turns 2..{n}: {total(peer, 1) / total(hvd, 1):.2f}x), "
+              f"ar+reuse vs {peer.name} {total(peer) / total(reuse):.2f}x")
+    equal = [a.token_ids == d.token_ids for a, d in zip(plain.turns, peer.turns)]
+    identity = f"{peer.name} replies token-identical to ar's: {sum(equal)}/{n} turns"
+    if not all(equal):
+        first = equal.index(False) + 1
+        identity += f"; they first differ at turn {first}"
+        if first < n:
+            identity += (f": each arm's conversation is built from its own replies, so from turn {first + 1} on "
+                         f"{peer.name} decodes other prompts than ar")
+    return [timing, identity]
 
 
 def run_memory_benchmark(

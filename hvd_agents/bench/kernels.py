@@ -1,9 +1,13 @@
 """Kernel benchmark (``hvd-agents bench-kernels``): the CPU linear-layer kernels side by side, one run.
 
-The same model is loaded once per kernel of :mod:`hvd_agents.runtime.kernels`
-available here: PyTorch's ``dense`` ``nn.Linear`` layers, oneDNN's ``packed``
-layers and the native ``row`` kernel. Two parts, interleaved so every kernel sees
-the same machine state:
+The same model is loaded once per kernel available here: the model's own forward
+with PyTorch's ``dense`` ``nn.Linear`` layers, oneDNN's ``packed`` layers or the
+native float32 ``row`` kernel (:mod:`hvd_agents.runtime.kernels`), and ``quant``,
+the native forward over the GGUF file's own blocks
+(:mod:`hvd_agents.runtime.quant_runner`; GGUF models only). First one layer's
+product on every kernel that could hold quantized weights
+(:mod:`hvd_agents.bench.layer_kernels`), then two parts, interleaved so every
+kernel sees the same machine state:
 
 1. **Forward cost**: one forward of ``1 + d`` new tokens over a real context, for
    ``d`` draft tokens in :data:`DRAFT_LENGTHS`: milliseconds (minimum over repeats)
@@ -24,62 +28,76 @@ from hvd_agents.bench.live import Tally, _cache_runner, _engine_runner, _Item, _
 from hvd_agents.bench.prompts import agent_prompts, chat_prompts
 from hvd_agents.chat.template import encode_prompt
 from hvd_agents.engine import Engine, GenerationParams
-from hvd_agents.runtime.kv import new_cache
 from hvd_agents.runtime.loading import load_model
 
 logger = logging.getLogger(__name__)
 DRAFT_LENGTHS = (0, 1, 2, 3, 4, 8, 16)
-KERNELS = ("dense", "packed", "row")
+KERNELS = ("dense", "packed", "row", "quant")
 
 
-def available_kernels() -> tuple[str, ...]:
-    """The kernels of :data:`KERNELS` that run here (``row`` needs the native kernel, ``packed`` oneDNN)."""
+def available_kernels(gguf: bool = True) -> tuple[str, ...]:
+    """The kernels of :data:`KERNELS` that run here (``row`` and ``quant`` need their native kernels,
+    ``packed`` oneDNN, ``quant`` a GGUF model)."""
+    from hvd_agents.runtime import quant_native
     from hvd_agents.runtime import row_linear as native_linear
 
-    usable = {"dense": True, "packed": torch.backends.mkldnn.is_available(), "row": native_linear.available()}
+    usable = {"dense": True, "packed": torch.backends.mkldnn.is_available(), "row": native_linear.available(),
+              "quant": gguf and quant_native.available()}
     return tuple(kernel for kernel in KERNELS if usable[kernel])
 
 
-def _forward_ms(model, context: torch.Tensor, d: int, repeats: int) -> float:
-    """Minimum milliseconds of one cached forward of ``1 + d`` tokens after ``context``."""
-    cache = new_cache(model.config)
+def _load(model: str | None, kernel: str):
+    if kernel == "quant":
+        return load_model(model, device="cpu", cpu_weights="gguf")
+    return load_model(model, device="cpu", cpu_linear=kernel, cpu_weights="none")
+
+
+def _forward_ms(runner, context: list[int], d: int, repeats: int) -> float:
+    """Minimum milliseconds of one cached forward of ``1 + d`` tokens after ``context`` on ``runner``."""
+    kv = runner.new_kv()
     best = float("inf")
     with torch.inference_mode():
-        model(context, past_key_values=cache, use_cache=True)
-        new = context[:, -1 - d :].flip(1)
+        runner.forward(kv, context, logits_to_keep=1)
+        new = context[-1 - d :][::-1]
         for _ in range(repeats):
             start = time.perf_counter()
-            model(new, past_key_values=cache, use_cache=True)
+            runner.forward(kv, new)
             best = min(best, time.perf_counter() - start)
-            cache.crop(-(1 + d))
+            kv.rollback(len(context))
     return best * 1e3
 
 
 def run_kernel_benchmark(
     model: str | None = None, max_new_tokens: int = 96, rounds: int = 2, repeats: int = 8
 ) -> dict[str, dict[str, Tally]]:
-    """Print both parts' tables; returns the decoding tallies by kernel, then method."""
-    kernels = available_kernels()
-    models = {kernel: load_model(model, device="cpu", cpu_linear=kernel) for kernel in kernels}
+    """Print the tables (one layer's kernels, forward cost, decoding); returns the decoding tallies by kernel,
+    then method."""
+    from hvd_agents.bench.layer_kernels import run_layer_benchmark
+
+    run_layer_benchmark()
+    from hvd_agents.runtime.loading import _resolve_source
+
+    kernels = available_kernels(gguf=_resolve_source(model)[0] == "gguf")
+    models = {kernel: _load(model, kernel) for kernel in kernels}
     loaded = models["dense"]
     tokenizer = loaded.tokenizer
     items = [_Item(p, encode_prompt(tokenizer, p.messages, p.tools)) for p in agent_prompts() + chat_prompts()]
-    context = torch.tensor([max((item.ids for item in items), key=len)])
+    context = list(max((item.ids for item in items), key=len))
 
+    engines = {kernel: Engine(lm.model, lm.tokenizer, eos_token_ids=lm.eos_token_ids,
+                              context_window=lm.context_window, draft_head="auto")
+               for kernel, lm in models.items()}
     ms = {kernel: {d: float("inf") for d in DRAFT_LENGTHS} for kernel in kernels}
     for round_index in range(2):
         for d in DRAFT_LENGTHS:
             for kernel in kernels if round_index % 2 == 0 else reversed(kernels):
-                ms[kernel][d] = min(ms[kernel][d], _forward_ms(models[kernel].model, context, d, repeats))
-    print(f"forward of 1 + d tokens after {context.shape[1]} tokens of context (ms, minimum of {2 * repeats}; "
+                ms[kernel][d] = min(ms[kernel][d], _forward_ms(engines[kernel].runner, context, d, repeats))
+    print(f"forward of 1 + d tokens after {len(context)} tokens of context (ms, minimum of {2 * repeats}; "
           f"verify(d) = ms / the same kernel's ms at d=0):")
     print(f"{'d':>4}" + "".join(f"{kernel + ' ms':>11}{kernel + ' verify(d)':>17}" for kernel in kernels))
     for d in DRAFT_LENGTHS:
         print(f"{d:>4}" + "".join(f"{ms[k][d]:>11.1f}{ms[k][d] / ms[k][0]:>17.2f}" for k in kernels))
 
-    engines = {kernel: Engine(lm.model, lm.tokenizer, eos_token_ids=lm.eos_token_ids,
-                              context_window=lm.context_window, draft_head="auto")
-               for kernel, lm in models.items()}
     params = GenerationParams(max_new_tokens=max_new_tokens, reuse_prefix=False)
     runners = {}
     for kernel, engine in engines.items():

@@ -71,7 +71,8 @@ from hvd_agents.policy.cost import CostModel
 from hvd_agents.policy.features import feature_record
 from hvd_agents.runtime.hidden import HiddenStateBuffer
 from hvd_agents.runtime.loading import load_model
-from hvd_agents.runtime.runner import HFRunner, Runner, RunnerKV
+from hvd_agents.runtime.quant_runner import runner_for
+from hvd_agents.runtime.runner import Runner, RunnerKV
 from hvd_agents.structure import PromptStructure
 
 logger = logging.getLogger(__name__)
@@ -165,7 +166,7 @@ class Engine:
         draft_head: DraftHead | str | Path | None = "auto",
     ) -> None:
         self.model = model
-        self.runner: Runner = HFRunner(model, context_window=context_window, cost_model=cost_model)
+        self.runner: Runner = runner_for(model, context_window=context_window, cost_model=cost_model)
         self.tokenizer = tokenizer
         self.device = self.runner.device
         self.vocab_size = self.runner.vocab_size

@@ -7,6 +7,9 @@
 * :mod:`.hidden`: the target's last-layer hidden states for drafters that read them.
 * :mod:`.runner`: the :class:`~.runner.Runner` protocol, the one place the target's forward
   runs, and its implementation over a HuggingFace model.
+* :mod:`.quant_runner`, :mod:`.quant_weights`, :mod:`.quant_native`, :mod:`.native_build`: the
+  native CPU forward over quantized weights (a GGUF file's own blocks, or int8/int4), the
+  runner the engine uses for GGUF models on a CPU.
 * :mod:`.profile`: measuring the verification cost profile of a model on this machine.
 
 Imports only :mod:`hvd_agents.errors`, :mod:`hvd_agents.structure` and :mod:`hvd_agents.policy`.

@@ -43,6 +43,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from hvd_agents.errors import InvalidRequestError, ModelLoadError, ModelNotFoundError
+from hvd_agents.runtime import quant_native, quant_runner, quant_weights
 from hvd_agents.runtime.kernels import check_linear_kernel_name, prepare_for_cpu
 from hvd_agents.runtime.paths import cache_root
 
@@ -56,6 +57,8 @@ _EXTRA_EOS_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end|>")
 _MANIFEST = "manifest.json"
 _CACHE_FORMAT = 1
 _CHUNK = 1 << 20
+CPU_WEIGHTS = ("auto", "gguf", "int8", "int4", "float32", "none")
+CPU_WEIGHTS_ENV = "HVD_AGENTS_CPU_WEIGHTS"
 _SANE_MAX_LENGTH = 10_000_000
 _DEFAULT_CONTEXT = 2048
 
@@ -381,6 +384,7 @@ def load_model(
     device: str | torch.device | None = None,
     dtype: torch.dtype | str | None = None,
     cpu_linear: str = "auto",
+    cpu_weights: str = "auto",
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer for inference.
 
@@ -395,6 +399,11 @@ def load_model(
             builds, else oneDNN's packed layers), "row", "packed", or "dense" to keep
             PyTorch's layers. The first two make multi-token verification forwards
             far cheaper.
+        cpu_weights: on a float32 CPU llama-family model, the weights the native CPU
+            forward (:mod:`hvd_agents.runtime.quant_runner`) reads: "gguf" (a GGUF
+            file's own blocks), "int8" or "int4" (quantized at load), "float32", or
+            "none" to run the model's own forward. "auto" (the default; or
+            ``HVD_AGENTS_CPU_WEIGHTS``) takes "gguf" for GGUF files and "none" otherwise.
 
     Returns:
         The model in eval mode on ``device``, with its tokenizer.
@@ -408,6 +417,7 @@ def load_model(
         check_linear_kernel_name(cpu_linear)  # before the load, not after it
     except ValueError as exc:
         raise InvalidRequestError(str(exc)) from exc
+    weights = _check_cpu_weights(cpu_weights)
     dev, default_dtype = resolve_device(device)
     dtype = _resolve_dtype(dtype, default_dtype)
     kind, location = _resolve_source(name)
@@ -422,8 +432,53 @@ def load_model(
         prepare_for_cpu(model, cpu_linear)
     except ValueError as exc:
         raise InvalidRequestError(str(exc)) from exc
+    loaded = LoadedModel(model=model, tokenizer=tokenizer, name=display, device=dev, dtype=dtype)
+    _attach_native(loaded, weights, kind, location)
     logger.info("loaded %s on %s (%s) in %.1f s", display, dev, dtype, time.perf_counter() - start)
-    return LoadedModel(model=model, tokenizer=tokenizer, name=display, device=dev, dtype=dtype)
+    return loaded
+
+
+def _check_cpu_weights(cpu_weights: str) -> str:
+    """``cpu_weights`` with the environment override applied; InvalidRequestError for a bad name."""
+    chosen, source = cpu_weights, "cpu_weights"
+    if cpu_weights == "auto" and os.environ.get(CPU_WEIGHTS_ENV, "").strip():
+        chosen, source = os.environ[CPU_WEIGHTS_ENV].strip().lower(), CPU_WEIGHTS_ENV
+    if chosen not in CPU_WEIGHTS:
+        raise InvalidRequestError(f"{source}={chosen!r} is not one of {', '.join(CPU_WEIGHTS)}")
+    return chosen
+
+
+def _attach_native(loaded: LoadedModel, weights: str, kind: str, location: str) -> None:
+    """Attach the native CPU forward to ``loaded.model`` as ``weights`` asks (see :func:`load_model`)."""
+    model, explicit = loaded.model, weights != "auto"
+    if weights == "auto":
+        weights = "gguf" if kind == "gguf" else "none"
+    if weights == "none":
+        return
+    why = ""
+    if loaded.device.type != "cpu" or loaded.dtype != torch.float32:
+        why = f"it runs float32 models on the CPU, not {loaded.dtype} on {loaded.device.type}"
+    elif weights == "gguf" and kind != "gguf":
+        why = "the model is not a GGUF file"
+    else:
+        why = quant_weights.unsupported_reason(model)
+    if not why and not quant_native.available():
+        why = quant_native.unavailable_reason()
+    if not why:
+        try:
+            start = time.perf_counter()
+            if weights == "gguf":
+                weight_set = quant_weights.from_gguf(location, model)
+            else:
+                weight_set = quant_weights.from_model(model, weights)
+            native = quant_runner.attach(model, weight_set, loaded.context_window)
+            logger.info("native CPU forward on %s in %.1f s", native.summary, time.perf_counter() - start)
+            return
+        except ValueError as exc:
+            why = str(exc)
+    if explicit:
+        raise InvalidRequestError(f"cpu_weights={weights!r} cannot be used for {loaded.name}: {why}")
+    logger.info("%s runs its own forward (native CPU forward not used: %s)", loaded.name, why)
 
 
 def get_model(name: str | os.PathLike | None = None, *, device: str | torch.device | None = None) -> LoadedModel:

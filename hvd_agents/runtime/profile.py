@@ -81,6 +81,35 @@ def measure_cost_model(
     return _robust_profile(lengths, [times[d] for d in lengths], context)
 
 
+def measure_runner_cost(
+    runner,
+    *,
+    lengths: Sequence[int] = PROFILE_DRAFT_LENGTHS,
+    context: int = PROFILE_CONTEXT,
+    repeats: int = PROFILE_REPEATS,
+) -> CostModel:
+    """:func:`measure_cost_model` through a runner's own ``new_kv``/``forward``/``rollback`` (its kernels, its cache)."""
+    if 0 not in lengths:
+        raise ValueError("a cost profile needs a timing at 0 draft tokens")
+    context = max(1, min(context, runner.context_window - max(lengths) - 1))
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, runner.vocab_size, (context + max(lengths) + 1,), generator=generator).tolist()
+    kv = runner.new_kv()
+    times = {d: float("inf") for d in lengths}
+    order = [d for d in lengths if d != 0]
+    runner.forward(kv, ids[:context], logits_to_keep=1)
+    for _ in range(repeats):
+        for i in torch.randperm(len(order), generator=generator).tolist():
+            for d in (0, order[i]):
+                _sync(runner.device)
+                start = time.perf_counter()
+                runner.forward(kv, ids[context : context + d + 1])
+                _sync(runner.device)
+                times[d] = min(times[d], time.perf_counter() - start)
+                kv.rollback(context)
+    return _robust_profile(lengths, [times[d] for d in lengths], context)
+
+
 def _robust_profile(lengths: Sequence[int], seconds: Sequence[float], context: int) -> CostModel:
     """The cost curve through the (minimum) timings ``seconds`` of forwards over ``1 + d`` tokens.
 
@@ -123,32 +152,36 @@ def profile_key(model: torch.nn.Module) -> str:
     if kernel == "row":
         kernel = f"row {build_key()}"  # a rebuilt kernel may cost differently
     parts = [
-        f"profile v{PROFILE_VERSION}",
         kernel,
         str(getattr(model.config, "_attn_implementation", "")),
         str(getattr(model.config, "_name_or_path", "")),
         json.dumps(model.config.to_diff_dict(), sort_keys=True, default=str),
         str(param.device),
         str(param.dtype),
-        str(torch.get_num_threads()),
-        torch.__version__,
-        platform.machine(),
-        platform.processor(),
-        str(os.cpu_count()),
+        *machine_key_parts(),
     ]
     if param.device.type == "cuda":
         parts.append(torch.cuda.get_device_name(param.device))
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 
-def cached_cost_model(model: torch.nn.Module, directory: Path | None = None) -> CostModel:
+def machine_key_parts() -> list[str]:
+    """The parts of a profile key that are not the model: profile method, threads, torch, machine."""
+    return [f"profile v{PROFILE_VERSION}", str(torch.get_num_threads()), torch.__version__, platform.machine(),
+            platform.processor(), str(os.cpu_count())]
+
+
+def cached_cost_model(model: torch.nn.Module, directory: Path | None = None, *, key: str | None = None,
+                      measure=None) -> CostModel:
     """The model's measured cost profile, from the cache or measured now and cached.
 
-    A missing, unreadable or malformed profile file is measured again (and logged).
+    ``key`` names the profile (default :func:`profile_key`) and ``measure`` takes it
+    (default :func:`measure_cost_model` on ``model``): a runner with its own kernels
+    passes both. A missing, unreadable or malformed profile file is measured again (and logged).
     """
     if directory is None:
         directory = cache_root() / "cost-profiles"
-    path = directory / f"{profile_key(model)}.json"
+    path = directory / f"{key or profile_key(model)}.json"
     try:
         return CostModel.from_dict(json.loads(path.read_text(encoding="utf-8")))
     except FileNotFoundError:
@@ -157,7 +190,7 @@ def cached_cost_model(model: torch.nn.Module, directory: Path | None = None) -> 
         logger.warning("cost profile %s is unreadable (%s); measuring again", path, exc)
     profile = None
     for _ in range(PROFILE_ATTEMPTS):
-        measured = measure_cost_model(model)
+        measured = measure() if measure is not None else measure_cost_model(model)
         if measured.plausible:
             profile = measured
             break

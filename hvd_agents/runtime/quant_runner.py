@@ -1,0 +1,308 @@
+"""The CPU runner: a llama-family forward over quantized weights, in one native call per step.
+
+:class:`QuantRunner` implements :class:`~hvd_agents.runtime.runner.Runner` for a
+model whose weights were attached with :func:`attach` (the loader does it for GGUF
+files, and for ``load_model(..., cpu_weights="int8" | "int4")``):
+
+* **Up to 64 new tokens** (a decode step, a draft, a tree, a short prefill) run in
+  ``native/quant_forward.cpp``: the whole forward in one call and one OpenMP
+  region, linear layers on the weights' own blocks with per-block int8
+  activations, attention over a float16 KV cache. Every output element is summed
+  in one order whatever the number of rows, so a token's logits are bitwise the
+  same decoded alone or verified in a draft or a tree of up to 64 rows.
+* **More tokens** (a long prefill) run dense: float32 products on the model's
+  float32 weights and PyTorch's attention, writing the same float16 cache.
+
+The KV cache (:class:`QuantKV`) is one float16 buffer per request,
+``[layers, kv_heads, capacity, head_dim]``, grown geometrically; rollback moves
+its length, a tree's accepted path is compacted in place, and prefixes are
+exported and imported as per-layer views for the prefix cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import weakref
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from hvd_agents.policy.cost import CostModel
+from hvd_agents.runtime import quant_native
+from hvd_agents.runtime.kv import LayerKV
+from hvd_agents.runtime.profile import cached_cost_model, machine_key_parts, measure_runner_cost
+from hvd_agents.runtime.quant_weights import MATRICES, WeightSet
+from hvd_agents.runtime.runner import HFRunner, Runner
+
+MAX_NATIVE_ROWS = 64  # rows per forward on the native path (the invariance guarantee covers these)
+MIN_ROOM = 256  # positions of room a KV buffer gets at least
+
+_attached: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+class NativeModel:
+    """A model's weights in the native forward (built once per model, shared by its runners)."""
+
+    def __init__(self, model: torch.nn.Module, weights: WeightSet, context_window: int) -> None:
+        native = quant_native.module()
+        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.weights = weights
+        self.layers = len(weights.layers)
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(config.num_key_value_heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+        self.hidden = int(config.hidden_size)
+        self.eps = float(config.rms_norm_eps)
+        self.context_window = int(context_window)
+        rotary = model.model.rotary_emb
+        positions = torch.arange(self.context_window, dtype=torch.float32)
+        freqs = positions[:, None] * rotary.inv_freq.detach().float().cpu()[None, :]  # [P, head_dim / 2]
+        scaling = float(getattr(rotary, "attention_scaling", 1.0))
+        self.cos = (freqs.cos() * scaling).contiguous()
+        self.sin = (freqs.sin() * scaling).contiguous()
+
+        def matrix(w):
+            data = torch.from_numpy(w.data.reshape(-1).view("uint8") if w.fmt != quant_native.F32 else w.data.reshape(-1))
+            bias = torch.from_numpy(w.bias) if w.bias is not None else None
+            return native.Matrix(w.fmt, w.rows, w.cols, data, bias)
+
+        self._embed = matrix(weights.embed)
+        output = self._embed if weights.output is weights.embed else matrix(weights.output)
+        self.native = native.QuantModel(self.hidden, self.heads, self.kv_heads, self.head_dim,
+                                        int(config.intermediate_size), self.eps, self.cos, self.sin, self._embed,
+                                        torch.from_numpy(weights.final_norm), output)
+        for mats, (attn_norm, ffn_norm) in zip(weights.layers, weights.norms):
+            self.native.add_layer(torch.from_numpy(attn_norm), torch.from_numpy(ffn_norm),
+                                  *(matrix(mats[name]) for name in MATRICES))
+        self.model = model
+        summary = {"scheme": weights.scheme, "formats": weights.formats, "bytes": weights.nbytes}
+        self.key = hashlib.sha256(json.dumps(summary, sort_keys=True).encode()).hexdigest()[:16]
+
+    @property
+    def summary(self) -> str:
+        formats = ", ".join(f"{n} {k}" for k, n in sorted(self.weights.formats.items()))
+        return f"{self.weights.scheme} weights ({formats}; {self.weights.nbytes / 2**20:.0f} MiB)"
+
+
+def attach(model: torch.nn.Module, weights: WeightSet, context_window: int) -> NativeModel:
+    """Give ``model`` a native forward over ``weights``: engines on ``model`` then run :class:`QuantRunner`.
+
+    Raises:
+        RuntimeError: the native kernel is unavailable here.
+    """
+    native = NativeModel(model, weights, context_window)
+    _attached[model] = native
+    return native
+
+
+def attached(model: torch.nn.Module) -> NativeModel | None:
+    """The native forward attached to ``model``, if any."""
+    return _attached.get(model)
+
+
+def detach(model: torch.nn.Module) -> None:
+    """Remove ``model``'s native forward (engines made afterwards run the model's own forward)."""
+    _attached.pop(model, None)
+
+
+class QuantKV:
+    """A request's float16 KV cache for :class:`QuantRunner` (implements ``RunnerKV``)."""
+
+    supports_trees = True
+    supports_reuse = True
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int = MIN_ROOM) -> None:
+        self.k = torch.empty(layers, kv_heads, capacity, head_dim, dtype=torch.float16)
+        self.v = torch.empty_like(self.k)
+        self._length = 0
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    def reserve(self, n: int) -> None:
+        """Make room for ``n`` positions (copying into a larger buffer when needed)."""
+        if n <= self.capacity:
+            return
+        room = n + max(MIN_ROOM, n // 8)
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            new = old.new_empty(old.shape[0], old.shape[1], room, old.shape[3])
+            new[:, :, : self._length] = old[:, :, : self._length]
+            setattr(self, name, new)
+
+    def rollback(self, length: int) -> None:
+        if length < 0 or length > self._length:
+            raise ValueError(f"cannot truncate a KV cache of {self._length} positions to {length}")
+        self._length = length
+
+    def compact(self, start: int, offsets: Sequence[int]) -> None:
+        offsets = list(offsets)
+        increasing = all(a < b for a, b in itertools.pairwise(offsets))
+        if not increasing or (offsets and (offsets[0] < 0 or start + offsets[-1] >= self._length)) or start < 0:
+            raise ValueError(f"cannot keep offsets {offsets[:8]} after {start} of a cache of {self._length} positions")
+        if offsets != list(range(len(offsets))):
+            index = torch.tensor([start + o for o in offsets], dtype=torch.long)
+            for buffer in (self.k, self.v):
+                buffer[:, :, start : start + len(offsets)] = buffer.index_select(2, index)
+        self._length = start + len(offsets)
+
+    def export_prefix(self, n: int) -> tuple[LayerKV, ...]:
+        if self._length < n:
+            raise ValueError(f"the cache holds {self._length} positions, fewer than {n} token ids")
+        return tuple((self.k[i, None, :, :n], self.v[i, None, :, :n]) for i in range(self.k.shape[0]))
+
+    def import_prefix(self, layers: Sequence[LayerKV], n: int) -> None:
+        if self._length != 0:
+            raise ValueError("importing a prefix needs an empty cache")
+        if len(layers) != self.k.shape[0]:
+            raise ValueError(f"the prefix has {len(layers)} layers, this cache {self.k.shape[0]}")
+        self.reserve(n)
+        for i, (keys, values) in enumerate(layers):
+            self.k[i, :, :n] = keys[0, :, :n]
+            self.v[i, :, :n] = values[0, :, :n]
+        self._length = n
+
+
+def tree_rows(parents: Sequence[int]) -> tuple[list[int], torch.Tensor]:
+    """Depths and the visibility ``[n, n]`` among a tree forward's rows (root first; see ``tree_inputs``)."""
+    n = len(parents) + 1
+    visible = torch.zeros(n, n, dtype=torch.bool)
+    visible[:, 0] = True
+    depth = [0] * n
+    for i, parent in enumerate(parents):
+        if not -1 <= parent < i:
+            raise ValueError(f"tree parent {parent} of token {i} must be -1 or an earlier token")
+        visible[i + 1] = visible[parent + 1]
+        visible[i + 1, i + 1] = True
+        depth[i + 1] = depth[parent + 1] + 1
+    return depth, visible
+
+
+class QuantRunner:
+    """A :class:`~hvd_agents.runtime.runner.Runner` over a model's attached native forward (module docstring).
+
+    Args:
+        model: a model with weights attached by :func:`attach`.
+        context_window: most positions a request may hold (default and maximum:
+            the window the weights were attached with).
+        cost_model: the verification cost curve, when known; measured on this
+            runner at first use (and cached per weights and machine) otherwise.
+    """
+
+    def __init__(self, model: torch.nn.Module, *, context_window: int | None = None,
+                 cost_model: CostModel | None = None) -> None:
+        native = attached(model)
+        if native is None:
+            raise ValueError("the model has no native forward attached (hvd_agents.runtime.quant_runner.attach)")
+        self.model = model
+        self.native = native
+        self.device = torch.device("cpu")
+        self.vocab_size = int(native.native.vocab)
+        self.context_window = min(int(context_window or native.context_window), native.context_window)
+        self._cost_model = cost_model
+        self._no_tree = torch.empty(0, dtype=torch.bool)
+
+    def new_kv(self) -> QuantKV:
+        return QuantKV(self.native.layers, self.native.kv_heads, self.native.head_dim)
+
+    def profile(self) -> CostModel:
+        if self._cost_model is None:
+            key = hashlib.sha256("\n".join(
+                ["quant-runner", self.native.key, quant_native.key(), *machine_key_parts()]).encode()).hexdigest()[:24]
+            self._cost_model = cached_cost_model(self.model, key=key, measure=lambda: measure_runner_cost(self))
+        return self._cost_model
+
+    def forward(
+        self,
+        kv: QuantKV,
+        token_ids: Sequence[int],
+        *,
+        logits_to_keep: int = 0,
+        hidden: list | None = None,
+        parents: Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        n = len(token_ids)
+        if n == 0:
+            return torch.empty(0, self.vocab_size)
+        past = kv.length
+        if past + n > self.native.context_window:
+            raise ValueError(f"{past + n} positions exceed the context window of {self.native.context_window}")
+        keep = n if logits_to_keep <= 0 else min(logits_to_keep, n)
+        if parents is not None:
+            if len(parents) != n - 1:
+                raise ValueError(f"a tree forward of {n} tokens needs {n - 1} parents, not {len(parents)}")
+            if n > MAX_NATIVE_ROWS:
+                raise ValueError(f"a tree forward takes at most {MAX_NATIVE_ROWS} tokens, not {n}")
+            depth, visible = tree_rows(parents)
+            positions = torch.tensor([past + d for d in depth], dtype=torch.long)
+        else:
+            positions, visible = torch.arange(past, past + n, dtype=torch.long), self._no_tree
+        kv.reserve(past + n)
+        if n <= MAX_NATIVE_ROWS:
+            tokens = torch.tensor(list(token_ids), dtype=torch.long)
+            logits, rows = self.native.native.forward(tokens, positions, visible, kv.k, kv.v, past, keep,
+                                                      hidden is not None)
+        else:
+            logits, rows = self._dense(kv, list(token_ids), positions, keep, hidden is not None)
+        kv._length = past + n
+        if hidden is not None:
+            if isinstance(hidden, list):
+                hidden.append(rows)
+            else:
+                hidden.extend(rows)
+        return logits
+
+    def _dense(self, kv: QuantKV, token_ids: list[int], positions: torch.Tensor, keep: int,
+               want_hidden: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """A chain of many tokens (a prefill) on the model's float32 weights, writing ``kv``'s float16 cache."""
+        native, model = self.native, self.model
+        n, past = len(token_ids), kv.length
+        nh, nkv, hd = native.heads, native.kv_heads, native.head_dim
+        cos, sin = native.cos[positions], native.sin[positions]  # [n, hd / 2]
+
+        def rope(x: torch.Tensor) -> torch.Tensor:  # [heads, n, hd]
+            a, b = x[..., : hd // 2], x[..., hd // 2 :]
+            return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+
+        def norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+            return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + native.eps))
+
+        mask = None
+        if past:
+            mask = torch.ones(n, past + n, dtype=torch.bool).tril(diagonal=past)
+        with torch.inference_mode():
+            x = model.get_input_embeddings()(torch.tensor(token_ids, dtype=torch.long))  # [n, H]
+            for i, layer in enumerate(model.model.layers):
+                attn, mlp = layer.self_attn, layer.mlp
+                h = norm(x, layer.input_layernorm.weight)
+                q = rope(F.linear(h, attn.q_proj.weight, attn.q_proj.bias).view(n, nh, hd).transpose(0, 1))
+                k = rope(F.linear(h, attn.k_proj.weight, attn.k_proj.bias).view(n, nkv, hd).transpose(0, 1))
+                v = F.linear(h, attn.v_proj.weight, attn.v_proj.bias).view(n, nkv, hd).transpose(0, 1)
+                kv.k[i, :, past : past + n] = k
+                kv.v[i, :, past : past + n] = v
+                keys, values = kv.k[i, None, :, : past + n].float(), kv.v[i, None, :, : past + n].float()
+                out = F.scaled_dot_product_attention(q[None], keys, values, attn_mask=mask, is_causal=mask is None,
+                                                     enable_gqa=nh != nkv)  # [1, nh, n, hd]
+                x = x + F.linear(out[0].transpose(0, 1).reshape(n, nh * hd), attn.o_proj.weight)
+                h = norm(x, layer.post_attention_layernorm.weight)
+                x = x + F.linear(F.silu(F.linear(h, mlp.gate_proj.weight)) * F.linear(h, mlp.up_proj.weight),
+                                 mlp.down_proj.weight)
+            h = norm(x, model.model.norm.weight)
+            logits = F.linear(h[n - keep :], model.get_output_embeddings().weight)
+        return logits, (h if want_hidden else torch.empty(0))
+
+
+def runner_for(model: torch.nn.Module, *, context_window: int | None = None,
+               cost_model: CostModel | None = None) -> Runner:
+    """The runner for ``model``: :class:`QuantRunner` when a native forward is attached, else :class:`HFRunner`."""
+    if attached(model) is not None:
+        return QuantRunner(model, context_window=context_window, cost_model=cost_model)
+    return HFRunner(model, context_window=context_window, cost_model=cost_model)

@@ -1,0 +1,317 @@
+"""The native quantized CPU runner: batch invariance, losslessness, its KV cache, its weights.
+
+Batch invariance is what keeps speculative output exactly the plain decode: a row's
+result must be bitwise the same computed alone or among up to 64 rows, in a chain
+or a tree. It is checked on the kernel (every weight format) and on whole forwards,
+and a build of the kernel with a mutated accumulation order must fail the check.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hvd_agents import Engine, GenerationParams
+from hvd_agents.errors import InvalidRequestError
+from hvd_agents.runtime import quant_native, quant_runner, quant_weights
+from hvd_agents.runtime.native_build import build_python_module
+from hvd_agents.runtime.quant_runner import QuantKV, QuantRunner, attach
+from tests.drafters_for_tests import FixedDrafter, RandomQDrafter, ScriptedDrafter, TreeDrafter
+from tests.test_engine_lossless import assert_samples_follow
+from tests.tiny import make_tiny_llama
+
+pytestmark = pytest.mark.skipif(not quant_native.available(), reason="the native kernel needs x86-64 with AVX2")
+
+VOCAB = 96
+
+
+def _weights(fmt: int, rows: int, cols: int, seed: int) -> quant_weights.Weight:
+    w = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
+    if fmt == quant_native.Q8_0:
+        return quant_weights.Weight(fmt, rows, cols, quant_weights.quantize_q8_0(w))
+    if fmt == quant_native.Q4_1:
+        return quant_weights.Weight(fmt, rows, cols, quant_weights.quantize_q4_1(w))
+    if fmt == quant_native.Q4F:  # Q4_K blocks as the loader converts them
+        return quant_weights.Weight(fmt, rows, cols, quant_weights._q4_k_as_q4f(_random_q4_k(rows, cols, seed)))
+    return quant_weights.Weight(fmt, rows, cols, w)
+
+
+def _random_q4_k(rows: int, cols: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(rows * cols // 256, 144), dtype=np.uint8)
+    blocks[:, 0:2] = np.float16(0.01).reshape(1).view(np.uint8)  # d
+    blocks[:, 2:4] = np.float16(0.003).reshape(1).view(np.uint8)  # dmin
+    return blocks.reshape(rows, -1)
+
+
+def _matrix(module, w: quant_weights.Weight):
+    data = torch.from_numpy(w.data.reshape(-1).copy())
+    return module.Matrix(w.fmt, w.rows, w.cols, data)
+
+
+def invariance_failures(module, w: quant_weights.Weight, seed: int = 0) -> int:
+    """How many (rows, row) pairs of ``linear`` differ from the row computed alone (0: invariant)."""
+    matrix = _matrix(module, w)
+    x = torch.from_numpy(np.random.default_rng(seed + 1).standard_normal((64, w.cols)).astype(np.float32))
+    alone = [module.linear(matrix, x[i : i + 1])[0] for i in range(64)]
+    failures = 0
+    for m in (1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 31, 32, 33, 47, 63, 64):
+        together = module.linear(matrix, x[:m])
+        failures += sum(not torch.equal(together[i], alone[i]) for i in range(m))
+    return failures
+
+
+FORMATS = [quant_native.Q4_1, quant_native.Q8_0, quant_native.Q4F, quant_native.F32]
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: quant_native.FORMAT_NAMES[f])
+def test_kernel_rows_are_bitwise_the_same_alone_and_in_1_to_64_rows(fmt) -> None:
+    # a float32 tail past the 8-lane loop; quantized rows of several groups of 8 blocks and a partial one
+    cols = {quant_native.F32: 100, quant_native.Q4F: 1280}.get(fmt, 800)
+    w = _weights(fmt, 45, cols, seed=fmt)
+    assert invariance_failures(quant_native.module(), w) == 0
+    # and the products are the products: against the dequantized weight, to int8 activation precision
+    module = quant_native.module()
+    x = torch.randn(5, cols)
+    dense = x @ module.dequantize(_matrix(module, w)).T
+    got = module.linear(_matrix(module, w), x)
+    assert (got - dense).abs().max() <= 0.03 * dense.abs().max()
+
+
+def test_a_mutated_accumulation_order_fails_the_invariance_check() -> None:
+    # the kernel built with its multi-row calls adding the groups of blocks in reverse order (one line
+    # under a macro); 800 columns are 4 groups, so the order shows
+    mutated = build_python_module(quant_native.SOURCE, (*quant_native.FLAGS, "-DHVD_MUTATE_MULTIROW_ORDER"),
+                                  "hvd_quant_mutated")
+    w = _weights(quant_native.Q4_1, 45, 800, seed=1)
+    assert invariance_failures(quant_native.module(), w) == 0
+    assert invariance_failures(mutated, w) > 0
+
+
+def test_gguf_block_conversions_are_exact() -> None:
+    from gguf import GGMLQuantizationType as T
+    from gguf.quants import dequantize
+
+    module = quant_native.module()
+    raw = _random_q4_k(8, 512, seed=3)
+    converted = quant_weights.Weight(quant_native.Q4F, 8, 512, quant_weights._q4_k_as_q4f(raw))
+    expected = dequantize(raw.reshape(-1), T.Q4_K).reshape(8, 512)
+    assert np.array_equal(module.dequantize(_matrix(module, converted)).numpy(), expected)
+    rng = np.random.default_rng(4)
+    q4_0 = rng.integers(0, 256, size=(8, 512 // 32, 18), dtype=np.uint8)
+    q4_0[..., 0:2] = np.float16(0.02).reshape(1).view(np.uint8)
+    q4_0 = q4_0.reshape(8, -1)
+    converted = quant_weights.Weight(quant_native.Q4_1, 8, 512, quant_weights._q4_0_as_q4_1(q4_0))
+    expected = dequantize(q4_0.reshape(-1), T.Q4_0).reshape(8, 512)
+    assert np.array_equal(module.dequantize(_matrix(module, converted)).numpy(), expected)
+
+
+# ---------------------------------------------------------------- whole forwards on a tiny llama
+
+
+def _tiny(scheme: str, seed: int = 0):
+    model = make_tiny_llama(VOCAB, seed=seed, dtype=torch.float32)
+    attach(model, quant_weights.from_model(model, scheme), 512)
+    return model
+
+
+@pytest.fixture(scope="module", params=["int8", "int4", "float32"])
+def tiny_quant(request):
+    return _tiny(request.param)
+
+
+def test_forward_rows_alone_equal_rows_in_a_draft(tiny_quant) -> None:
+    runner = QuantRunner(tiny_quant)
+    ids = torch.randint(0, VOCAB, (80,), generator=torch.Generator().manual_seed(0)).tolist()
+    kv = runner.new_kv()
+    runner.forward(kv, ids[:16])
+    alone = [runner.forward(kv, [t])[0] for t in ids[16:]]
+    for m in (1, 2, 9, 33, 64):
+        kv.rollback(16)
+        together = runner.forward(kv, ids[16 : 16 + m])
+        assert all(torch.equal(together[i], alone[i]) for i in range(m)), m
+
+
+def test_tree_rows_equal_the_chain_of_their_path(tiny_quant) -> None:
+    runner = QuantRunner(tiny_quant)
+    prompt = [5, 9, 13, 2, 7]
+    kv = runner.new_kv()
+    runner.forward(kv, prompt)
+    root, a, b, c = 11, 20, 21, 30
+    # root -> a -> c on one branch, root -> b on the other
+    tree = runner.forward(kv, [root, a, b, c], parents=[-1, -1, 0])
+    kv.compact(len(prompt), [0, 1, 3])  # keep the path root, a, c
+    after = runner.forward(kv, [4])
+    chain_kv = runner.new_kv()
+    runner.forward(chain_kv, prompt)
+    chain = [runner.forward(chain_kv, [t])[0] for t in (root, a, c, 4)]
+    assert torch.equal(tree[0], chain[0]) and torch.equal(tree[1], chain[1]) and torch.equal(tree[3], chain[2])
+    assert torch.equal(after[0], chain[3])
+    other = runner.new_kv()
+    runner.forward(other, prompt)
+    assert torch.equal(tree[2], runner.forward(other, [root, b])[1])
+
+
+def test_hidden_states_and_logits_to_keep(tiny_quant) -> None:
+    runner = QuantRunner(tiny_quant)
+    hidden: list = []
+    kv = runner.new_kv()
+    logits = runner.forward(kv, [1, 2, 3], logits_to_keep=1, hidden=hidden)
+    assert logits.shape == (1, VOCAB) and hidden[0].shape == (3, tiny_quant.config.hidden_size)
+    kv2 = runner.new_kv()
+    assert torch.equal(runner.forward(kv2, [1, 2, 3])[-1], logits[0])
+
+
+def test_dense_prefill_agrees_with_the_native_path(tiny_quant) -> None:
+    runner = QuantRunner(tiny_quant)
+    ids = torch.randint(0, VOCAB, (150,), generator=torch.Generator().manual_seed(1)).tolist()
+    dense_kv, native_kv = runner.new_kv(), runner.new_kv()
+    dense = runner.forward(dense_kv, ids, logits_to_keep=1)  # above 64 rows: the dense path
+    for i in range(0, 150, 50):
+        native = runner.forward(native_kv, ids[i : i + 50])
+    scale = native[-1].abs().max()
+    tolerance = 0.1 if quant_runner.attached(tiny_quant).weights.scheme != "float32" else 1e-3
+    assert (dense[0] - native[-1]).abs().max() <= tolerance * scale
+    assert torch.allclose(dense_kv.k[:, :, :150].float(), native_kv.k[:, :, :150].float(), atol=0.2, rtol=0.1)
+
+
+def test_float32_weights_match_the_models_own_forward() -> None:
+    model = _tiny("float32", seed=2)
+    runner = QuantRunner(model)
+    ids = [3, 17, 42, 5, 9, 3, 17]
+    with torch.no_grad():
+        expected = model(torch.tensor([ids])).logits[0]
+    got = runner.forward(runner.new_kv(), ids)
+    torch.testing.assert_close(got, expected, atol=5e-3, rtol=1e-3)  # the KV cache is float16
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=24),
+    max_new=st.integers(1, 40),
+    k=st.integers(0, 12),
+    seed=st.integers(0, 10_000),
+    tree=st.booleans(),
+)
+def test_greedy_equality_on_the_quantized_runner(tiny_quant, prompt, max_new, k, seed, tree) -> None:
+    engine = Engine(tiny_quant, eos_token_ids=())
+    assert isinstance(engine.runner, QuantRunner)
+    reference = engine.generate(prompt, GenerationParams(max_new_tokens=max_new, method="ar"))
+    drafter = (TreeDrafter(reference.token_ids, VOCAB, seed) if tree and k
+               else ScriptedDrafter(reference.token_ids, VOCAB, seed))
+    engine.add_drafter("scripted", drafter)
+    result = engine.generate(prompt, GenerationParams(max_new_tokens=max_new, method="scripted",
+                                                      num_draft_tokens=k, reuse_prefix=False))
+    assert result.token_ids == reference.token_ids
+    for method in ("pld", "hvd"):
+        assert engine.generate(prompt, GenerationParams(max_new_tokens=max_new, method=method)).token_ids \
+            == reference.token_ids
+
+
+@pytest.mark.parametrize("kind", ["fixed", "q", "tree"])
+def test_sampling_on_the_quantized_runner_follows_its_distribution(kind) -> None:
+    from hvd_agents.engine.sampling import target_probs
+
+    vocab = 8
+    model = make_tiny_llama(vocab, seed=3, dtype=torch.float32)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(0.15)
+    model.config.hidden_size  # noqa: B018 (32: one block per row)
+    attach(model, quant_weights.from_model(model, "int8"), 512)
+    engine = Engine(model, eos_token_ids=())
+    engine.add_drafter("fixed", FixedDrafter([2, 2, 5]))
+    engine.add_drafter("q", RandomQDrafter(vocab, seed=5))
+    engine.add_drafter("tree", FixedDrafter([2, 5, 2, 3], parents=[-1, -1, 0, 1]))
+    prompt = [1, 4, 2, 7, 1, 4]
+    params = GenerationParams(max_new_tokens=3 if kind == "tree" else 2, temperature=1.0, method=kind,
+                              num_draft_tokens=3, seed=0)
+    runner = engine.runner
+    kv = runner.new_kv()
+    first = target_probs(runner.forward(kv, prompt)[-1:], params.sampling)[0]
+    expected = {}
+    for t1 in range(vocab):
+        kv.rollback(len(prompt))
+        second = target_probs(runner.forward(kv, [t1]), params.sampling)[0]
+        for t2 in range(vocab):
+            expected[(t1, t2)] = float(first[t1] * second[t2])
+    assert_samples_follow(engine, prompt, params, expected, n=1500)
+
+
+# ---------------------------------------------------------------- the KV cache
+
+
+def test_kv_rollback_compact_export_import_and_errors() -> None:
+    kv = QuantKV(2, 1, 8, capacity=4)
+    kv.reserve(10)
+    assert kv.capacity >= 10
+    kv.k[:, :, :10] = torch.arange(10, dtype=torch.float16)[None, None, :, None]
+    kv._length = 10
+    kv.compact(4, [0, 2, 5])
+    assert kv.length == 7 and kv.k[0, 0, 4:7, 0].tolist() == [4.0, 6.0, 9.0]
+    kv.rollback(5)
+    assert kv.length == 5
+    with pytest.raises(ValueError, match="truncate"):
+        kv.rollback(6)
+    with pytest.raises(ValueError, match="cannot keep"):
+        kv.compact(2, [1, 0])
+    layers = kv.export_prefix(5)
+    assert layers[0][0].shape == (1, 1, 5, 8)
+    other = QuantKV(2, 1, 8)
+    other.import_prefix(layers, 5)
+    assert other.length == 5 and torch.equal(other.k[:, :, :5], kv.k[:, :, :5])
+    with pytest.raises(ValueError, match="empty cache"):
+        other.import_prefix(layers, 5)
+    with pytest.raises(ValueError, match="fewer"):
+        kv.export_prefix(6)
+
+
+def test_bad_inputs_are_refused_with_their_cause() -> None:
+    model = _tiny("int8")
+    runner = QuantRunner(model)
+    with pytest.raises(ValueError, match="parents"):
+        runner.forward(runner.new_kv(), [1, 2, 3], parents=[-1])
+    with pytest.raises(RuntimeError, match="vocabulary"):
+        runner.forward(runner.new_kv(), [VOCAB + 5])
+    with pytest.raises(ValueError, match="context window"):
+        runner.forward(runner.new_kv(), list(range(10)) * 52)
+    with pytest.raises(ValueError, match="int8, int4 or float32"):
+        quant_weights.from_model(model, "int3")
+    with pytest.raises(ValueError, match="no native forward"):
+        QuantRunner(make_tiny_llama(VOCAB, dtype=torch.float32))
+    with pytest.raises(InvalidRequestError, match="cpu_weights='int2'"):
+        from hvd_agents.runtime.loading import load_model
+
+        load_model(None, cpu_weights="int2")
+
+
+@pytest.mark.real_model
+def test_the_embedded_model_runs_its_gguf_blocks(real_engine) -> None:
+    runner = real_engine.runner
+    assert isinstance(runner, QuantRunner)
+    native = quant_runner.attached(real_engine.model)
+    assert native.weights.scheme == "gguf" and native.weights.formats == {"Q4_1": 210, "Q8_0": 1}
+    # the blocks are the file's: dequantized, they are the float32 model's weights exactly
+    module = quant_native.module()
+    layer = real_engine.model.model.layers[5]
+    for name, weight in (("attn_q", layer.self_attn.q_proj.weight), ("attn_k", layer.self_attn.k_proj.weight),
+                         ("ffn_down", layer.mlp.down_proj.weight)):
+        assert torch.equal(module.dequantize(_matrix(module, native.weights.layers[5][name])), weight.detach())
+    ids = real_engine.tokenizer("The capital of France is Paris. The capital of Italy is")["input_ids"]
+    with torch.no_grad():
+        expected = real_engine.model(torch.tensor([ids])).logits[0, -1]
+    got = runner.forward(runner.new_kv(), ids, logits_to_keep=1)[0]
+    assert got.argmax() == expected.argmax()
+    assert torch.nn.functional.cosine_similarity(got, expected, dim=0) > 0.99
+
+
+def test_the_layer_table_of_bench_kernels(capsys) -> None:
+    from hvd_agents.bench.layer_kernels import SIZES, run_layer_benchmark
+
+    run_layer_benchmark(rows=64, cols=256, repeats=1)
+    lines = {line.split("  ")[0]: line for line in capsys.readouterr().out.splitlines()}
+    total = sum(SIZES)
+    assert lines["native q4_1"].endswith(f"0/{total}") and lines["native q8_0"].endswith(f"0/{total}")
+    assert "torch float32 F.linear" in lines and "torch int8 (_weight_int8pack_mm)" in lines

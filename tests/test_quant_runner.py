@@ -219,7 +219,6 @@ def test_sampling_on_the_quantized_runner_follows_its_distribution(kind) -> None
     model = make_tiny_llama(vocab, seed=3, dtype=torch.float32)
     with torch.no_grad():
         model.lm_head.weight.mul_(0.15)
-    model.config.hidden_size  # noqa: B018 (32: one block per row)
     attach(model, quant_weights.from_model(model, "int8"), 512)
     engine = Engine(model, eos_token_ids=())
     engine.add_drafter("fixed", FixedDrafter([2, 2, 5]))

@@ -42,7 +42,8 @@ def build_key(source: Path, flags: tuple[str, ...]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _with_scripts_on_path() -> None:
+def with_scripts_on_path() -> None:
+    """Put the interpreter's scripts directory (where ninja may be) on PATH."""
     # ninja may come from the environment's own scripts directory, which need not be on PATH
     scripts = str(Path(sys.executable).parent)
     path = os.environ.get("PATH", "")
@@ -65,7 +66,7 @@ def build_python_module(source: Path, flags: tuple[str, ...], prefix: str) -> Mo
 
         logger.info("building %s (once, under a minute) in %s", source.name, directory)
         directory.mkdir(parents=True, exist_ok=True)
-        _with_scripts_on_path()
+        with_scripts_on_path()
         return cpp_extension.load(name=name, sources=[str(source)], extra_cflags=list(flags),
                                   extra_ldflags=["-fopenmp"], build_directory=str(directory), verbose=False)
     if name in sys.modules:

@@ -32,7 +32,7 @@ import torch
 
 from hvd_agents.policy.cost import CostModel
 from hvd_agents.runtime.kernels import linear_kernel
-from hvd_agents.runtime.kv import new_cache, truncate
+from hvd_agents.runtime.kv import new_cache
 from hvd_agents.runtime.paths import cache_root
 from hvd_agents.runtime.row_linear import build_key
 
@@ -46,6 +46,24 @@ PROFILE_ATTEMPTS = 3  # measurements tried before giving up on a disturbed machi
 FALLBACK_PER_TOKEN = 0.02  # c used when no plausible profile can be measured
 
 
+class _ModelSteps:
+    """A transformers model seen through the runner calls :func:`measure_runner_cost` makes."""
+
+    def __init__(self, model: torch.nn.Module, context_window: int) -> None:
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.context_window = context_window
+
+    def new_kv(self):
+        return new_cache(self.model.config)
+
+    def forward(self, kv, token_ids: Sequence[int], *, logits_to_keep: int = 0) -> None:
+        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            self.model(input_ids=ids, past_key_values=kv, use_cache=True, logits_to_keep=logits_to_keep)
+
+
 def measure_cost_model(
     model: torch.nn.Module,
     *,
@@ -53,32 +71,10 @@ def measure_cost_model(
     context: int = PROFILE_CONTEXT,
     repeats: int = PROFILE_REPEATS,
 ) -> CostModel:
-    """Time one verification forward of ``1 + d`` tokens after ``context`` cached tokens, per ``d``."""
-    if 0 not in lengths:
-        raise ValueError("a cost profile needs a timing at 0 draft tokens")
-    device = next(model.parameters()).device
-    vocab = int(model.get_output_embeddings().weight.shape[0])
+    """Time one verification forward of ``1 + d`` tokens after ``context`` cached tokens, per ``d``, on the
+    model's own forward (:func:`measure_runner_cost`)."""
     window = int(getattr(model.config, "max_position_embeddings", context + max(lengths) + 1))
-    context = max(1, min(context, window - max(lengths) - 1))
-    generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab, (1, context + max(lengths) + 1), generator=generator).to(device)  # [1, n]
-    cache = new_cache(model.config)
-    times = {d: float("inf") for d in lengths}
-    # every round visits the lengths in a new order, each after a plain step: the plain step, which every
-    # ratio divides by, is timed len(lengths) times per round, and no length always follows the same one
-    order = [d for d in lengths if d != 0]
-    with torch.inference_mode():
-        model(input_ids=ids[:, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
-        for _ in range(repeats):
-            for i in torch.randperm(len(order), generator=generator).tolist():
-                for d in (0, order[i]):
-                    _sync(device)
-                    start = time.perf_counter()
-                    model(input_ids=ids[:, context : context + d + 1], past_key_values=cache, use_cache=True)
-                    _sync(device)
-                    times[d] = min(times[d], time.perf_counter() - start)
-                    truncate(cache, context)
-    return _robust_profile(lengths, [times[d] for d in lengths], context)
+    return measure_runner_cost(_ModelSteps(model, window), lengths=lengths, context=context, repeats=repeats)
 
 
 def measure_runner_cost(
@@ -88,7 +84,12 @@ def measure_runner_cost(
     context: int = PROFILE_CONTEXT,
     repeats: int = PROFILE_REPEATS,
 ) -> CostModel:
-    """:func:`measure_cost_model` through a runner's own ``new_kv``/``forward``/``rollback`` (its kernels, its cache)."""
+    """Time one verification forward of ``1 + d`` tokens after ``context`` cached tokens, per ``d``, through a
+    runner's own ``new_kv``/``forward``/``rollback`` (its kernels, its cache).
+
+    Every round visits the lengths in a new order, each after a plain step: the plain step, which every
+    ratio divides by, is timed len(lengths) times per round, and no length always follows the same one.
+    """
     if 0 not in lengths:
         raise ValueError("a cost profile needs a timing at 0 draft tokens")
     context = max(1, min(context, runner.context_window - max(lengths) - 1))

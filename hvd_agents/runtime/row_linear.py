@@ -24,24 +24,21 @@ Set ``HVD_AGENTS_CPU_LINEAR`` to choose the kernel by hand (``row``, ``packed``,
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
 import platform
-import sys
 import threading
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hvd_agents.runtime import native_build
 from hvd_agents.runtime.packed_linear import require_float32_cpu
 from hvd_agents.runtime.paths import cache_root
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("native") / "row_linear.cpp"
+SOURCE = native_build.NATIVE_DIR / "row_linear.cpp"
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp")  # OpenMP: at::parallel_for runs serially without it
 MAX_ROWS = 32  # above this (prefill), PyTorch's matrix-matrix kernels are as fast or faster
 
@@ -49,30 +46,20 @@ _lock = threading.Lock()
 _state: dict[str, object] = {}
 
 
-def cpu_supports_kernel() -> bool:
-    """Whether this CPU can run the kernel: x86-64 with AVX2 (and FMA, which every AVX2 CPU PyTorch detects has)."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
-    capability = torch.backends.cpu.get_cpu_capability()
-    return capability.startswith(("AVX2", "AVX512"))
+cpu_supports_kernel = native_build.cpu_supports_avx2
 
 
 def build_key() -> str:
     """What a build of the kernel depends on (source, flags, torch, Python, machine), hashed: its cache directory."""
-    text = "\n".join([SOURCE.read_text(), " ".join(FLAGS), torch.__version__, sys.version, platform.machine()])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return native_build.build_key(SOURCE, FLAGS)
 
 
-def _build(directory: Path, name: str) -> None:
-    """Compile the kernel into ``directory`` and load it into this process."""
+def _build(directory, name: str) -> None:
+    """Compile the kernel into ``directory`` and load it into this process (it registers ``torch.ops.hvd``)."""
     from torch.utils import cpp_extension
 
     directory.mkdir(parents=True, exist_ok=True)
-    # ninja may come from the environment's own scripts directory, which need not be on PATH
-    scripts = str(Path(sys.executable).parent)
-    path = os.environ.get("PATH", "")
-    if scripts not in path.split(os.pathsep):
-        os.environ["PATH"] = scripts + os.pathsep + path
+    native_build.with_scripts_on_path()
     cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=list(FLAGS), extra_ldflags=["-fopenmp"],
                        build_directory=str(directory), is_python_module=False, verbose=False)
 

@@ -6,6 +6,7 @@ through an asyncio queue. When the consuming task is cancelled or stops iteratin
 a flag is set that the iterator checks (it is passed to the factory); the worker
 then closes the iterator, which must release what it holds (the engine's iterator,
 hence the engine's lock), and the async generator waits for that before it ends.
+An iterator cancelled before its worker started is never built.
 """
 
 from __future__ import annotations
@@ -14,12 +15,15 @@ import asyncio
 import contextvars
 import threading
 from collections.abc import AsyncIterator, Callable, Generator
+from concurrent.futures import Executor
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
 
-async def iterate_in_thread(make: Callable[[threading.Event], Generator[T, None, None]]) -> AsyncIterator[T]:
+async def iterate_in_thread(
+    make: Callable[[threading.Event], Generator[T, None, None]], executor: Executor | None = None
+) -> AsyncIterator[T]:
     """Yield the items of ``make(cancelled)``, produced in a worker thread.
 
     Args:
@@ -27,6 +31,9 @@ async def iterate_in_thread(make: Callable[[threading.Event], Generator[T, None,
             off the loop); it receives the cancellation flag and should check it
             between steps, including steps that yield nothing. The worker closes
             the generator at the end, so its ``finally`` blocks release resources.
+        executor: where the worker runs (None: the loop's default executor). A
+            one-thread executor runs the iterators of all its callers one after
+            the other, in the order they came.
 
     Raises:
         Whatever the iterator raises, re-raised in the consuming task.
@@ -43,6 +50,9 @@ async def iterate_in_thread(make: Callable[[threading.Event], Generator[T, None,
 
     def work() -> None:
         items: Generator[T, None, None] | None = None
+        if cancelled.is_set():  # the consumer left while this waited for a thread
+            put("done", None)
+            return
         try:
             items = make(cancelled)
             for item in items:
@@ -58,7 +68,7 @@ async def iterate_in_thread(make: Callable[[threading.Event], Generator[T, None,
                 items.close()  # runs its finally blocks (closes the engine iterator)
 
     context = contextvars.copy_context()
-    worker = loop.run_in_executor(None, context.run, work)
+    worker = loop.run_in_executor(executor, context.run, work)
     try:
         while True:
             kind, item = await queue.get()

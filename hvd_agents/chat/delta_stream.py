@@ -1,0 +1,145 @@
+"""A chat request's reply as OpenAI-style deltas: content and tool calls that grow step by step.
+
+:func:`stream_reply_deltas` runs a :class:`~hvd_agents.chat.request.ChatRequest` (built by
+:func:`~hvd_agents.chat.request.build_chat_request`, exactly as the adapters build it, so
+the prompt and the greedy output are the same) and yields one :class:`ReplyDelta` per
+engine step: the content that can be shown, the tool-call deltas of
+:class:`~hvd_agents.chat.toolcall_deltas.ToolCallDeltaParser` (a call's name as soon as it
+is read, then its argument text as it is generated) and the tokens the step emitted.
+The last delta has the finish reason (``"tool_calls"`` when the reply called a tool
+and stopped by itself) and the :class:`~hvd_agents.chat.request.ReplySummary`.
+
+A non-streaming reply is the sum of the deltas (:func:`collect`), so a streamed
+reply and a non-streamed one are the same.
+
+Closing the generator, or setting ``cancelled`` (checked after every engine step),
+closes the engine's iterator: the request ends within one step and the engine is free.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from hvd_agents.chat.request import ChatRequest, ReplySummary
+from hvd_agents.chat.toolcall_deltas import ParsedDelta, ToolCallDelta, ToolCallDeltaParser
+from hvd_agents.chat.toolcall_stream import JsonObjectScanner
+from hvd_agents.chat.toolcalls import TOOL_CALL_CLOSE
+from hvd_agents.engine import TokenEvent
+
+
+@dataclass(frozen=True)
+class ReplyDelta:
+    """What one engine step adds to a reply.
+
+    Attributes:
+        content: content that can be shown now.
+        tool_calls: tool-call deltas (see :class:`ToolCallDelta`).
+        tokens: tokens the step emitted (the target's token plus accepted draft tokens).
+        finish_reason: None until the last delta, then ``"stop"``, ``"length"`` or ``"tool_calls"``.
+        summary: on the last delta: usage, method and stats.
+    """
+
+    content: str = ""
+    tool_calls: tuple[ToolCallDelta, ...] = ()
+    tokens: int = 0
+    finish_reason: str | None = None
+    summary: ReplySummary | None = None
+
+
+@dataclass
+class CollectedCall:
+    """One tool call of a collected reply."""
+
+    id: str
+    name: str
+    arguments: str = ""
+
+
+@dataclass
+class CollectedReply:
+    """The sum of a reply's deltas (:func:`collect`)."""
+
+    content: str = ""
+    tool_calls: list[CollectedCall] = field(default_factory=list)
+    finish_reason: str | None = None
+    summary: ReplySummary | None = None
+
+    def add(self, delta: ReplyDelta) -> None:
+        """Add one delta."""
+        self.content += delta.content
+        for call in delta.tool_calls:
+            if call.index == len(self.tool_calls):
+                self.tool_calls.append(CollectedCall(call.id or "", call.name or ""))
+            self.tool_calls[call.index].arguments += call.arguments
+        if delta.finish_reason is not None:
+            self.finish_reason, self.summary = delta.finish_reason, delta.summary
+
+
+def collect(deltas: Iterable[ReplyDelta]) -> CollectedReply:
+    """The whole reply: content, calls (arguments joined), finish reason and summary."""
+    reply = CollectedReply()
+    for delta in deltas:
+        reply.add(delta)
+    return reply
+
+
+def stream_reply_deltas(request: ChatRequest, cancelled: threading.Event | None = None) -> Iterator[ReplyDelta]:
+    """Run ``request``; yield a :class:`ReplyDelta` per engine step, the last with the summary.
+
+    Args:
+        request: the prepared request.
+        cancelled: when set, the request ends after the current step (no last delta).
+    """
+    events = request.engine.stream(request.structure.prompt_ids, request.params, structure=request.structure)
+    try:
+        if request.parse_tools:
+            yield from _tool_deltas(request, events, cancelled)
+        else:
+            yield from _text_deltas(request, events, cancelled)
+    finally:
+        events.close()
+
+
+def _tool_deltas(
+    request: ChatRequest, events: Iterator[TokenEvent], cancelled: threading.Event | None
+) -> Iterator[ReplyDelta]:
+    parser = ToolCallDeltaParser(request.prefix)
+    for event in events:
+        if cancelled is not None and cancelled.is_set():
+            return
+        parsed = parser.push(event.text)
+        if event.finish_reason is None:
+            yield ReplyDelta(parsed.content, parsed.tool_calls, len(event.token_ids))
+            continue
+        # Generation that stopped at the stop string "</tool_call>" consumed the closing tag.
+        closed = event.finish_reason == "stop" and TOOL_CALL_CLOSE in request.params.stop
+        rest = parser.finish(close_open_block=closed)
+        parsed = ParsedDelta(parsed.content + rest.content, parsed.tool_calls + rest.tool_calls)
+        finish = "tool_calls" if parser.num_calls and event.finish_reason == "stop" else event.finish_reason
+        summary = ReplySummary.of(request, event.finish_reason, event.stats)
+        yield ReplyDelta(parsed.content, parsed.tool_calls, len(event.token_ids), finish, summary)
+        return
+
+
+def _text_deltas(
+    request: ChatRequest, events: Iterator[TokenEvent], cancelled: threading.Event | None
+) -> Iterator[ReplyDelta]:
+    """Content only; in JSON mode the reply is cut after its first JSON object."""
+    scanner = JsonObjectScanner() if request.json_mode else None
+    text, shown, pending = "", 0, request.prefix
+    for event in events:
+        if cancelled is not None and cancelled.is_set():
+            return
+        new, pending = pending + event.text, ""
+        text += new
+        end = scanner.push(new) if scanner is not None else None
+        visible = text if end is None else text[:end]
+        delta, shown = visible[shown:], len(visible)
+        if event.finish_reason is None:
+            yield ReplyDelta(delta, tokens=len(event.token_ids))
+            continue
+        summary = ReplySummary.of(request, event.finish_reason, event.stats)
+        yield ReplyDelta(delta, tokens=len(event.token_ids), finish_reason=event.finish_reason, summary=summary)
+        return

@@ -12,6 +12,8 @@ Subcommands:
 * ``analyze``: replay an agent trace through the drafters; estimated speedup per policy (no model).
 * ``train-payoff``: fit the payoff predictor on ``analyze --steps`` records (no model).
 * ``train-drafter``: distil the draft head (the model drafter) from the target.
+* ``serve``: an OpenAI-compatible HTTP server (chat completions, completions, models, health, metrics).
+* ``load-test``: a bounded load test of a running server: checked answers, p50/p95 latency.
 
 Errors the user can cause (bad model id, bad parameters) print ``error: ...`` and
 exit with status 2; no traceback.
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -203,6 +206,72 @@ def cmd_train_payoff(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        from hvd_agents.server.app import serve
+    except ImportError as exc:
+        raise HVDError(f"the server needs its extra: pip install 'hvd-agents[server]' ({exc})") from exc
+
+    from hvd_agents.server.config import ServerConfig
+
+    if args.max_pending < 1 or args.max_body_mb <= 0:
+        raise HVDError("--max-pending must be >= 1 and --max-body-mb > 0")
+    config = ServerConfig(
+        model=args.model, device=args.device, draft_model=args.draft_model, served_model_name=args.served_model_name,
+        method=args.method, host=args.host, port=args.port, api_key=args.api_key or os.environ.get("HVD_API_KEY"),
+        max_pending=args.max_pending, max_body_bytes=int(args.max_body_mb * 2**20),
+    )
+    serve(config, log_level="info" if args.verbose else "warning")
+    return 0
+
+
+def cmd_load_test(args: argparse.Namespace) -> int:
+    try:
+        from hvd_agents.server.loadtest import run_load_test
+    except ImportError as exc:
+        raise HVDError(f"the load test needs the server extra: pip install 'hvd-agents[server]' ({exc})") from exc
+
+    if args.requests < 1 or args.clients < 1 or args.time_cap <= 0:
+        raise HVDError("--requests and --clients must be >= 1 and --time-cap > 0")
+    report = run_load_test(args.url, requests=args.requests, clients=args.clients, max_tokens=args.max_tokens,
+                           time_cap_s=args.time_cap, api_key=args.api_key or os.environ.get("HVD_API_KEY"),
+                           model=args.model)
+    print(report.summary())
+    return 0 if report.ok else 1
+
+
+def _add_server_parsers(sub: argparse._SubParsersAction) -> None:
+    from hvd_agents.server.config import DEFAULT_HOST, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PENDING, DEFAULT_PORT
+
+    srv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/chat/completions, ...)")
+    srv.add_argument("--model", default=None, help="hub id, local path or .gguf file (default: embedded SmolLM2)")
+    srv.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    srv.add_argument("--draft-model", default=None, help="a smaller model with the same tokenizer that drafts")
+    srv.add_argument("--served-model-name", default=None, help="the model id clients send (default: --model's)")
+    srv.add_argument("--method", default="hvd", choices=available_methods(),
+                     help="decoding method when a request names none")
+    srv.add_argument("--host", default=DEFAULT_HOST,
+                     help="address to bind (default loopback; 0.0.0.0 exposes the server to the network)")
+    srv.add_argument("--port", type=int, default=DEFAULT_PORT)
+    srv.add_argument("--api-key", default=None,
+                     help="require 'Authorization: Bearer KEY' on every route but /health (default: $HVD_API_KEY)")
+    srv.add_argument("--max-pending", type=int, default=DEFAULT_MAX_PENDING,
+                     help="generation requests queued or running before new ones get 503 + Retry-After")
+    srv.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY_BYTES / 2**20,
+                     help="largest request body in MiB (413 above it)")
+    srv.set_defaults(func=cmd_serve)
+
+    load = sub.add_parser("load-test", help="a bounded load test of a running server (loopback): p50/p95 latency")
+    load.add_argument("--url", default=f"http://{DEFAULT_HOST}:{DEFAULT_PORT}", help="the server's base URL")
+    load.add_argument("--requests", type=int, default=200)
+    load.add_argument("--clients", type=int, default=16, help="concurrent clients")
+    load.add_argument("--max-tokens", type=int, default=24, help="max_tokens of each request")
+    load.add_argument("--time-cap", type=float, default=60.0, help="seconds after which the run stops")
+    load.add_argument("--model", default=None, help="the model id to send (default: the server's first)")
+    load.add_argument("--api-key", default=None, help="the server's key (default: $HVD_API_KEY)")
+    load.set_defaults(func=cmd_load_test)
+
+
 def _add_analyze_parser(sub: argparse._SubParsersAction) -> None:
     from hvd_agents.trace.strategies import ALIASES, POLICIES
 
@@ -294,6 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
     kernels.set_defaults(func=cmd_bench_kernels)
 
     _add_analyze_parser(sub)
+    _add_server_parsers(sub)
 
     train = sub.add_parser("train-payoff", help="fit the payoff predictor on analyze --steps records (no model)")
     train.add_argument("steps", nargs="+", help="JSONL step records (hvd-agents analyze --policy suffix --steps F)")

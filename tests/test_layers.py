@@ -9,7 +9,7 @@ Layers, bottom to top (a module may import its own layer and those below):
 4. ``drafters``: ``base`` < ``cache``, ``model`` < ``hybrid`` < the registry (``drafters/__init__``)
 5. ``engine``
 6. ``chat``
-7. ``cli``, ``demo``, ``bench``, ``trace``, ``distill`` and the package's own ``__init__`` (its facade)
+7. ``cli``, ``demo``, ``bench``, ``trace``, ``distill``, ``server`` and the package's own ``__init__`` (its facade)
 
 Every import counts, at module level or inside a function: a lazy import does not
 make an upward dependency acceptable.
@@ -35,7 +35,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("hvd_agents.drafters",),
     ("hvd_agents.engine",),
     ("hvd_agents.chat",),
-    ("hvd_agents.cli", "hvd_agents.demo", "hvd_agents.bench", "hvd_agents.trace", "hvd_agents.distill", "hvd_agents"),
+    ("hvd_agents.cli", "hvd_agents.demo", "hvd_agents.bench", "hvd_agents.trace", "hvd_agents.distill",
+     "hvd_agents.server", "hvd_agents"),
 )
 NUMPY_ONLY = "hvd_agents.policy"
 HEAVY = ("torch", "transformers")

@@ -1,0 +1,116 @@
+"""The OpenAI-compatible HTTP server: :func:`create_app` builds it, :func:`serve` runs it.
+
+::
+
+    hvd-agents serve                       # embedded model on http://127.0.0.1:8000/v1
+    client = openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
+
+Routes (:mod:`.routes`): ``POST /v1/chat/completions``, ``POST /v1/completions``,
+``GET /v1/models``, ``GET /health`` (503 while the model loads), ``GET /metrics``
+(Prometheus). Every error is an OpenAI error envelope (:mod:`.errors`): 400 naming
+the field for a bad request, 401 without the key, 404 for an unknown model or route,
+413 for a body over the bound, 503 with ``Retry-After`` while loading or when the
+queue is full; a 500 only for a bug.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from hvd_agents.engine import Engine
+from hvd_agents.engine.shared import shared_engine
+from hvd_agents.errors import HVDError
+from hvd_agents.server.config import ServerConfig
+from hvd_agents.server.errors import APIError, api_error_of
+from hvd_agents.server.limits import BodyLimitMiddleware
+from hvd_agents.server.loading import EngineSlot
+from hvd_agents.server.metrics import ServerMetrics, StatusCountMiddleware
+from hvd_agents.server.queue import GenerationQueue
+from hvd_agents.server.routes import guarded, router
+from hvd_agents.server.schema import validation_error
+from hvd_agents.server.state import ServerState
+
+logger = logging.getLogger(__name__)
+
+_HTTP_ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
+
+
+def create_app(
+    config: ServerConfig | None = None, engine: Engine | None = None, load: Callable[[], Engine] | None = None
+) -> FastAPI:
+    """The ASGI app.
+
+    Args:
+        config: the settings (defaults: embedded model, loopback, no key).
+        engine: an engine to serve; None loads one in the background when the app
+            starts (``/health`` says 503 until it is loaded).
+        load: how to load it; None = ``shared_engine`` of ``config.model``, ``config.device``
+            and ``config.draft_model``.
+    """
+    config = config or ServerConfig()
+    metrics = ServerMetrics()
+    if load is None:
+        def load() -> Engine:
+            return shared_engine(config.model, device=config.device, draft_model=config.draft_model)
+    slot = EngineSlot(engine, load, config.retry_after_s)
+    queue = GenerationQueue(config.max_pending, config.retry_after_s, metrics.set_pending)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        slot.start()
+        yield
+        queue.close()
+
+    app = FastAPI(title="hvd-agents", description="OpenAI-compatible server over hvd-agents", lifespan=lifespan,
+                  docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.hvd = ServerState(config, slot, queue, metrics)
+    app.include_router(router)
+    app.include_router(guarded)
+    _add_error_handlers(app)
+    routes = [route.path for part in (router, guarded) for route in part.routes if "{" not in route.path]
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
+    app.add_middleware(StatusCountMiddleware, metrics=metrics, routes=routes)
+    return app
+
+
+def _error_response(error: APIError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def on_api_error(_: Request, exc: APIError) -> JSONResponse:
+        return _error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error_response(validation_error(exc))
+
+    @app.exception_handler(HVDError)
+    async def on_hvd_error(_: Request, exc: HVDError) -> JSONResponse:
+        return _error_response(api_error_of(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = _HTTP_ERROR_TYPES.get(exc.status_code, "invalid_request_error")
+        return _error_response(APIError(exc.status_code, str(exc.detail), kind, None, None, dict(exc.headers or {})))
+
+    @app.exception_handler(Exception)
+    async def on_bug(_: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error")
+        return _error_response(APIError(500, f"internal error: {type(exc).__name__}", "server_error"))
+
+
+def serve(config: ServerConfig, log_level: str = "info") -> None:
+    """Run the server until interrupted (uvicorn, one process: the engine decodes one request at a time)."""
+    import uvicorn
+
+    logger.info("serving %s on http://%s:%d/v1", config.model_name, config.host, config.port)
+    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level=log_level)

@@ -1,0 +1,100 @@
+"""The generations the worker runs: a chat request or a raw-prompt completion, as reply deltas.
+
+Each job is a generator built in the worker thread
+(:meth:`~hvd_agents.server.queue.GenerationQueue.submit`): the chat job prepares the request
+with :func:`~hvd_agents.chat.request.build_chat_request`, the same call the LangChain and
+LlamaIndex adapters make (so the prompt and greedy output equal ``ChatHVD``'s, and the
+conversation is registered in the cache drafter's store for its session), then yields
+:func:`~hvd_agents.chat.delta_stream.stream_reply_deltas`. Preparation runs in the worker
+because it writes to the engine's cache store, which the running generation reads.
+
+Every step is counted in the metrics as it happens, so tokens of a cancelled request
+are counted too; a job that ends without its last delta counts as cancelled.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hvd_agents.chat.delta_stream import ReplyDelta, stream_reply_deltas
+from hvd_agents.chat.request import ChatSettings, ReplySummary, build_chat_request
+from hvd_agents.engine import Engine
+from hvd_agents.server.metrics import ServerMetrics
+
+Job = Callable[[threading.Event], Generator[ReplyDelta, None, None]]
+
+
+@dataclass(frozen=True)
+class ChatJob:
+    """One chat completion, ready to run (everything :func:`build_chat_request` takes)."""
+
+    engine: Engine
+    messages: Sequence[Mapping[str, Any]]
+    tools: Sequence[Mapping[str, Any]] | None
+    settings: ChatSettings
+    tool_choice: str | None
+    stop: Sequence[str]
+    session_id: str | None
+    response_format: Mapping[str, Any] | None
+    model_name: str
+
+    def deltas(self, cancelled: threading.Event) -> Iterator[ReplyDelta]:
+        request = build_chat_request(
+            self.engine, self.messages, self.tools, settings=self.settings, tool_choice=self.tool_choice,
+            stop=self.stop, session_id=self.session_id, response_format=self.response_format,
+            model_name=self.model_name,
+        )
+        return stream_reply_deltas(request, cancelled)
+
+
+@dataclass(frozen=True)
+class CompletionJob:
+    """One raw-prompt completion (no chat template, no tool calls)."""
+
+    engine: Engine
+    prompt: str | Sequence[int]
+    settings: ChatSettings
+    stop: Sequence[str]
+    model_name: str
+
+    def deltas(self, cancelled: threading.Event) -> Iterator[ReplyDelta]:
+        params = self.settings.to_params(self.stop)
+        if isinstance(self.prompt, str):
+            ids = self.engine.tokenizer(self.prompt, add_special_tokens=False).input_ids if self.engine.tokenizer else []
+        else:
+            ids = list(self.prompt)
+        events = self.engine.stream(ids, params)
+        try:
+            for event in events:
+                if cancelled.is_set():
+                    return
+                summary = None
+                if event.finish_reason is not None and event.stats is not None:
+                    summary = ReplySummary(self.model_name, params.method, event.finish_reason, len(ids),
+                                           event.stats.new_tokens, event.stats.to_dict())
+                yield ReplyDelta(event.text, tokens=len(event.token_ids), finish_reason=event.finish_reason,
+                                 summary=summary)
+        finally:
+            events.close()
+
+
+def counted(job: ChatJob | CompletionJob, metrics: ServerMetrics) -> Job:
+    """``job`` as the queue runs it: each step counted, a job that ends early counted as cancelled."""
+
+    def run(cancelled: threading.Event) -> Generator[ReplyDelta, None, None]:
+        finished = False
+        deltas = job.deltas(cancelled)
+        try:
+            for delta in deltas:
+                metrics.step(delta.tokens)
+                finished = delta.finish_reason is not None
+                yield delta
+        finally:
+            deltas.close()
+            if not finished and cancelled.is_set():
+                metrics.cancel()
+
+    return run

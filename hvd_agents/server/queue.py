@@ -1,0 +1,85 @@
+"""Generations one at a time, in arrival order, with a bounded number waiting.
+
+The engine decodes one request at a time, so every generation runs on one worker
+thread (a one-thread executor: FIFO). :meth:`GenerationQueue.submit` admits a request
+only while fewer than ``max_pending`` are queued or running; past that it refuses
+with 503 and ``Retry-After``, which the OpenAI client honours and retries, instead of
+letting requests pile up without bound.
+
+A submitted generation is an async iterator over the items its generator yields in
+the worker (:func:`hvd_agents.chat.async_stream.iterate_in_thread`): leaving it
+(a client's disconnect cancels the consuming task) sets the generation's cancel flag,
+which stops it after the current engine step; one still waiting never starts.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Callable, Generator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from hvd_agents.chat.async_stream import iterate_in_thread
+from hvd_agents.server.errors import APIError
+
+T = TypeVar("T")
+
+
+class GenerationQueue:
+    """The one worker that runs generations, and the bound on how many may wait for it.
+
+    Args:
+        max_pending: most generations queued or running at once (>= 1).
+        retry_after_s: the ``Retry-After`` of a refusal, in seconds.
+        on_change: called with the new count whenever it changes (a metrics gauge).
+    """
+
+    def __init__(self, max_pending: int, retry_after_s: int = 1,
+                 on_change: Callable[[int], None] | None = None) -> None:
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be >= 1, got {max_pending}")
+        self.max_pending = max_pending
+        self.retry_after_s = retry_after_s
+        self._on_change = on_change
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hvd-generation")
+        self._lock = threading.Lock()
+        self._pending = 0
+
+    @property
+    def pending(self) -> int:
+        """Generations queued or running."""
+        return self._pending
+
+    def submit(self, make: Callable[[threading.Event], Generator[T, None, None]]) -> AsyncIterator[T]:
+        """Admit a generation; iterate the result (at once) to run it and read its items.
+
+        Args:
+            make: builds the generation's generator in the worker; it receives the
+                cancel flag (see :func:`~hvd_agents.chat.async_stream.iterate_in_thread`).
+
+        Raises:
+            APIError: 503 with ``Retry-After`` when ``max_pending`` are already admitted.
+        """
+        with self._lock:
+            if self._pending >= self.max_pending:
+                raise APIError(503, f"the server is busy: {self._pending} requests are queued or running",
+                               "server_error", None, "queue_full", {"Retry-After": str(self.retry_after_s)})
+            self._change(+1)
+        return self._run(make)
+
+    async def _run(self, make: Callable[[threading.Event], Generator[T, None, None]]) -> AsyncIterator[T]:
+        try:
+            async for item in iterate_in_thread(make, self._executor):
+                yield item
+        finally:
+            with self._lock:
+                self._change(-1)
+
+    def _change(self, step: int) -> None:
+        self._pending += step
+        if self._on_change is not None:
+            self._on_change(self._pending)
+
+    def close(self) -> None:
+        """Stop the worker once what it has started is done."""
+        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,188 @@
+"""The HTTP routes: chat completions, completions, models, health and metrics.
+
+A generation request is checked in full before it is queued (a 400 names the field);
+the worker then prepares and runs it (:mod:`hvd_agents.server.jobs`). The route waits
+for the first step before it answers, so an error the engine finds in the request
+(the prompt does not fit the context window, an unknown method) is still a 4xx with
+the OpenAI envelope; a streamed reply is sent as server-sent events from then on. A
+client that disconnects, while queued or while its reply is generated, stops its
+generation after the current step.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from hvd_agents.chat.delta_stream import CollectedReply, ReplyDelta
+from hvd_agents.errors import HVDError
+from hvd_agents.server.auth import check_api_key
+from hvd_agents.server.disconnect import ClientGone, until_disconnect
+from hvd_agents.server.errors import APIError, api_error_of
+from hvd_agents.server.jobs import ChatJob, CompletionJob, counted
+from hvd_agents.server.schema import ChatCompletionRequest, CompletionRequest
+from hvd_agents.server.shaping import (
+    ChatChunks,
+    CompletionChunks,
+    Envelope,
+    chat_completion,
+    error_event,
+    text_completion,
+)
+from hvd_agents.server.state import ServerState
+
+logger = logging.getLogger(__name__)
+
+SESSION_HEADER = "x-session-id"
+REQUEST_ID_HEADER = "x-request-id"
+# The status nginx logs for a request whose client closed the connection first.
+CLIENT_CLOSED = 499
+
+
+def state_of(request: Request) -> ServerState:
+    return request.app.state.hvd
+
+
+def require_key(request: Request) -> None:
+    """Dependency of every route but ``/health``: the API key, when one is configured."""
+    check_api_key(request.url.path, request.headers.get("authorization"), state_of(request).config.api_key)
+
+
+router = APIRouter()
+guarded = APIRouter(dependencies=[Depends(require_key)])
+
+
+@router.get("/health")
+async def health(request: Request) -> JSONResponse:
+    """200 ``ok`` once the model is loaded; 503 ``loading`` (with Retry-After) or ``failed`` before."""
+    slot = state_of(request).slot
+    if slot.state == "ready":
+        return JSONResponse({"status": "ok"})
+    if slot.state == "failed":
+        return JSONResponse({"status": "failed", "error": slot.error}, status_code=503)
+    return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": str(slot.retry_after_s)})
+
+
+@guarded.get("/metrics")
+async def metrics(request: Request) -> PlainTextResponse:
+    return PlainTextResponse(state_of(request).metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+@guarded.get("/v1/models")
+async def list_models(request: Request) -> dict[str, Any]:
+    return {"object": "list", "data": [_model_card(state_of(request))]}
+
+
+@guarded.get("/v1/models/{model_id:path}")
+async def get_model(request: Request, model_id: str) -> dict[str, Any]:
+    state = state_of(request)
+    if not state.config.serves(model_id):
+        raise APIError(404, f"the model {model_id!r} does not exist", "not_found_error", "model", "model_not_found")
+    return _model_card(state)
+
+
+def _model_card(state: ServerState) -> dict[str, Any]:
+    return {"id": state.config.model_name, "object": "model", "created": state.started, "owned_by": "hvd-agents"}
+
+
+@guarded.post("/v1/chat/completions")
+async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:
+    state = state_of(request)
+    body.check()
+    engine = state.engine_for(body.model)
+    job = ChatJob(
+        engine=engine,
+        messages=body.chat_messages(),
+        tools=body.tools,
+        settings=body.settings(body.max_new_tokens(), state.config.method, engine.context_window),
+        tool_choice=body.tool_choice_value(),
+        stop=body.stops_with_calls(),
+        session_id=request.headers.get(SESSION_HEADER) or body.user,
+        response_format=body.response_format_value(),
+        model_name=state.config.model_name,
+    )
+    env = Envelope("chatcmpl-", state.config.model_name)
+    shaper = ChatChunks(env, body.include_usage()) if body.stream else None
+    return await _generate(request, state, counted(job, state.metrics), env, shaper, chat_completion)
+
+
+@guarded.post("/v1/completions")
+async def completions(request: Request, body: CompletionRequest) -> Response:
+    state = state_of(request)
+    body.check()
+    engine = state.engine_for(body.model)
+    job = CompletionJob(
+        engine=engine,
+        prompt=body.prompt_value(),
+        settings=body.settings(body.max_tokens, state.config.method, engine.context_window),
+        stop=body.stops(),
+        model_name=state.config.model_name,
+    )
+    env = Envelope("cmpl-", state.config.model_name)
+    shaper = CompletionChunks(env, body.include_usage()) if body.stream else None
+    return await _generate(request, state, counted(job, state.metrics), env, shaper, text_completion)
+
+
+async def _generate(request: Request, state: ServerState, job, env: Envelope, shaper, shape) -> Response:
+    """Queue ``job``, wait for its first step, then answer whole (``shaper`` None) or as a stream."""
+    arrived = time.perf_counter()
+    deltas = state.queue.submit(job)
+    headers = {"X-Request-ID": request.headers.get(REQUEST_ID_HEADER) or env.id}
+    try:
+        first = await until_disconnect(request, anext(deltas))
+        if shaper is None:
+            reply = CollectedReply()
+            reply.add(first)
+            reply = await until_disconnect(request, _collect(deltas, reply))
+    except ClientGone:
+        await deltas.aclose()
+        return Response(status_code=CLIENT_CLOSED)
+    except HVDError as exc:
+        await deltas.aclose()
+        raise api_error_of(exc) from exc
+    except BaseException:
+        await deltas.aclose()
+        raise
+    if shaper is None:
+        state.metrics.finished(reply.summary, time.perf_counter() - arrived)
+        return JSONResponse(shape(env, reply), headers=headers)
+    stream = _events(state, deltas, first, shaper, arrived)
+    return StreamingResponse(stream, media_type="text/event-stream",
+                             headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _collect(deltas: AsyncIterator[ReplyDelta], reply: CollectedReply) -> CollectedReply:
+    async for delta in deltas:
+        reply.add(delta)
+    return reply
+
+
+async def _events(state: ServerState, deltas: AsyncIterator[ReplyDelta], first: ReplyDelta, shaper,
+                  arrived: float) -> AsyncIterator[bytes]:
+    """The SSE body; a disconnect cancels this generator, which stops the generation."""
+    try:
+        delta = first
+        data = shaper.first()
+        while True:
+            data += shaper.step(delta)
+            if delta.finish_reason is not None:  # the client may leave once it has the last chunk
+                state.metrics.finished(delta.summary, time.perf_counter() - arrived)
+                yield data
+                return
+            if data:
+                yield data
+            delta, data = await anext(deltas), b""
+    except StopAsyncIteration:  # cancelled in the worker without a last step
+        return
+    except HVDError as exc:
+        yield error_event(api_error_of(exc).body())
+    except Exception:  # the status line is sent: report the failure in the stream
+        logger.exception("generation failed while streaming")
+        yield error_event(APIError(500, "the generation failed", "server_error").body())
+    finally:
+        await deltas.aclose()

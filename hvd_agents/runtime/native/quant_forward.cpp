@@ -484,7 +484,23 @@ void silu_mul(const float* g, const float* u, int64_t n, float* out) {
 void attend(const float* q, const at::Half* K, const at::Half* V, int64_t hd, const int32_t* slots, int64_t T,
             float scale, float* scores, float* out) {
   const int64_t T8 = (T + 7) / 8 * 8;
-  for (int64_t t = 0; t < T; ++t) {
+  // a key's score: the fmadd chain over its 8-lane chunks, then hsum; eight keys' chains interleaved
+  int64_t t = 0;
+  for (; t + 8 <= T; t += 8) {
+    const uint16_t* k[8];
+    __m256 acc[8];
+    for (int u = 0; u < 8; ++u) {
+      k[u] = reinterpret_cast<const uint16_t*>(K + static_cast<int64_t>(slots[t + u]) * hd);
+      acc[u] = _mm256_setzero_ps();
+    }
+    for (int64_t i = 0; i < hd; i += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + i);
+      for (int u = 0; u < 8; ++u)
+        acc[u] = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k[u] + i))), acc[u]);
+    }
+    for (int u = 0; u < 8; ++u) scores[t + u] = hsum(acc[u]) * scale;
+  }
+  for (; t < T; ++t) {
     const uint16_t* k = reinterpret_cast<const uint16_t*>(K + static_cast<int64_t>(slots[t]) * hd);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < hd; i += 8) {

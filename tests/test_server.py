@@ -175,3 +175,33 @@ def test_metrics_count_requests_tokens_and_drafts(url, client) -> None:
     assert any(key.startswith("hvd_drafted_tokens_total{source=") for key in lines)
     assert float(lines["hvd_prefix_reused_tokens_total"]) >= 0
     assert "# TYPE hvd_accepted_length histogram" in text
+
+
+def test_queue_slot_is_released_however_a_generation_ends() -> None:
+    from hvd_agents.server.errors import APIError
+    from hvd_agents.server.queue import GenerationQueue
+
+    queue = GenerationQueue(1)
+    started = []
+
+    def make(cancel):
+        started.append(True)
+        yield 1
+        yield 2
+
+    async def scenario() -> list:
+        closed_early = queue.submit(make)  # admitted, closed before its first item
+        with pytest.raises(APIError):
+            queue.submit(make)  # the one slot is taken
+        await closed_early.aclose()
+        assert queue.pending == 0 and not started
+        items = [item async for item in queue.submit(make)]  # run to the end
+        assert queue.pending == 0
+        partial = queue.submit(make)
+        first = await partial.__anext__()
+        await partial.aclose()  # left after one item
+        assert queue.pending == 0
+        return [items, first]
+
+    assert asyncio.run(scenario()) == [[1, 2], 1]
+    queue.close()

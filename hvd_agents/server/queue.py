@@ -65,15 +65,11 @@ class GenerationQueue:
                 raise APIError(503, f"the server is busy: {self._pending} requests are queued or running",
                                "server_error", None, "queue_full", {"Retry-After": str(self.retry_after_s)})
             self._change(+1)
-        return self._run(make)
+        return _Admitted(self, iterate_in_thread(make, self._executor))
 
-    async def _run(self, make: Callable[[threading.Event], Generator[T, None, None]]) -> AsyncIterator[T]:
-        try:
-            async for item in iterate_in_thread(make, self._executor):
-                yield item
-        finally:
-            with self._lock:
-                self._change(-1)
+    def _release(self) -> None:
+        with self._lock:
+            self._change(-1)
 
     def _change(self, step: int) -> None:
         self._pending += step
@@ -83,3 +79,37 @@ class GenerationQueue:
     def close(self) -> None:
         """Stop the worker once what it has started is done."""
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+class _Admitted(AsyncIterator[T]):
+    """An admitted generation's items; its slot in the queue is released once, when the items run out,
+    fail, or the iterator is closed (closed before its first item too: an async generator's own
+    ``finally`` would not run then)."""
+
+    def __init__(self, queue: GenerationQueue, items: AsyncIterator[T]) -> None:
+        self._queue = queue
+        self._items = items
+        self._released = False
+
+    def __aiter__(self) -> _Admitted[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        if self._released:
+            raise StopAsyncIteration
+        try:
+            return await self._items.__anext__()
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        try:
+            close = getattr(self._items, "aclose", None)
+            if close is not None:
+                await close()
+        finally:
+            self._queue._release()

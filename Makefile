@@ -1,4 +1,5 @@
 # hvd-agents: `make demo` and `make test` set everything up in .venv on first use.
+# `make demo` runs the airline customer-service agent of examples/ (LangChain create_agent, 4 turns).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -23,7 +24,7 @@ $(STAMP): pyproject.toml integrations/langchain-hvd/pyproject.toml integrations/
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/hvd-agents demo
+	$(BIN)/python examples/airline_langchain.py
 
 test: $(STAMP)
 	$(BIN)/ruff check .

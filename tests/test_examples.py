@@ -1,0 +1,78 @@
+"""The examples in examples/, each run short on the embedded model (the session's shared engine).
+
+Each example's ``main(argv, engine)`` runs its workflow and returns its tools' call log
+and its report; the checks are on what happened (the steered calls and their
+arguments, the answers, the printed summary), and, where a run is short, that the
+conversation under ``hvd`` equals the one under plain ``ar`` decoding.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+sys.path.insert(0, str(EXAMPLES))  # the examples import their helpers (_report, _loop, ...) as top-level modules
+
+pytestmark = pytest.mark.real_model
+
+
+def _summary_has_numbers(out: str, turns: int) -> None:
+    total = re.search(r"^total\s+([\d.]+)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)$", out,
+                      re.MULTILINE)
+    assert total, out
+    wall, calls, prompt, _, _, new, tok_s, per_step = total.groups()
+    assert float(wall) > 0 and int(calls) >= turns and int(prompt) > 0 and int(new) > 0
+    assert float(tok_s) > 0 and float(per_step) >= 1.0
+    assert re.search(r"^accepted/drafted: \d+/\d+", out, re.MULTILINE)
+    assert re.search(r"^  suffix:\S+\s+\d+ accepted of\s+\d+ drafted", out, re.MULTILINE)
+
+
+def test_airline_langchain_agent_looks_up_the_user(real_engine, capsys) -> None:
+    import airline_langchain
+
+    airline, messages, report = airline_langchain.main(["--max-turns", "1", "--max-new-tokens", "48"],
+                                                       engine=real_engine)
+    assert airline.calls == [("get_user_details", {"user_id": "mia_li_3668"})]
+    assert messages[-1].content.strip() and not messages[-1].tool_calls
+    assert len(report.turns) == 1 and len(report.turns[0].calls) == 2  # the steered call, then the answer
+    _summary_has_numbers(capsys.readouterr().out, turns=1)
+
+
+def test_calculator_llamaindex_agent_multiplies_and_equals_ar(real_engine, capsys) -> None:
+    import calculator_llamaindex
+
+    argv = ["--max-turns", "1", "--max-new-tokens", "32"]
+    workspace, answers, _ = calculator_llamaindex.main(argv, engine=real_engine)
+    assert workspace.calls == [("multiply", {"a": 1234, "b": 56})]
+    assert "69104" in answers[0]
+    _summary_has_numbers(capsys.readouterr().out, turns=1)
+    plain, plain_answers, _ = calculator_llamaindex.main([*argv, "--method", "ar"], engine=real_engine)
+    assert (plain.calls, plain_answers) == (workspace.calls, answers)
+
+
+def test_coding_loop_lists_the_sources(real_engine, capsys) -> None:
+    import coding_loop
+
+    repo, messages, report = coding_loop.main(["--max-steps", "1", "--max-new-tokens", "32"], engine=real_engine)
+    assert repo.calls == [("list_files", {"directory": "src"})]
+    assert messages[-2]["role"] == "tool" and "src/tax.py" in messages[-2]["content"]
+    assert report.totals()["reused_prefix_tokens"] > 0  # the answer's call reused the first call's prompt KV
+    _summary_has_numbers(capsys.readouterr().out, turns=1)
+
+
+def test_own_model_is_steered_on_the_embedded_model_and_equals_ar(real_engine, capsys) -> None:
+    import own_model
+
+    assert own_model.parse_args([]).steer is None and own_model.parse_args(["--free"]).steer is False
+    argv = ["--max-turns", "1", "--max-new-tokens", "40"]
+    airline, messages, _ = own_model.main(argv, engine=real_engine)
+    assert airline.calls == [("get_user_details", {"user_id": "mia_li_3668"})]
+    out = capsys.readouterr().out
+    assert "steered (example exchange + pre-filled calls)" in out
+    _summary_has_numbers(out, turns=1)
+    _, plain_messages, _ = own_model.main([*argv, "--method", "ar"], engine=real_engine)
+    assert plain_messages == messages

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from hvd_agents.chat.request import ChatRequest, ReplySummary
 from hvd_agents.chat.toolcall_deltas import ParsedDelta, ToolCallDelta, ToolCallDeltaParser
-from hvd_agents.chat.toolcall_stream import JsonObjectScanner
+from hvd_agents.chat.toolcall_stream import VisibleReply
 from hvd_agents.chat.toolcalls import TOOL_CALL_CLOSE
 from hvd_agents.engine import TokenEvent
 
@@ -127,16 +127,11 @@ def _text_deltas(
     request: ChatRequest, events: Iterator[TokenEvent], cancelled: threading.Event | None
 ) -> Iterator[ReplyDelta]:
     """Content only; in JSON mode the reply is cut after its first JSON object."""
-    scanner = JsonObjectScanner() if request.json_mode else None
-    text, shown, pending = "", 0, request.prefix
+    content = VisibleReply(request.prefix, request.json_mode)
     for event in events:
         if cancelled is not None and cancelled.is_set():
             return
-        new, pending = pending + event.text, ""
-        text += new
-        end = scanner.push(new) if scanner is not None else None
-        visible = text if end is None else text[:end]
-        delta, shown = visible[shown:], len(visible)
+        delta = content.push(event.text)
         if event.finish_reason is None:
             yield ReplyDelta(delta, tokens=len(event.token_ids))
             continue

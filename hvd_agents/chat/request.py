@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from hvd_agents.chat.conversation import prepare
-from hvd_agents.chat.toolcall_stream import JsonObjectScanner, ToolCallStreamSplitter, normalize_tool_choice
+from hvd_agents.chat.toolcall_stream import ToolCallStreamSplitter, VisibleReply, normalize_tool_choice
 from hvd_agents.chat.toolcalls import (
     TOOL_CALL_CLOSE,
     TOOL_CALL_OPEN,
@@ -439,21 +439,11 @@ def stream_reply(request: ChatRequest, cancelled: threading.Event | None = None)
 
 def _pieces(request: ChatRequest, events: Iterator[TokenEvent], cancelled: threading.Event | None) -> Iterator[ReplyPiece]:
     splitter = ToolCallStreamSplitter(request.prefix) if request.parse_tools else None
-    scanner = JsonObjectScanner() if request.json_mode else None
-    text = ""  # the reply so far (prefix included) when not splitting tool calls
-    shown = 0  # characters of ``text`` emitted
-    pending = request.prefix if splitter is None else ""
+    content = VisibleReply(request.prefix, request.json_mode) if splitter is None else None
     for event in events:
         if cancelled is not None and cancelled.is_set():
             return
-        if splitter is not None:
-            delta = splitter.push(event.text)
-        else:
-            new, pending = pending + event.text, ""
-            text += new
-            end = scanner.push(new) if scanner is not None else None
-            visible = text if end is None else text[:end]
-            delta, shown = visible[shown:], len(visible)
+        delta = splitter.push(event.text) if splitter is not None else content.push(event.text)
         if event.finish_reason is None:
             if delta:
                 yield ReplyPiece(delta)

@@ -142,3 +142,29 @@ class JsonObjectScanner:
                     break
         self.length += len(text)
         return self.end
+
+
+class VisibleReply:
+    """The content a reply shows while it streams, as deltas: the prefix it was started with, then
+    the generated text; in JSON mode, cut just after the first complete JSON object.
+
+    Example:
+        >>> reply = VisibleReply(prefix='{"a"', json_mode=True)
+        >>> reply.push(": 1}"), reply.push(" trailing")
+        ('{"a": 1}', '')
+    """
+
+    def __init__(self, prefix: str = "", json_mode: bool = False) -> None:
+        self._pending = prefix
+        self._text = ""
+        self._shown = 0
+        self._scanner = JsonObjectScanner() if json_mode else None
+
+    def push(self, text: str) -> str:
+        """Add generated ``text``; return what is newly visible."""
+        new, self._pending = self._pending + text, ""
+        self._text += new
+        end = self._scanner.push(new) if self._scanner is not None else None
+        visible = self._text if end is None else self._text[:end]
+        delta, self._shown = visible[self._shown:], len(visible)
+        return delta

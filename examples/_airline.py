@@ -11,6 +11,8 @@ No network: every tool reads and writes the dicts below.
 import copy
 import json
 
+from _tools import call_tool, string_tool
+
 SYSTEM = ("You are an airline customer-service agent. Look up the user, their reservations and flights with "
           "the tools before you answer, and change a reservation only when the user asks for it.")
 
@@ -87,38 +89,18 @@ class Airline:
                 self.update_reservation_flights]
 
     def run(self, name: str, arguments: dict) -> str:
-        """Execute a call by name, passing only the arguments its schema declares.
-
-        Others are dropped, as a validating framework drops them. An unknown tool or a
-        missing argument returns a JSON error for the model.
-        """
-        function = {f.__name__: f for f in self.tools()}.get(name)
-        if function is None:
-            return json.dumps({"error": f"unknown tool {name}"})
-        schema = next(t["function"]["parameters"] for t in TOOL_SCHEMAS if t["function"]["name"] == name)
-        known = {key: value for key, value in arguments.items() if key in schema["properties"]}
-        try:
-            return function(**known)
-        except TypeError as exc:
-            return json.dumps({"error": str(exc)})
-
-
-def _schema(name: str, description: str, **params: str) -> dict:
-    return {"type": "function", "function": {
-        "name": name, "description": description,
-        "parameters": {"type": "object", "properties": {k: {"type": "string", "description": v}
-                                                        for k, v in params.items()},
-                       "required": list(params)}}}
+        """Execute a call by name (:func:`_tools.call_tool`)."""
+        return call_tool({f.__name__: f for f in self.tools()}, TOOL_SCHEMAS, name, arguments)
 
 
 TOOL_SCHEMAS = [
-    _schema("get_user_details", Airline.get_user_details.__doc__, user_id="The user's id, e.g. omar_davis_3817"),
-    _schema("get_reservation_details", Airline.get_reservation_details.__doc__,
-            reservation_id="The reservation id, e.g. JG7FMM"),
-    _schema("search_direct_flight", Airline.search_direct_flight.__doc__, origin="Origin airport code",
-            destination="Destination airport code", date="Date as YYYY-MM-DD"),
-    _schema("update_reservation_flights", Airline.update_reservation_flights.__doc__,
-            reservation_id="The reservation id", flight_number="The new flight number", date="Date as YYYY-MM-DD"),
+    string_tool("get_user_details", Airline.get_user_details.__doc__, user_id="The user's id, e.g. omar_davis_3817"),
+    string_tool("get_reservation_details", Airline.get_reservation_details.__doc__,
+                reservation_id="The reservation id, e.g. JG7FMM"),
+    string_tool("search_direct_flight", Airline.search_direct_flight.__doc__, origin="Origin airport code",
+                destination="Destination airport code", date="Date as YYYY-MM-DD"),
+    string_tool("update_reservation_flights", Airline.update_reservation_flights.__doc__,
+                reservation_id="The reservation id", flight_number="The new flight number", date="Date as YYYY-MM-DD"),
 ]
 """The tools as OpenAI-shape schemas (for the framework-free loop)."""
 

@@ -27,6 +27,7 @@ import time
 
 from _loop import agent_turn
 from _report import Report
+from _tools import call_tool, string_tool
 
 from hvd_agents.chat.request import ChatSettings
 from hvd_agents.chat.templates import apply_system_template, canonicalize_tools, load_template
@@ -111,35 +112,17 @@ class Repository:
         return "\n".join([*rules, detail])
 
     def run(self, name: str, arguments: dict) -> str:
-        """Execute a call by name, passing only the arguments its schema declares.
-
-        Others are dropped, as a validating framework drops them. An unknown tool or a
-        missing argument returns a JSON error for the model.
-        """
-        function = {"list_files": self.list_files, "read_file": self.read_file, "edit_file": self.edit_file,
-                    "run_check": self.run_check}.get(name)
-        if function is None:
-            return json.dumps({"error": f"unknown tool {name}"})
-        schema = next(t["function"]["parameters"] for t in TOOLS if t["function"]["name"] == name)
-        try:
-            return function(**{key: value for key, value in arguments.items() if key in schema["properties"]})
-        except TypeError as exc:
-            return json.dumps({"error": str(exc)})
-
-
-def _schema(name: str, description: str, **params: str) -> dict:
-    return {"type": "function", "function": {
-        "name": name, "description": description,
-        "parameters": {"type": "object", "properties": {k: {"type": "string", "description": v}
-                                                        for k, v in params.items()}, "required": list(params)}}}
+        """Execute a call by name (:func:`_tools.call_tool`)."""
+        return call_tool({"list_files": self.list_files, "read_file": self.read_file, "edit_file": self.edit_file,
+                    "run_check": self.run_check}, TOOLS, name, arguments)
 
 
 TOOLS = [
-    _schema("list_files", "List the repository's files under a directory.", directory="Directory, e.g. src"),
-    _schema("read_file", "Read a file, with line numbers.", file="File path"),
-    _schema("edit_file", "Replace an exact snippet of a file.", file="File path", old_text="Exact text to replace",
-            new_text="Replacement text"),
-    _schema("run_check", "Run a check file and print its report.", check="Check file path"),
+    string_tool("list_files", "List the repository's files under a directory.", directory="Directory, e.g. src"),
+    string_tool("read_file", "Read a file, with line numbers.", file="File path"),
+    string_tool("edit_file", "Replace an exact snippet of a file.", file="File path", old_text="Exact text to replace",
+                new_text="Replacement text"),
+    string_tool("run_check", "Run a check file and print its report.", check="Check file path"),
 ]
 
 

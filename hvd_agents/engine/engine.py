@@ -71,8 +71,8 @@ from hvd_agents.policy.cost import CostModel
 from hvd_agents.policy.features import feature_record
 from hvd_agents.runtime.hidden import HiddenStateBuffer
 from hvd_agents.runtime.loading import load_model
-from hvd_agents.runtime.quant_runner import runner_for
 from hvd_agents.runtime.runner import Runner, RunnerKV
+from hvd_agents.runtime.selection import runner_for
 from hvd_agents.structure import PromptStructure
 
 logger = logging.getLogger(__name__)
@@ -145,6 +145,11 @@ class Engine:
             ``draft_model``: a :class:`~hvd_agents.draft_head.DraftHead`, a path
             to a head file, ``"auto"`` (the head shipped for this target, if
             any; the default) or None (no head).
+        runner: the runner the target's forwards go through (a
+            :class:`~hvd_agents.runtime.runner.Runner` over ``model``); by default
+            :func:`~hvd_agents.runtime.selection.runner_for` picks it: the native
+            CPU runner for GGUF weights, the static graph-captured runner for
+            supported models on CUDA, the HF runner otherwise.
 
     Example (loads the embedded SmolLM2-135M)::
 
@@ -164,9 +169,11 @@ class Engine:
         prefix_cache_bytes: int | None = DEFAULT_PREFIX_CACHE_BYTES,
         draft_model: PreTrainedModel | None = None,
         draft_head: DraftHead | str | Path | None = "auto",
+        runner: Runner | None = None,
     ) -> None:
         self.model = model
-        self.runner: Runner = runner_for(model, context_window=context_window, cost_model=cost_model)
+        self.runner: Runner = runner if runner is not None else runner_for(
+            model, context_window=context_window, cost_model=cost_model)
         self.tokenizer = tokenizer
         self.device = self.runner.device
         self.vocab_size = self.runner.vocab_size
@@ -322,6 +329,7 @@ class Engine:
                 drafter.stop(req.req_id)
                 if between_steps:
                     self._keep_prefix(req)
+                self._release(req)
 
     def _check_prompt(self, prompt_ids: Sequence[int], params: GenerationParams) -> list[int]:
         ids = [int(t) for t in prompt_ids]
@@ -385,7 +393,13 @@ class Engine:
         if req.cache is None or not req.params.reuse_prefix:
             return
         self.prefix_cache.insert(req.token_ids[:-1], req.cache, prompt_len=req.num_prompt, session_id=req.session_id)
-        req.cache = None
+
+    @staticmethod
+    def _release(req: _Request) -> None:
+        """Give the request's KV back to its runner (a static runner's slot); the prefix cache holds copies."""
+        if req.cache is not None:
+            req.cache.release()
+            req.cache = None
 
     def _propose(self, req: _Request, drafter: Drafter, max_len: int) -> Draft:
         """Ask the drafter for at most ``min(K, max_len)`` in-vocabulary tokens."""

@@ -168,6 +168,9 @@ class EngineCache(DynamicCache):
         for layer, (keys, values) in zip(self.layers, layers):
             layer.update(keys[..., :n, :], values[..., :n, :])  # copies into this cache's buffers
 
+    def release(self) -> None:
+        """Nothing to give back: the layers are freed with the cache's last reference."""
+
 
 def new_cache(config: PretrainedConfig) -> EngineCache:
     """An empty KV cache for a model with ``config``: its full-attention layers grow in place."""

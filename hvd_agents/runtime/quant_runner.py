@@ -35,7 +35,6 @@ from hvd_agents.runtime import quant_native
 from hvd_agents.runtime.kv import LayerKV
 from hvd_agents.runtime.profile import cached_cost_model, machine_key_parts, measure_runner_cost
 from hvd_agents.runtime.quant_weights import MATRICES, WeightSet
-from hvd_agents.runtime.runner import HFRunner, Runner
 
 MAX_NATIVE_ROWS = 64  # rows per forward on the native path (the invariance guarantee covers these)
 MIN_ROOM = 256  # positions of room a KV buffer gets at least
@@ -170,6 +169,9 @@ class QuantKV:
             self.v[i, :, :n] = values[0, :, :n]
         self._length = n
 
+    def release(self) -> None:
+        """Nothing to give back: the buffers are freed with the cache's last reference."""
+
 
 def tree_rows(parents: Sequence[int]) -> tuple[list[int], torch.Tensor]:
     """Depths and the visibility ``[n, n]`` among a tree forward's rows (root first; see ``tree_inputs``)."""
@@ -298,11 +300,3 @@ class QuantRunner:
             h = norm(x, model.model.norm.weight)
             logits = F.linear(h[n - keep :], model.get_output_embeddings().weight)
         return logits, (h if want_hidden else torch.empty(0))
-
-
-def runner_for(model: torch.nn.Module, *, context_window: int | None = None,
-               cost_model: CostModel | None = None) -> Runner:
-    """The runner for ``model``: :class:`QuantRunner` when a native forward is attached, else :class:`HFRunner`."""
-    if attached(model) is not None:
-        return QuantRunner(model, context_window=context_window, cost_model=cost_model)
-    return HFRunner(model, context_window=context_window, cost_model=cost_model)

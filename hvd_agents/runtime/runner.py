@@ -14,6 +14,7 @@ Contract, per request::
     kv.rollback(kv.length - rejected)                       # drop rejected positions
     logits = runner.forward(kv, [last, *tree], parents=...) # a tree under its mask
     kv.compact(start, accepted_rows)                        # keep the accepted path
+    kv.release()                                            # the request is over
 
 * ``forward`` appends one KV position per token after the ``kv.length`` cached
   ones and returns the logits of the new positions, ``[n, vocab]`` (the last
@@ -73,6 +74,9 @@ class RunnerKV(Protocol):
 
     def import_prefix(self, layers: Sequence[LayerKV], n: int) -> None:
         """Copy positions ``[0, n)`` of exported ``layers`` into this empty cache."""
+
+    def release(self) -> None:
+        """Give the cache's memory back to its runner now (do not use the cache afterwards)."""
 
 
 @runtime_checkable

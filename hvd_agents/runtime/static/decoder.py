@@ -1,0 +1,168 @@
+"""A Llama-family decoder forward over a :class:`~.slot_kv.SlotPool`, in fixed shapes.
+
+:class:`StaticDecoder` holds references to an HF model's weights (no copies, except
+the optional float32 LM head) and runs one forward of ``R`` rows against ``L``
+positions of a KV slot. Every shape depends only on ``(R, L)`` and every input is a
+tensor, so the same call can be captured once per shape as a CUDA graph
+(:mod:`.graphs`) and replayed with new inputs:
+
+* the rows' positions, their KV write positions and the attention mask are built on
+  the device from the draft's ``parents`` and the cached length ``past`` (a one-element
+  tensor) with :mod:`hvd_agents.runtime.tree`; padding rows hang off the root, write
+  after the real rows and are never visible to them;
+* attention reads each KV head once for its whole group of query heads (the queries of
+  a group are stacked as rows of one matrix product), instead of expanding the cache to
+  every query head as HF's masked path does;
+* softmax runs in float32, as HF's eager attention does; with ``lm_head_fp32`` the
+  logits come from a float32 copy of the LM head, so greedy decisions of a bfloat16
+  model are not taken on bfloat16 logits.
+
+Supported: models whose layers are the Llama block (RMSNorm, rotary attention with
+optional q/k/v biases, SwiGLU MLP), without sliding windows: Llama, Mistral and Qwen2
+families, SmolLM2. :func:`supports` says whether a model qualifies; others keep the HF
+runner.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from hvd_agents.runtime.tree import ancestors, tree_positions, tree_visibility
+
+SUPPORTED_TYPES = frozenset({"llama", "mistral", "qwen2"})
+
+
+def supports(model: torch.nn.Module) -> str | None:
+    """None when :class:`StaticDecoder` can run ``model``, else the reason it cannot."""
+    config = model.config
+    kind = getattr(config, "model_type", "")
+    if kind not in SUPPORTED_TYPES:
+        return f"model type {kind!r} is not one of {sorted(SUPPORTED_TYPES)}"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", kind == "mistral"):
+        return "sliding-window attention is not supported"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"activation {config.hidden_act!r} is not supported"
+    if getattr(config, "mlp_bias", False):
+        return "MLP biases are not supported"
+    return None
+
+
+class _Layer:
+    def __init__(self, layer: torch.nn.Module) -> None:
+        attn, mlp = layer.self_attn, layer.mlp
+        self.ln1, self.ln2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
+        self.q, self.qb = attn.q_proj.weight, attn.q_proj.bias
+        self.k, self.kb = attn.k_proj.weight, attn.k_proj.bias
+        self.v, self.vb = attn.v_proj.weight, attn.v_proj.bias
+        self.o, self.ob = attn.o_proj.weight, attn.o_proj.bias
+        self.gate, self.up, self.down = mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight
+
+
+class StaticDecoder:
+    """The forward of a supported HF causal LM over slot-addressed KV (see the module docstring).
+
+    Args:
+        model: the HF model (its weights are used in place).
+        capacity: positions per KV slot (rotary tables are built for these).
+        lm_head_fp32: compute logits with a float32 copy of the LM head.
+    """
+
+    def __init__(self, model: torch.nn.Module, capacity: int, *, lm_head_fp32: bool = False) -> None:
+        reason = supports(model)
+        if reason is not None:
+            raise ValueError(f"the static decoder cannot run this model: {reason}")
+        config = model.config
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
+        self.group = self.heads // self.kv_heads
+        self.eps = float(config.rms_norm_eps)
+        self.layers = [_Layer(layer) for layer in model.model.layers]
+        self.embed = model.get_input_embeddings().weight
+        self.norm = model.model.norm.weight
+        head = model.get_output_embeddings().weight
+        self.dtype, self.device = head.dtype, head.device
+        self.softmax_dtype = torch.promote_types(self.dtype, torch.float32)  # at least float32
+        self.head = head.detach().float() if lm_head_fp32 and head.dtype != torch.float32 else head
+        self.vocab_size = int(head.shape[0])
+        self.hidden_size = int(config.hidden_size)
+        self.scaling = float(getattr(model.model.layers[0].self_attn, "scaling", self.head_dim ** -0.5))
+        rotary = model.model.rotary_emb
+        positions = torch.arange(capacity, dtype=torch.float32, device=self.device)
+        freqs = positions[:, None] * rotary.inv_freq.detach().float().to(self.device)[None, :]  # [C, hd / 2]
+        scale = float(getattr(rotary, "attention_scaling", 1.0))
+        self.cos = (freqs.cos() * scale).to(self.dtype)  # HF casts its tables to the activations' dtype
+        self.sin = (freqs.sin() * scale).to(self.dtype)
+
+    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return weight * h.to(x.dtype)
+
+    def decode_inputs(self, parents: torch.Tensor, past: torch.Tensor, length: int
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Positions ``[R]``, KV write positions ``[R]`` and the mask ``[R, L]`` of a bucketed forward.
+
+        Args:
+            parents: ``[R - 1]`` long: each row after the first, its parent among the draft rows (-1: the root).
+            past: ``[1]`` long, positions already cached.
+            length: ``L``, the KV positions attention reads.
+        """
+        rows = parents.shape[0] + 1
+        anc = ancestors(parents)  # [R - 1, R - 1]
+        positions = tree_positions(past, anc)  # [R]
+        visible = tree_visibility(anc)  # [R, R]
+        write = past + torch.arange(rows, device=parents.device)  # [R]
+        cols = torch.arange(length, device=parents.device)  # [L]
+        rel = cols - past  # [L]: column's offset among this forward's rows
+        new = (rel >= 0) & (rel < rows)
+        mask = (cols < past)[None, :] | (new[None, :] & visible.index_select(1, rel.clamp(0, rows - 1)))  # [R, L]
+        return positions, write, mask
+
+    @staticmethod
+    def chain_inputs(past: int, rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`decode_inputs` for a causal chain with a host ``past`` (prefill), over exactly ``past + rows``."""
+        positions = torch.arange(past, past + rows, device=device)  # [R]
+        cols = torch.arange(past + rows, device=device)
+        mask = cols[None, :] <= positions[:, None]  # [R, past + R]
+        return positions, positions, mask
+
+    def forward(self, kv: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, write: torch.Tensor,
+                mask: torch.Tensor, *, logits: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """One forward of ``R`` rows; returns logits ``[R, vocab]`` (empty when ``logits`` is False) and the
+        final-norm hidden states ``[R, hidden]``.
+
+        Args:
+            kv: a slot, ``[layers, 2, kv_heads, capacity, head_dim]``; rows' keys and values are written at ``write``.
+            tokens, positions, write: ``[R]`` long.
+            mask: ``[R, L]`` bool, which of the first ``L`` positions each row attends to.
+        """
+        rows, length = mask.shape
+        nh, nkv, hd, g = self.heads, self.kv_heads, self.head_dim, self.group
+        cos, sin = self.cos[positions], self.sin[positions]  # [R, hd / 2]
+
+        def rope(x: torch.Tensor) -> torch.Tensor:  # [heads, R, hd]
+            a, b = x[..., : hd // 2], x[..., hd // 2 :]
+            return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+
+        x = F.embedding(tokens, self.embed)  # [R, hidden]
+        for i, w in enumerate(self.layers):
+            h = self._rms(x, w.ln1)
+            q = rope(F.linear(h, w.q, w.qb).view(rows, nh, hd).transpose(0, 1))  # [nh, R, hd]
+            k = rope(F.linear(h, w.k, w.kb).view(rows, nkv, hd).transpose(0, 1))  # [nkv, R, hd]
+            v = F.linear(h, w.v, w.vb).view(rows, nkv, hd).transpose(0, 1)
+            kv[i, 0].index_copy_(1, write, k)
+            kv[i, 1].index_copy_(1, write, v)
+            keys, values = kv[i, 0, :, :length], kv[i, 1, :, :length]  # [nkv, L, hd]: read once per group
+            scores = torch.matmul(q.reshape(nkv, g * rows, hd), keys.transpose(1, 2)) * self.scaling
+            scores = scores.view(nkv, g, rows, length).to(self.softmax_dtype).masked_fill(~mask, float("-inf"))
+            probs = scores.softmax(dim=-1).to(x.dtype).view(nkv, g * rows, length)
+            out = torch.matmul(probs, values).view(nh, rows, hd).transpose(0, 1).reshape(rows, nh * hd)
+            x = x + F.linear(out, w.o, w.ob)
+            h = self._rms(x, w.ln2)
+            x = x + F.linear(F.silu(F.linear(h, w.gate)) * F.linear(h, w.up), w.down)
+        h = self._rms(x, self.norm)
+        if not logits:
+            return h.new_empty(0, self.vocab_size), h
+        return F.linear(h.to(self.head.dtype), self.head), h

@@ -1,0 +1,327 @@
+"""GPU benchmark: HF ``generate``, the engine's ``ar`` and ``hvd`` through the static runner, one run.
+
+``hvd-agents bench-gpu`` answers, on the machine it runs on:
+
+* decode speed: tokens per second of HF ``generate`` (the model's own eager forward, what
+  a transformers user gets), engine ``ar`` on the HF runner, engine ``ar`` and ``hvd`` on
+  the static runner (:mod:`hvd_agents.runtime.static`), same prompts, greedy;
+* how close ``ar`` is to the memory-bandwidth limit: bytes a step must read (weights, and
+  the KV at the measured context) over the device's copy bandwidth measured in the same
+  run, against the measured step time;
+* synchronisations per steady-state step (PyTorch's sync debug mode; must be 1);
+* the single-bucket mode's bitwise equality of speculative and plain decoding;
+* the static runner's cost profile (CUDA events).
+
+Models: a model id or path as everywhere (the embedded SmolLM2 by default), or
+``random:NAME`` for random weights of a known configuration (:data:`RANDOM_CONFIGS`;
+built on the device, nothing to download or carry). Prompts are the benchmark's agent and
+chat prompts when a tokenizer is at hand; a random-weight model without one gets
+synthetic prompts whose tool-output spans repeat, and its ``hvd`` figures then say little
+(random weights rarely copy their context): its ``ar`` step and bandwidth figures are the
+point.
+
+On a CPU it runs the same code without graphs (``--device cpu``, for checking the command).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+
+import torch
+
+from hvd_agents.bench.prompts import agent_prompts, chat_prompts
+from hvd_agents.chat.template import encode_prompt
+from hvd_agents.engine import Engine, GenerationParams
+from hvd_agents.errors import InvalidRequestError
+from hvd_agents.runtime.loading import load_model, resolve_device
+from hvd_agents.runtime.runner import HFRunner
+from hvd_agents.runtime.static import Buckets, StaticRunner
+
+logger = logging.getLogger(__name__)
+
+_LLAMA_3 = {"rope_theta": 500000.0, "rms_norm_eps": 1e-5, "vocab_size": 128256, "max_position_embeddings": 8192,
+            "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                             "original_max_position_embeddings": 8192}}
+RANDOM_CONFIGS: dict[str, dict] = {
+    "tiny": {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 2048},
+    "smollm2-135m": {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+                     "num_attention_heads": 9, "num_key_value_heads": 3, "max_position_embeddings": 8192,
+                     "rope_theta": 100000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": True},
+    "llama-3.2-1b": {**_LLAMA_3, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+                     "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+                     "tie_word_embeddings": True},
+    "llama-3.1-8b": {**_LLAMA_3, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                     "num_attention_heads": 32, "num_key_value_heads": 8, "tie_word_embeddings": False},
+}
+
+
+def random_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0) -> torch.nn.Module:
+    """Random weights of :data:`RANDOM_CONFIGS` ``[name]`` on ``device`` (HF Llama).
+
+    Raises:
+        InvalidRequestError: an unknown name.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if name not in RANDOM_CONFIGS:
+        raise InvalidRequestError(f"unknown random model {name!r}: one of {sorted(RANDOM_CONFIGS)}")
+    config = LlamaConfig(**RANDOM_CONFIGS[name], bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        with torch.device(device):
+            model = LlamaForCausalLM(config).to(dtype)
+    return model.eval()
+
+
+@dataclass
+class Arm:
+    """One configuration's totals over the prompts."""
+
+    name: str
+    tokens: int = 0
+    seconds: float = 0.0  # end to end, prefill included
+    decode_s: float = 0.0
+    steps: int = 0
+    outputs: list[tuple[int, ...]] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return self.tokens / self.decode_s if self.decode_s else 0.0
+
+
+@dataclass
+class GpuReport:
+    """What :func:`run_gpu_benchmark` measured (``--json`` writes it)."""
+
+    device: str
+    model: str
+    dtype: str
+    prompts: int
+    arms: dict[str, dict]
+    ar_step_ms: float
+    bandwidth_limit_ms: float
+    copy_bandwidth_gbs: float
+    syncs_per_step: dict[str, float | None]
+    single_bucket_bitwise: bool
+    cost_profile: str
+    graphs_captured: int
+
+
+def _prompt_ids(tokenizer, vocab: int, synthetic: int) -> list[list[int]]:
+    if tokenizer is not None:
+        return [encode_prompt(tokenizer, p.messages, p.tools) for p in agent_prompts() + chat_prompts()]
+    gen = torch.Generator().manual_seed(0)
+    prompts = []
+    for _ in range(synthetic):  # a system part, then a tool output quoted twice (what agents copy)
+        system = torch.randint(0, vocab, (200,), generator=gen).tolist()
+        output = torch.randint(0, vocab, (150,), generator=gen).tolist()
+        prompts.append(system + output + torch.randint(0, vocab, (20,), generator=gen).tolist() + output)
+    return prompts
+
+
+def _engine_arm(engine: Engine, params: GenerationParams) -> Callable[[list[int]], tuple]:
+    def run(ids: list[int]) -> tuple:
+        result = engine.generate(ids, params)
+        return result.token_ids, result.stats.decode_s, result.stats.steps
+
+    return run
+
+
+def _hf_arm(model, max_new: int) -> Callable[[list[int]], tuple]:
+    def run(ids: list[int]) -> tuple:
+        x = torch.tensor([ids], device=next(model.parameters()).device)
+        with torch.inference_mode():
+            out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new, min_new_tokens=max_new,
+                                 do_sample=False, pad_token_id=0)
+        tokens = tuple(out[0, len(ids):].tolist())
+        return tokens, 0.0, len(tokens)
+
+    return run
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def syncs_per_step(engine: Engine, ids: list[int], method: str) -> float | None:
+    """Synchronising CUDA calls per additional decode step (None off CUDA): two runs that differ in length."""
+    if engine.device.type != "cuda":
+        return None
+
+    def count(n: int) -> tuple[int, int]:
+        params = GenerationParams(max_new_tokens=n, method=method, reuse_prefix=False, stop_token_ids=())
+        engine.generate(ids, params)
+        _sync(engine.device)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                steps = engine.generate(ids, params).stats.steps
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        return sum("synchroniz" in str(w.message) for w in caught), steps
+
+    (s1, n1), (s2, n2) = count(16), count(64)
+    return (s2 - s1) / (n2 - n1) if n2 != n1 else None
+
+
+def copy_bandwidth(device: torch.device, megabytes: int = 1024) -> float:
+    """Bytes per second a device-to-device copy moves (read + written), best of 5."""
+    n = megabytes * 2**20 // 4
+    a = torch.empty(n, dtype=torch.float32, device=device)
+    b = torch.empty_like(a)
+    best = float("inf")
+    for _ in range(5):
+        _sync(device)
+        start = time.perf_counter()
+        b.copy_(a)
+        _sync(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * a.numel() * 4 / best
+
+
+def step_bytes(model: torch.nn.Module, runner: StaticRunner, context: int) -> int:
+    """Bytes one plain decode step must read: every weight once, the LM head, and the KV of ``context``."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    d = runner.decoder
+    kv = len(d.layers) * 2 * d.kv_heads * d.head_dim * context * runner.pool.data.element_size()
+    return weights + kv
+
+
+def run_gpu_benchmark(model: str | None = None, *, device: str | None = None, max_new_tokens: int = 128,
+                      synthetic_prompts: int = 4, rounds: int = 1, json_path: str | None = None) -> GpuReport:
+    """Run the benchmark (see the module docstring), print its table and return the figures."""
+    dev, dtype = resolve_device(device)
+    if model is not None and model.startswith("random:"):
+        target, tokenizer, label = random_model(model.removeprefix("random:"), dev, dtype), None, model
+        try:
+            from hvd_agents.runtime.loading import load_tokenizer
+
+            tokenizer = load_tokenizer(None) if "smollm2" in model else None
+        except Exception as exc:  # noqa: BLE001 - the embedded tokenizer is optional here
+            logger.info("no tokenizer for %s (%s): synthetic prompts", model, exc)
+    else:
+        loaded = load_model(model, device=str(dev))
+        target, tokenizer, label = loaded.model, loaded.tokenizer, loaded.name
+    vocab = int(target.get_output_embeddings().weight.shape[0])
+    prompts = _prompt_ids(tokenizer, vocab, synthetic_prompts)
+    static = StaticRunner(target)
+    engine = Engine(target, tokenizer, eos_token_ids=(), draft_head=None, runner=static)
+    hf_engine = Engine(target, tokenizer, eos_token_ids=(), draft_head=None, runner=HFRunner(target))
+    params = GenerationParams(max_new_tokens=max_new_tokens, reuse_prefix=False, stop_token_ids=())
+    runs: dict[str, Callable] = {
+        "hf-generate": _hf_arm(target, max_new_tokens),
+        "engine-ar (HF runner)": _engine_arm(hf_engine, replace(params, method="ar")),
+        "engine-ar (static)": _engine_arm(engine, replace(params, method="ar")),
+        "engine-hvd (static)": _engine_arm(engine, replace(params, method="hvd")),
+    }
+    engine.cost_model()  # measured before the timed runs
+    arms = {name: Arm(name) for name in runs}
+    for run in runs.values():  # warm-up: graphs, kernels, allocator
+        run(prompts[0])
+    for r in range(rounds):
+        for ids in prompts:
+            for name in (list(runs) if r % 2 == 0 else list(reversed(runs))):
+                _sync(dev)
+                start = time.perf_counter()
+                tokens, decode_s, steps = runs[name](ids)
+                _sync(dev)
+                arm = arms[name]
+                arm.seconds += time.perf_counter() - start
+                arm.tokens += len(tokens)
+                arm.decode_s += decode_s
+                arm.steps += steps
+                arm.outputs.append(tokens)
+    ar = arms["engine-ar (static)"]
+    ar_step = ar.decode_s / ar.steps if ar.steps else float("nan")
+    context = sum(len(p) for p in prompts) // len(prompts) + max_new_tokens // 2
+    bandwidth = copy_bandwidth(dev) if dev.type == "cuda" else float("nan")
+    limit = step_bytes(target, static, context) / bandwidth if dev.type == "cuda" else float("nan")
+    report = GpuReport(
+        device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev),
+        model=label, dtype=str(dtype), prompts=len(prompts),
+        arms={n: {"tokens": a.tokens, "seconds": a.seconds, "tokens_per_s": a.tokens_per_s,
+                  "decode_tokens_per_s": a.decode_tokens_per_s, "steps": a.steps,
+                  "same_as_engine_ar": sum(x == y for x, y in zip(a.outputs, ar.outputs))} for n, a in arms.items()},
+        ar_step_ms=ar_step * 1e3, bandwidth_limit_ms=limit * 1e3, copy_bandwidth_gbs=bandwidth / 1e9,
+        syncs_per_step={m: syncs_per_step(engine, prompts[0], m) for m in ("ar", "hvd")},
+        single_bucket_bitwise=single_bucket_check(target, prompts[0], max_new_tokens),
+        cost_profile=engine.cost_model().source, graphs_captured=static.graphs.captured,
+    )
+    print_report(report, len(prompts) * rounds)
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as fh:
+            json.dump(asdict(report), fh, indent=2)
+    return report
+
+
+def single_bucket_check(model: torch.nn.Module, ids: list[int], max_new: int) -> bool:
+    """Whether speculation with planted and adversarial drafts equals plain decoding bit for bit, single bucket."""
+    from hvd_agents.drafters import Draft
+
+    capacity = 256
+    while capacity < len(ids) + max_new + 17:
+        capacity *= 2
+    runner = StaticRunner(model, buckets=Buckets.single(17, capacity), warm_up=False, slots=1)
+    engine = Engine(model, eos_token_ids=(), draft_head=None, runner=runner, prefix_cache_bytes=0)
+    params = GenerationParams(max_new_tokens=max_new, method="ar", stop_token_ids=())
+    reference = engine.generate(ids, params).token_ids
+
+    class Planted:  # the reference continuation, cut short every third step with a wrong token
+        def __init__(self) -> None:
+            self.step = 0
+
+        def start(self, *args) -> None:
+            self.step = 0
+
+        def propose(self, ctx, k: int) -> Draft:
+            self.step += 1
+            pos = ctx.num_output_tokens
+            tokens = list(reference[pos : pos + k])
+            if self.step % 3 == 0 and tokens:
+                tokens[-1] = (tokens[-1] + 1) % runner.vocab_size
+            return Draft(tuple(tokens), source="planted")
+
+        def observe(self, outcome) -> None:
+            pass
+
+        def stop(self, req_id: str) -> None:
+            pass
+
+    engine.add_drafter("planted", Planted())
+    got = engine.generate(ids, GenerationParams(max_new_tokens=max_new, method="planted", num_draft_tokens=16,
+                                                stop_token_ids=()))
+    return got.token_ids == reference
+
+
+def print_report(report: GpuReport, runs: int) -> None:
+    print(f"{report.model} ({report.dtype}) on {report.device}: {runs} runs per arm, greedy, outputs vs engine-ar")
+    print("| arm | tok/s end to end | decode tok/s | tokens/step | identical to engine-ar |")
+    print("|---|---|---|---|---|")
+    for name, a in report.arms.items():
+        per_step = a["tokens"] / a["steps"] if a["steps"] else 0.0
+        decode = f"{a['decode_tokens_per_s']:.0f}" if a["decode_tokens_per_s"] else "-"
+        print(f"| {name} | {a['tokens_per_s']:.0f} | {decode} | {per_step:.2f} | {a['same_as_engine_ar']}/{runs} |")
+    ar = report.arms["engine-ar (static)"]["tokens_per_s"]
+    for name in ("hf-generate", "engine-ar (HF runner)", "engine-hvd (static)"):
+        other = report.arms[name]["tokens_per_s"]
+        if other and ar:
+            print(f"engine-ar (static) / {name}: {ar / other:.2f}x" if name != "engine-hvd (static)"
+                  else f"engine-hvd / engine-ar (static): {other / ar:.2f}x")
+    print(f"ar step {report.ar_step_ms:.3f} ms; bandwidth limit {report.bandwidth_limit_ms:.3f} ms "
+          f"({report.copy_bandwidth_gbs:.0f} GB/s copy): {report.ar_step_ms / report.bandwidth_limit_ms:.2f}x the limit")
+    print(f"synchronisations per step: {report.syncs_per_step}; CUDA graphs captured: {report.graphs_captured}")
+    print(f"single-bucket mode, speculation bitwise equal to plain decoding: {report.single_bucket_bitwise}")
+    print(f"cost profile: {report.cost_profile}")
+

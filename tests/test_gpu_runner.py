@@ -1,0 +1,120 @@
+"""The static runner on a GPU: captured steps, one synchronisation per step, bitwise single-bucket mode.
+
+Marked ``gpu``; skipped where CUDA is absent (CI, the CPU machines). The models are random-weight,
+built on the device (the embedded GGUF does not travel): a tiny float32 Llama for equality with the
+model's own forward, and SmolLM2-135M's configuration in bfloat16 for the captured decode step.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from hvd_agents import Engine, GenerationParams
+from hvd_agents.bench.gpu import random_model, run_gpu_benchmark
+from hvd_agents.runtime.selection import runner_for
+from hvd_agents.runtime.static import Buckets, StaticRunner
+from tests.drafters_for_tests import OracleDrafter, ScriptedDrafter, TreeDrafter
+from tests.tiny import make_tiny_llama
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return random_model("smollm2-135m", torch.device("cuda"), torch.bfloat16)
+
+
+def test_cuda_picks_the_static_runner_and_its_greedy_output_is_the_models(monkeypatch) -> None:
+    model = make_tiny_llama(64, seed=3, dtype=torch.float32).cuda()
+    assert isinstance(runner_for(model), StaticRunner)
+    monkeypatch.setenv("HVD_AGENTS_RUNNER", "hf")
+    hf_engine = Engine(model, eos_token_ids=(), draft_head=None)
+    monkeypatch.delenv("HVD_AGENTS_RUNNER")
+    engine = Engine(model, eos_token_ids=(), draft_head=None)
+    assert isinstance(engine.runner, StaticRunner) and engine.runner.graphs.enabled
+    prompt = [3, 17, 42, 5, 9, 3, 17]
+    reference = hf_engine.generate(prompt, GenerationParams(max_new_tokens=48, method="ar")).token_ids
+    assert engine.generate(prompt, GenerationParams(max_new_tokens=48, method="ar")).token_ids == reference
+    for seed in range(3):
+        for drafter in (ScriptedDrafter(reference, 64, seed), TreeDrafter(reference, 64, seed)):
+            engine.add_drafter("adversarial", drafter)
+            got = engine.generate(prompt, GenerationParams(max_new_tokens=48, method="adversarial"))
+            assert got.token_ids == reference
+    assert engine.runner.graphs.captured > 0
+
+
+def test_graph_replay_equals_the_eager_forward(smollm2) -> None:
+    captured = StaticRunner(smollm2, warm_up=False)
+    eager = StaticRunner(smollm2, graphs=False)
+    ids = torch.randint(0, 49152, (600,), generator=torch.Generator().manual_seed(0)).tolist()
+    a, b = captured.new_kv(), eager.new_kv()
+    for runner, kv in ((captured, a), (eager, b)):
+        runner.forward(kv, ids[:500])
+    for start, n in ((500, 1), (501, 4), (505, 17), (522, 33)):
+        assert torch.equal(captured.forward(a, ids[start : start + n]), eager.forward(b, ids[start : start + n]))
+    assert captured.graphs.captured == 4
+
+
+def _syncs_of(fn) -> int:
+    """Synchronising CUDA calls made by ``fn()`` (PyTorch's sync debug mode, warning level)."""
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchronizing" in str(w.message) for w in caught)
+
+
+@pytest.mark.parametrize("method", ["ar", "pld", "hvd"])
+def test_a_steady_state_step_synchronises_once(smollm2, method) -> None:
+    engine = Engine(smollm2, eos_token_ids=(), draft_head=None, cost_model=None)
+    engine.cost_model()  # measured (or read) before counting
+    prompt = torch.randint(0, 49152, (300,), generator=torch.Generator().manual_seed(1)).tolist() * 2
+
+    def run(n: int):
+        params = GenerationParams(max_new_tokens=n, method=method, reuse_prefix=False)
+        engine.generate(prompt, params)  # warm: every shape captured
+        out = {}
+        out["syncs"] = _syncs_of(lambda: out.setdefault("r", engine.generate(prompt, params)))
+        return out["syncs"], out["r"].stats.steps
+
+    short_syncs, short_steps = run(16)
+    long_syncs, long_steps = run(64)
+    assert long_steps > short_steps
+    assert long_syncs - short_syncs == long_steps - short_steps  # exactly one per additional step
+
+
+def test_single_bucket_mode_is_bitwise_plain_decoding_in_bfloat16(smollm2) -> None:
+    # random bf16 weights give flat logits full of near-ties: any difference in arithmetic shows
+    engine = Engine(smollm2, eos_token_ids=(), draft_head=None,
+                    runner=StaticRunner(smollm2, buckets=Buckets.single(17, 2048)))
+    prompt = torch.randint(0, 49152, (200,), generator=torch.Generator().manual_seed(2)).tolist()
+    reference = engine.generate(prompt, GenerationParams(max_new_tokens=128, method="ar")).token_ids
+    engine.add_drafter("oracle", OracleDrafter(reference))
+    planted = engine.generate(prompt, GenerationParams(max_new_tokens=128, method="oracle", num_draft_tokens=16))
+    assert planted.token_ids == reference and planted.stats.steps < 128 // 4
+    for seed in range(3):
+        engine.add_drafter("scripted", ScriptedDrafter(reference, 49152, seed))
+        got = engine.generate(prompt, GenerationParams(max_new_tokens=128, method="scripted", num_draft_tokens=16))
+        assert got.token_ids == reference
+
+
+def test_cost_profile_is_timed_with_cuda_events(smollm2) -> None:
+    runner = StaticRunner(smollm2, warm_up=False)
+    cost = runner.profile()
+    assert "cuda" in cost.source and cost.verify(0) == 1.0
+    assert cost.verify(3) == cost.verify(4)  # one bucket: a step function
+
+
+def test_the_gpu_benchmark_reports_one_sync_per_step_and_bitwise_single_bucket_mode(tmp_path) -> None:
+    report = run_gpu_benchmark("random:smollm2-135m", device="cuda", max_new_tokens=32, synthetic_prompts=2,
+                               json_path=str(tmp_path / "gpu.json"))
+    assert report.syncs_per_step == {"ar": 1.0, "hvd": 1.0}
+    assert report.single_bucket_bitwise and report.graphs_captured > 0
+    assert (tmp_path / "gpu.json").is_file()

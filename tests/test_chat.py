@@ -122,7 +122,7 @@ def test_encode_prompt_tokenizes_template_specials_once() -> None:
     [
         ([], "messages is empty"),
         ([{"role": "user", "content": "a"}, {"role": "robot", "content": "b"}], r"messages\[1\].*'robot'"),
-        ([{"content": "no role"}], r"messages\[0\].*None"),
+        ([{"content": "no role"}], r"messages\[0\] has no role"),
         ([{"role": "user", "content": 42}], r"messages\[0\]\.content"),
         ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], r"messages\[0\]\.content\[0\]"),
         (["not a dict"], r"messages\[0\]"),

@@ -45,6 +45,7 @@ from hvd_agents.chat.toolcalls import (
     ParsedOutput,
     forced_call_prefix,
     parse_tool_calls,
+    tool_list,
 )
 from hvd_agents.drafters import available_methods
 from hvd_agents.engine import Engine, GenerationParams, RequestStats, TokenEvent
@@ -242,10 +243,18 @@ class ReplyPiece:
     summary: ReplySummary | None = None
 
 
-def merge_stops(*lists: Sequence[str] | None) -> list[str]:
-    """Stop strings of several sources, in order, without duplicates."""
+def merge_stops(*lists: Sequence[str] | str | None) -> list[str]:
+    """Stop strings of several sources, in order, without duplicates (a bare string is one stop string).
+
+    Raises:
+        InvalidRequestError: a source that is neither a string nor a list.
+    """
     merged: list[str] = []
     for stops in lists:
+        if isinstance(stops, str):
+            stops = [stops]
+        elif stops is not None and not isinstance(stops, Sequence):
+            raise InvalidRequestError(f"stop must be a string or a list of strings, got {type(stops).__name__}")
         for stop in stops or ():
             if stop not in merged:
                 merged.append(stop)
@@ -404,7 +413,7 @@ def build_chat_request(
     Raises:
         InvalidRequestError: bad messages, tools, tool_choice, response_format or settings.
     """
-    tools = list(tools) if tools else None
+    tools = tool_list(tools) or None
     choice = normalize_tool_choice(tool_choice)
     stops = merge_stops(settings.stop, stop)
     json_mode = False

@@ -3,12 +3,17 @@
 Contract:
 
 * Messages are plain dicts in OpenAI shape: ``role`` (``system``, ``user``,
-  ``assistant``, ``tool``), ``content`` (``str``, ``None`` or a list of
-  ``{"type": "text", "text": ...}`` parts), and on assistant messages optional
+  ``assistant``, ``tool``), ``content`` (``str`` or a list of
+  ``{"type": "text", "text": ...}`` parts; missing or ``None`` only on assistant
+  messages, where it renders as ``""``), and on assistant messages optional
   ``tool_calls`` (``[{"id", "type": "function", "function": {"name", "arguments"}}]``,
   arguments a JSON string or an object). Other keys are ignored.
 * :func:`to_template_messages` validates them (raising
-  :class:`~hvd_agents.errors.InvalidRequestError` naming the offending index) and
+  :class:`~hvd_agents.errors.InvalidRequestError` naming the offending index: a
+  message that is not an object, a missing or unknown role, a missing content on a
+  system, user or tool message, content of a wrong type, a non-text content part
+  such as an image ("not supported": the models are text-only), a malformed tool
+  call, invalid or duplicate tool schemas) and
   lowers them to ``{"role", "content"}`` dicts whose content is always a ``str``:
   the Hermes tools block (:mod:`hvd_agents.chat.toolcalls`) is appended to the leading
   system message (created if missing), assistant tool calls are rendered as
@@ -28,12 +33,15 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hvd_agents.chat.toolcalls import render_tool_call, render_tools_system_block
+from hvd_agents.chat.toolcalls import check_unicode, render_tool_call, render_tools_system_block, tool_list
 from hvd_agents.errors import InvalidRequestError
 
 logger = logging.getLogger(__name__)
 
 ROLES = ("system", "user", "assistant", "tool")
+CONTENT_REQUIRED = ("system", "user", "tool")
+"""Roles whose messages must have a content (an assistant message may be tool calls only)."""
+TEXT_ONLY = "the model reads text only"
 CHATML_MESSAGE = "<|im_start|>{role}\n{content}<|im_end|>\n"
 CHATML_GENERATION_PROMPT = "<|im_start|>assistant\n"
 
@@ -51,13 +59,17 @@ def to_template_messages(
         A new list of ``{"role": str, "content": str}`` dicts.
 
     Raises:
-        InvalidRequestError: empty ``messages``, an unknown role, content of the
-            wrong type, a malformed tool call, or an invalid tool schema.
+        InvalidRequestError: ``messages`` not a list or empty, a message that is
+            not an object, a missing or unknown role, no content on a system, user
+            or tool message, content of the wrong type, a non-text content part, a
+            malformed tool call, ``tools`` not a list, an invalid tool schema, or two
+            tools of one name.
     """
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise InvalidRequestError(f"messages must be a list of objects, got {type(messages).__name__}")
     if not messages:
         raise InvalidRequestError("messages is empty")
+    tools = tool_list(tools)
     out = [_lower_message(index, message) for index, message in enumerate(messages)]
     if tools:
         block = render_tools_system_block(tools)
@@ -74,10 +86,15 @@ def _lower_message(index: int, message: Any) -> dict:
     if not isinstance(message, Mapping):
         raise InvalidRequestError(f"messages[{index}] must be an object, got {type(message).__name__}")
     role = message.get("role")
+    if role is None:
+        raise InvalidRequestError(f"messages[{index}] has no role (expected one of {', '.join(ROLES)})")
     if role not in ROLES:
         raise InvalidRequestError(f"messages[{index}] has unknown role {role!r} (expected one of {', '.join(ROLES)})")
+    if message.get("content") is None and role in CONTENT_REQUIRED:
+        raise InvalidRequestError(f"messages[{index}] ({role}) has no content; only assistant messages may omit it")
     content = _content_text(index, message.get("content"))
     if role == "tool":
+        check_unicode(f"messages[{index}]", content)
         return {"role": "tool", "content": f"<tool_response>\n{content}\n</tool_response>"}
     tool_calls = message.get("tool_calls")
     if tool_calls:
@@ -85,6 +102,7 @@ def _lower_message(index: int, message: Any) -> dict:
             raise InvalidRequestError(f"messages[{index}] has tool_calls but role {role!r} (only assistant)")
         blocks = "\n".join(_render_call(index, number, call) for number, call in enumerate(_as_list(index, tool_calls)))
         content = f"{content}\n{blocks}" if content else blocks
+    check_unicode(f"messages[{index}]", content)
     return {"role": role, "content": content}
 
 
@@ -97,7 +115,10 @@ def _content_text(index: int, content: Any) -> str:
     if isinstance(content, Sequence) and not isinstance(content, (bytes, bytearray)):
         texts = []
         for number, part in enumerate(content):
-            if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            kind = part.get("type") if isinstance(part, Mapping) else None
+            if isinstance(kind, str) and kind != "text":
+                raise InvalidRequestError(f"messages[{index}].content[{number}]: {unsupported_part(kind)}")
+            if not isinstance(part, Mapping) or kind != "text" or not isinstance(part.get("text"), str):
                 raise InvalidRequestError(
                     f"messages[{index}].content[{number}] must be a {{'type': 'text', 'text': str}} part"
                 )
@@ -106,6 +127,11 @@ def _content_text(index: int, content: Any) -> str:
     raise InvalidRequestError(
         f"messages[{index}].content must be a string, null or a list of text parts, got {type(content).__name__}"
     )
+
+
+def unsupported_part(kind: str) -> str:
+    """The message refusing a content part of type ``kind`` (an image, audio, a file, ...)."""
+    return f"content parts of type {kind!r} are not supported: {TEXT_ONLY}"
 
 
 def _as_list(index: int, tool_calls: Any) -> Sequence[Any]:
@@ -131,9 +157,14 @@ def _render_call(index: int, number: int, call: Any) -> str:
             arguments = json.loads(arguments) if arguments.strip() else {}
         except json.JSONDecodeError as exc:
             raise InvalidRequestError(f"{where}.function.arguments is not valid JSON: {exc}") from exc
+        except RecursionError:
+            raise InvalidRequestError(f"{where}.function.arguments is nested too deeply") from None
     if not isinstance(arguments, Mapping):
         raise InvalidRequestError(f"{where}.function.arguments must be a JSON object, got {type(arguments).__name__}")
-    return render_tool_call(name, arguments)
+    try:
+        return render_tool_call(name, arguments)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidRequestError(f"{where}.function.arguments cannot be written as JSON: {exc}") from None
 
 
 def render_prompt(

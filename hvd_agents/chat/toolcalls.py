@@ -10,7 +10,10 @@ Contract:
   unterminated final block (generation cut short) become :class:`InvalidToolCall` s.
   Arguments given as a JSON string holding an object are decoded.
 * :func:`render_tools_system_block` renders tool schemas (OpenAI shape, or bare
-  function dicts) as the Hermes system-prompt block, one JSON line per tool.
+  function dicts) as the Hermes system-prompt block, one JSON line per tool. A
+  schema needs a non-empty string name and, when it has ``parameters``, a JSON
+  schema object (``type`` ``"object"`` when given); two tools may not share a name.
+  Each refusal is an :class:`~hvd_agents.errors.InvalidRequestError` naming the tool.
 * Call ids are ``call_`` + 24 hex characters from a uuid4 unless the block gives one.
 """
 
@@ -149,6 +152,9 @@ def _parse_block(raw: str, calls: list[ToolCall], invalid: list[InvalidToolCall]
     except json.JSONDecodeError as exc:
         invalid.append(InvalidToolCall(body, f"invalid JSON: {exc}", _guess_name(body), new_call_id()))
         return
+    except RecursionError:
+        invalid.append(InvalidToolCall(body, "invalid JSON: nested too deeply", _guess_name(body), new_call_id()))
+        return
     if not isinstance(obj, dict):
         invalid.append(InvalidToolCall(body, "tool call is not a JSON object", None, new_call_id()))
         return
@@ -171,6 +177,8 @@ def _decode_arguments(arguments: Any) -> tuple[dict, str | None]:
             arguments = json.loads(arguments) if arguments.strip() else {}
         except json.JSONDecodeError as exc:
             return {}, f"arguments string is not valid JSON: {exc}"
+        except RecursionError:
+            return {}, "arguments string is not valid JSON: nested too deeply"
     if arguments is None:
         return {}, None
     if not isinstance(arguments, dict):
@@ -224,7 +232,8 @@ def normalize_tool(tool: Mapping[str, Any]) -> dict:
         The function dict (a shallow copy, keys in the given order).
 
     Raises:
-        InvalidRequestError: not a mapping, or no non-empty string ``name``.
+        InvalidRequestError: not a mapping, no non-empty string ``name``, or
+            ``parameters`` that is not a JSON schema object.
     """
     if not isinstance(tool, Mapping):
         raise InvalidRequestError(f"tool schema must be an object, got {type(tool).__name__}")
@@ -236,7 +245,45 @@ def normalize_tool(tool: Mapping[str, Any]) -> dict:
     name = function.get("name")
     if not isinstance(name, str) or not name:
         raise InvalidRequestError("tool schema has no function name")
+    parameters = function.get("parameters")
+    if parameters is not None and not isinstance(parameters, Mapping):
+        raise InvalidRequestError(
+            f"tool {name!r}: parameters must be a JSON schema object, got {type(parameters).__name__}"
+        )
+    if parameters is not None and parameters.get("type", "object") != "object":
+        raise InvalidRequestError(
+            f"tool {name!r}: parameters must be a JSON schema of type 'object', got type {parameters.get('type')!r}"
+        )
     return dict(function)
+
+
+def check_unicode(where: str, text: str) -> None:
+    """Refuse text that cannot be encoded as UTF-8 (a lone surrogate, e.g. from a ``"\\ud800"`` JSON escape).
+
+    Raises:
+        InvalidRequestError: naming ``where`` and the position of the first bad character.
+    """
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequestError(
+            f"{where} holds text that is not valid Unicode: {text[exc.start]!r} at position {exc.start} ({exc.reason})"
+        ) from None
+
+
+def tool_list(tools: Any) -> list[Any]:
+    """``tools`` as a list (None: empty).
+
+    Raises:
+        InvalidRequestError: ``tools`` is not a list (a string, a single schema, ...).
+    """
+    if tools is None:
+        return []
+    if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Sequence):
+        raise InvalidRequestError(f"tools must be a list of tool schemas, got {type(tools).__name__}")
+    return list(tools)
 
 
 def render_tools_system_block(tools: Sequence[Mapping[str, Any]]) -> str:
@@ -250,13 +297,24 @@ def render_tools_system_block(tools: Sequence[Mapping[str, Any]]) -> str:
         ``</tools>``, then the call-format instruction and example.
 
     Raises:
-        InvalidRequestError: a schema is invalid (the message names its index).
+        InvalidRequestError: ``tools`` is not a list, a schema is invalid, or two
+            schemas have one name (the message names the index).
     """
     lines = []
-    for index, tool in enumerate(tools):
+    seen: dict[str, int] = {}
+    for index, tool in enumerate(tool_list(tools)):
         try:
             function = normalize_tool(tool)
         except InvalidRequestError as exc:
             raise InvalidRequestError(f"tools[{index}]: {exc}") from exc
-        lines.append(json.dumps(function, ensure_ascii=False))
+        name = function["name"]
+        if name in seen:
+            raise InvalidRequestError(f"tools[{index}]: duplicate tool name {name!r} (also tools[{seen[name]}])")
+        seen[name] = index
+        try:
+            line = json.dumps(function, ensure_ascii=False)
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise InvalidRequestError(f"tools[{index}]: tool {name!r} is not JSON-serializable: {exc}") from None
+        check_unicode(f"tools[{index}]", line)
+        lines.append(line)
     return "\n".join([TOOLS_PREAMBLE, "<tools>", *lines, "</tools>", "", TOOLS_CALL_INSTRUCTION, TOOLS_CALL_EXAMPLE])

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from numbers import Integral
 
 from hvd_agents.engine.sampling import SamplingParams
 from hvd_agents.errors import InvalidRequestError
@@ -21,12 +23,15 @@ class GenerationParams:
     """Everything that shapes one request's decoding.
 
     Attributes:
-        max_new_tokens: upper bound on emitted tokens (>= 1).
+        max_new_tokens: upper bound on emitted tokens (an int >= 1); the engine
+            also stops at the context window (finish reason ``"length"``), so a
+            value larger than the room left is capped there, not refused.
         temperature: 0 for greedy decoding, > 0 to sample.
         top_p: nucleus sampling mass in (0, 1].
         top_k: keep the k most likely tokens; 0 disables.
         seed: seed of the request's RNG (sampling only); None draws a fresh one.
-        stop: stop strings; generation ends before the first one, which is not returned.
+        stop: stop strings (non-empty; a bare string is one, None is none);
+            generation ends before the first one, which is not returned.
         stop_token_ids: token ids that end generation; None means the model's
             end-of-sequence / end-of-turn ids.
         method: decoding method, i.e. drafter name (``"ar"``, ``"pld"``, ...).
@@ -59,16 +64,18 @@ class GenerationParams:
             raise InvalidRequestError(f"max_new_tokens must be an int, got {self.max_new_tokens!r}")
         if self.max_new_tokens <= 0:
             raise InvalidRequestError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.num_draft_tokens is not None and not _is_int(self.num_draft_tokens):
+            raise InvalidRequestError(f"num_draft_tokens must be an int or None, got {self.num_draft_tokens!r}")
         if self.num_draft_tokens is not None and self.num_draft_tokens < 0:
             raise InvalidRequestError(f"num_draft_tokens must be >= 0, got {self.num_draft_tokens}")
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        else:
-            object.__setattr__(self, "stop", tuple(self.stop))
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise InvalidRequestError(f"stop strings must be non-empty strings, got {self.stop!r}")
+        if not isinstance(self.method, str) or not self.method:
+            raise InvalidRequestError(f"method must be a non-empty string, got {self.method!r}")
+        object.__setattr__(self, "stop", _stop_strings(self.stop))
         if self.stop_token_ids is not None:
-            object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+            ids = self.stop_token_ids
+            if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable) or not all(_is_int(t) for t in ids):
+                raise InvalidRequestError(f"stop_token_ids must be a list of ints or None, got {ids!r}")
+            object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in ids))
         _ = self.sampling  # validates the sampling fields
 
     @property
@@ -82,3 +89,25 @@ class GenerationParams:
     def sampling(self) -> SamplingParams:
         """The sampling part of these parameters."""
         return SamplingParams(self.temperature, self.top_p, self.top_k, self.seed)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def _stop_strings(stop: object) -> tuple[str, ...]:
+    """``stop`` as a tuple of non-empty strings (None: none; a bare string: one).
+
+    Raises:
+        InvalidRequestError: not a string or a list of non-empty strings.
+    """
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = (stop,)
+    if isinstance(stop, bytes) or not isinstance(stop, Iterable):
+        raise InvalidRequestError(f"stop must be a string or a list of strings, got {type(stop).__name__}")
+    stops = tuple(stop)
+    if any(not isinstance(s, str) or not s for s in stops):
+        raise InvalidRequestError(f"stop strings must be non-empty strings, got {stops!r}")
+    return stops

@@ -10,6 +10,7 @@ which is what makes speculative sampling lossless.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from numbers import Integral, Real
 
 import torch
 
@@ -33,6 +34,13 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
+        for name in ("temperature", "top_p"):
+            if not _is_number(getattr(self, name), Real):
+                raise InvalidRequestError(f"{name} must be a number, got {getattr(self, name)!r}")
+        if not _is_number(self.top_k, Integral):
+            raise InvalidRequestError(f"top_k must be an int, got {self.top_k!r}")
+        if self.seed is not None and not _is_number(self.seed, Integral):
+            raise InvalidRequestError(f"seed must be an int, got {self.seed!r}")
         if not (self.temperature >= 0.0) or self.temperature == float("inf"):
             raise InvalidRequestError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not (0.0 < self.top_p <= 1.0):
@@ -45,6 +53,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def _is_number(value: object, kind: type) -> bool:
+    """``value`` is a ``kind`` (Real or Integral) and not a bool."""
+    return isinstance(value, kind) and not isinstance(value, bool)
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

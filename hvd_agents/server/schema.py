@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hvd_agents.chat.request import ChatSettings
+from hvd_agents.chat.template import unsupported_part
 from hvd_agents.chat.toolcall_stream import normalize_tool_choice
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.server.errors import APIError, invalid
@@ -239,10 +240,7 @@ def _text_content(index: int, content: Any) -> Any:
     for number, part in enumerate(content):
         kind = part.get("type") if isinstance(part, Mapping) else None
         if kind != "text":
-            raise invalid(
-                f"content parts of type {kind!r} are not supported: the served model reads text only",
-                f"messages[{index}].content[{number}]",
-            )
+            raise invalid(unsupported_part(kind), f"messages[{index}].content[{number}]")
         parts.append({"type": "text", "text": part.get("text")})
     return parts
 

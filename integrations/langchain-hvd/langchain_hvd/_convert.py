@@ -26,6 +26,7 @@ from langchain_core.messages import (
     ToolMessage,
 )
 from langchain_core.messages.tool import tool_call_chunk
+from langchain_core.messages.utils import convert_to_messages
 
 from hvd_agents.chat.toolcalls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ParsedOutput
 from hvd_agents.errors import InvalidRequestError
@@ -117,6 +118,31 @@ def to_openai_messages(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
         else:
             raise InvalidRequestError(f"messages[{index}]: unsupported message type {type(message).__name__}")
     return out
+
+
+def input_error(model_input: Any, exc: Exception) -> InvalidRequestError:
+    """The :class:`InvalidRequestError` for an input LangChain could not turn into messages.
+
+    Names the first item of a list that does not convert (its index and LangChain's
+    reason), or the type of an input that is neither text, a list nor a prompt value.
+    """
+    if isinstance(model_input, Sequence) and not isinstance(model_input, str):
+        for index, item in enumerate(model_input):
+            try:
+                convert_to_messages([item])
+            except (ValueError, TypeError, NotImplementedError) as item_exc:
+                return InvalidRequestError(f"messages[{index}]: {first_line(item_exc)}")
+    if not isinstance(model_input, (str, Sequence)):
+        return InvalidRequestError(
+            f"input must be a string, a list of messages or a PromptValue, got {type(model_input).__name__}"
+        )
+    return InvalidRequestError(f"invalid input: {first_line(exc)}")
+
+
+def first_line(exc: Exception) -> str:
+    """An exception's message without LangChain's troubleshooting link."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def invalid_call_args(raw: str, error: str) -> str:

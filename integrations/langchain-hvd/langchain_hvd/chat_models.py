@@ -37,6 +37,7 @@ from langchain_core.messages.ai import UsageMetadata
 from langchain_core.output_parsers import JsonOutputKeyToolsParser, JsonOutputParser, PydanticToolsParser
 from langchain_core.output_parsers.pydantic import PydanticOutputParser
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.prompt_values import PromptValue
 from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
 from langchain_core.runnables.config import RunnableConfig, ensure_config
 from langchain_core.tools import BaseTool
@@ -60,10 +61,10 @@ from hvd_agents.chat.request import (
     stream_reply,
 )
 from hvd_agents.chat.toolcall_stream import normalize_tool_choice
-from hvd_agents.chat.toolcalls import forced_call_prefix
+from hvd_agents.chat.toolcalls import forced_call_prefix, normalize_tool, tool_list
 from hvd_agents.engine import Engine
-from hvd_agents.errors import InvalidRequestError
-from langchain_hvd._convert import parsed_tool_call_chunks, to_openai_messages
+from hvd_agents.errors import HVDError, InvalidRequestError
+from langchain_hvd._convert import first_line, input_error, parsed_tool_call_chunks, to_openai_messages
 
 logger = logging.getLogger(__name__)
 
@@ -179,9 +180,25 @@ class ChatHVD(BaseChatModel):
             **kwargs: further call arguments to bind.
 
         Raises:
-            InvalidRequestError: an unsupported ``tool_choice`` or one naming no bound tool.
+            InvalidRequestError: a tool that cannot be converted to a schema, an
+                invalid schema (no name, ``parameters`` not an object schema), an
+                unsupported ``tool_choice`` or one naming no bound tool (checked now).
+                Two tools of one name are refused by the call (LangChain's standard
+                tests bind a model and its own JSON schema together).
         """
-        formatted = [convert_to_openai_tool(tool) for tool in tools]
+        formatted = []
+        for index, tool in enumerate(tool_list(tools)):
+            try:
+                formatted.append(convert_to_openai_tool(tool))
+            except (ValueError, TypeError, NotImplementedError) as exc:
+                raise InvalidRequestError(
+                    f"tools[{index}] cannot be converted to a tool schema: {first_line(exc)}"
+                ) from exc
+        for index, schema in enumerate(formatted):  # each schema now; duplicate names at the call
+            try:
+                normalize_tool(schema)
+            except InvalidRequestError as exc:
+                raise InvalidRequestError(f"tools[{index}]: {exc}") from exc
         choice = normalize_tool_choice(tool_choice)
         if choice is not None and choice != "none":
             if not formatted:
@@ -276,6 +293,20 @@ class ChatHVD(BaseChatModel):
         **kwargs: Any,
     ) -> AsyncIterator[AIMessageChunk]:
         return super().astream(input, config, stop=stop, **_with_thread_session(config, kwargs))
+
+    def _convert_input(self, model_input: LanguageModelInput) -> PromptValue:
+        """LangChain's input conversion; an input it refuses raises :class:`InvalidRequestError`.
+
+        LangChain raises ``ValueError`` / ``NotImplementedError`` for a list item that is
+        no message (a number, a dict without ``role`` or ``content``, an unknown role);
+        the error names the item's index and the reason.
+        """
+        try:
+            return super()._convert_input(model_input)
+        except HVDError:
+            raise
+        except (ValueError, TypeError, NotImplementedError) as exc:
+            raise input_error(model_input, exc) from exc
 
     # ---------------------------------------------------------------- generation
 

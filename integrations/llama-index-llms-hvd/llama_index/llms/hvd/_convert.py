@@ -88,10 +88,13 @@ def to_openai_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     map to ``system``, ``user``, ``assistant`` and ``tool``.
 
     Raises:
-        InvalidRequestError: an unsupported role or a non-text block.
+        InvalidRequestError: an item that is not a ``ChatMessage``, an unsupported
+            role or a non-text block.
     """
     out: list[dict[str, Any]] = []
     for index, message in enumerate(messages):
+        if not isinstance(message, ChatMessage):
+            raise InvalidRequestError(f"messages[{index}] must be a ChatMessage, got {type(message).__name__}")
         role = _ROLES.get(message.role)
         if role is None:
             raise InvalidRequestError(f"messages[{index}] has unsupported role {message.role!r}")

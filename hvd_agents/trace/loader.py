@@ -8,7 +8,7 @@ Contract:
   or null means no tools).
 * The file is JSONL unless its first non-blank character is ``[``, then it is one
   JSON array (its elements are read one by one, so errors name the line each
-  element starts on). Blank JSONL lines are skipped.
+  element starts on). JSONL lines end at ``\n`` only; blank lines are skipped.
 * Messages and tools are validated by the chat layer
   (:func:`hvd_agents.chat.to_template_messages`), so a trace that loads renders.
 * A bad conversation (bad JSON, not an object, missing or empty ``messages``, a
@@ -117,13 +117,17 @@ def _records(name: str, text: str) -> Iterator[tuple[int, Any]]:
     if stripped.startswith("["):
         yield from _array_records(name, text, len(text) - len(stripped) + 1)
         return
-    for number, line in enumerate(text.splitlines(), start=1):
+    # Lines end at "\n" only (a "\r" before it is JSON whitespace): str.splitlines would
+    # also cut at U+2028, U+0085, ..., which JSON strings may hold unescaped.
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
             yield number, json.loads(line)
         except json.JSONDecodeError as exc:
             yield number, exc
+        except RecursionError:
+            yield number, json.JSONDecodeError("nested too deeply", line, 0)
 
 
 def _array_records(name: str, text: str, position: int) -> Iterator[tuple[int, Any]]:
@@ -148,6 +152,8 @@ def _array_records(name: str, text: str, position: int) -> Iterator[tuple[int, A
             value, end = decoder.raw_decode(text, position)
         except json.JSONDecodeError as exc:
             raise TraceFormatError(f"{name}:{exc.lineno}: invalid JSON array: {exc.msg}") from exc
+        except RecursionError:
+            raise TraceFormatError(f"{name}:{_line_of(text, position)}: invalid JSON array: nested too deeply") from None
         yield _line_of(text, position), value
         position, expect_value = end, False
 

@@ -15,9 +15,12 @@ as they keep being used. Evicted tokens are erased at once (they can never match
 and the index is rebuilt when more than half of it is dead.
 
 Persistence: ``save(path)`` writes a NumPy ``.npz`` (token arrays plus a JSON
-header, no pickle); ``CacheStore.load(path)`` reads it, and a missing, truncated or
-malformed file raises :class:`~hvd_agents.errors.StoreFormatError` naming the
-cause (callers that want to continue use :meth:`CacheStore.load_or_empty`).
+header, no pickle) atomically; ``CacheStore.load(path)`` reads it, and a missing,
+truncated or malformed file raises :class:`~hvd_agents.errors.StoreFormatError`
+naming the cause (whatever bytes the file holds, no other error). Callers that want
+to continue use :meth:`CacheStore.load_or_empty`: an unusable file is kept aside as
+``<name>.corrupt-<UTC timestamp>`` (renamed, never overwritten or deleted), a
+warning names the file and the reason, and the store starts empty.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import json
 import logging
 import os
 import threading
+import time
 import zipfile
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -212,36 +216,127 @@ class CacheStore:
     def load(cls, path: str | os.PathLike, token_budget: int | None = None) -> CacheStore:
         """Read a store written by :meth:`save`.
 
+        Args:
+            path: the ``.npz`` file.
+            token_budget: the loaded store's budget; None keeps the saved one. Spans
+                beyond it are evicted least recently used first, as when adding; a
+                span longer than the whole budget is left out.
+
         Raises:
-            StoreFormatError: the file is missing, truncated, not a store, or inconsistent.
+            StoreFormatError: the file is missing, truncated, not a store, or
+                inconsistent; no other error is raised for what the file holds.
         """
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                tokens = data["tokens"]
-                header = json.loads(bytes(data["header"]).decode())
-        except FileNotFoundError as exc:
-            raise StoreFormatError(f"cache store file {path} does not exist") from exc
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
-            raise StoreFormatError(f"cache store file {path} is corrupt or not a store: {exc}") from exc
+        if token_budget is not None and token_budget <= 0:
+            raise InvalidRequestError(f"token_budget must be positive, got {token_budget}")
+        tokens, header = _read_file(path)
         entries = _check_header(path, header, tokens)
-        store = cls(token_budget or int(header["token_budget"]))
+        budget = token_budget or int(header["token_budget"])
+        store = cls(budget)
         offset = 0
         for entry in entries:
             length = int(entry["length"])
-            if store.add(tokens[offset : offset + length].tolist(), SpanKind(entry["kind"]), entry["session_id"]):
+            if length <= budget and store.add(
+                tokens[offset : offset + length].tolist(), SpanKind(entry["kind"]), entry["session_id"]
+            ):
                 next(reversed(store._spans.values())).age = int(entry["age"])
             offset += length
-        store._clock = int(header["clock"])
+        store._clock = max(int(header["clock"]), store._clock)
         return store
 
     @classmethod
     def load_or_empty(cls, path: str | os.PathLike, token_budget: int = 1_000_000) -> CacheStore:
-        """:meth:`load`, or an empty store (with a logged error naming the cause) if the file is unusable."""
+        """:meth:`load`, or an empty store if the file is missing or unusable.
+
+        A file that exists but cannot be read as a store (truncated, corrupt, of
+        another format or version) is kept aside: renamed to
+        ``<name>.corrupt-<UTC timestamp>`` (never overwritten or deleted, so a later
+        :meth:`save` to ``path`` cannot destroy it), and a warning names the file,
+        the reason and where it went. A missing file gives an empty store quietly.
+        """
         try:
             return cls.load(path, token_budget)
         except StoreFormatError as exc:
-            logger.error("%s; starting with an empty cache store", exc)
+            if not os.path.lexists(path):
+                logger.info("no cache store file at %s; starting with an empty cache store", path)
+                return cls(token_budget)
+            kept = quarantine(path)
+            where = f"kept aside as {kept}" if kept is not None else "left in place (it could not be renamed)"
+            logger.warning("%s; %s; starting with an empty cache store", exc, where)
             return cls(token_budget)
+
+
+def quarantine(path: str | os.PathLike) -> Path | None:
+    """Rename an unusable file to ``<name>.corrupt-<UTC timestamp>[-n]`` next to it.
+
+    Never overwrites: an existing name gets a ``-1``, ``-2``, ... suffix.
+
+    Returns:
+        The new path, or None when ``path`` is not a regular file or cannot be renamed
+        (the reason is logged).
+    """
+    source = Path(path)
+    if not source.is_file():
+        logger.warning("cannot keep %s aside: not a regular file", source)
+        return None
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    for attempt in range(1000):
+        target = source.with_name(f"{source.name}.corrupt-{stamp}" + (f"-{attempt}" if attempt else ""))
+        try:
+            os.link(source, target)  # fails if target exists: never overwrites
+        except FileExistsError:
+            continue
+        except OSError:
+            if os.path.lexists(target):
+                continue
+            try:  # no hard links here (some file systems): rename, having checked the name is free
+                os.rename(source, target)
+            except OSError as exc:
+                logger.warning("cannot keep %s aside as %s: %s", source, target, exc)
+                return None
+            return target
+        try:
+            os.unlink(source)
+        except OSError as exc:
+            logger.warning("kept a copy of %s as %s but cannot remove the original: %s", source, target, exc)
+        return target
+    logger.warning("cannot keep %s aside: too many earlier copies", source)
+    return None
+
+
+# What reading arbitrary bytes as an .npz can raise (numpy, zipfile, json, and the checks below).
+_READ_ERRORS = (
+    OSError, ValueError, KeyError, IndexError, TypeError, AttributeError, EOFError, OverflowError,
+    RecursionError, NotImplementedError, zipfile.BadZipFile, zipfile.LargeZipFile,
+)
+
+
+def _read_file(path: str | os.PathLike) -> tuple[np.ndarray, object]:
+    """The token array and the decoded JSON header of a store file.
+
+    Raises:
+        StoreFormatError: the file is missing or cannot be read as an ``.npz`` with
+            an int token array and a UTF-8 JSON header.
+    """
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+        if magic != b"PK\x03\x04":
+            raise StoreFormatError(f"cache store file {path} is corrupt or not a store: not an .npz (zip) file")
+        with np.load(path, allow_pickle=False) as data:
+            tokens = np.asarray(data["tokens"])
+            raw_header = np.asarray(data["header"])
+            if raw_header.dtype != np.uint8 or raw_header.ndim != 1:
+                raise StoreFormatError(f"cache store file {path} is corrupt or not a store: bad header array")
+            header = json.loads(raw_header.tobytes().decode("utf-8"))
+    except StoreFormatError:
+        raise
+    except FileNotFoundError as exc:
+        raise StoreFormatError(f"cache store file {path} does not exist") from exc
+    except _READ_ERRORS as exc:
+        raise StoreFormatError(f"cache store file {path} is corrupt or not a store: {exc}") from exc
+    if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
+        raise StoreFormatError(f"{path} is inconsistent: the token array is not a 1-D integer array")
+    return tokens, header
 
 
 def _check_header(path: str | os.PathLike, header: object, tokens: np.ndarray) -> list[dict]:
@@ -252,14 +347,27 @@ def _check_header(path: str | os.PathLike, header: object, tokens: np.ndarray) -
         raise StoreFormatError(f"{path} has store format version {header.get('version')}, expected {_VERSION}")
     entries = header.get("spans")
     kinds = {kind.value for kind in SpanKind}
-    try:
-        ok = isinstance(entries, list) and all(
-            int(e["length"]) > 0 and e["kind"] in kinds and int(e["age"]) >= 0 for e in entries
+    ok = (
+        isinstance(entries, list)
+        and all(
+            isinstance(e, dict)
+            and _is_int(e.get("length")) and e["length"] > 0
+            and isinstance(e.get("kind"), str) and e["kind"] in kinds
+            and _is_int(e.get("age")) and e["age"] >= 0
+            and (e.get("session_id") is None or isinstance(e.get("session_id"), str))
+            for e in entries
         )
-        total = sum(int(e["length"]) for e in entries) if ok else -1
-        int(header["token_budget"]), int(header["clock"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise StoreFormatError(f"{path} has a malformed span table: {exc}") from exc
-    if not ok or total != len(tokens) or tokens.ndim != 1 or (len(tokens) and tokens.min() < 0):
+        and _is_int(header.get("token_budget")) and header["token_budget"] > 0
+        and _is_int(header.get("clock")) and header["clock"] >= 0
+    )
+    if not ok:
+        raise StoreFormatError(f"{path} has a malformed span table")
+    total = sum(e["length"] for e in entries)
+    in_range = not len(tokens) or (int(tokens.min()) >= 0 and int(tokens.max()) <= np.iinfo(np.int64).max)
+    if total != len(tokens) or not in_range:
         raise StoreFormatError(f"{path} is inconsistent: span table and token array do not agree")
     return entries
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -19,6 +19,7 @@ from hvd_agents.errors import InvalidRequestError
 from hvd_agents.runtime import quant_native, quant_runner, quant_weights
 from hvd_agents.runtime.native_build import build_python_module
 from hvd_agents.runtime.quant_runner import QuantKV, QuantRunner, attach
+from hvd_agents.runtime.runner import BatchCall
 from tests.drafters_for_tests import FixedDrafter, RandomQDrafter, ScriptedDrafter, TreeDrafter
 from tests.test_engine_lossless import assert_samples_follow
 from tests.tiny import make_tiny_llama
@@ -133,6 +134,41 @@ def test_forward_rows_alone_equal_rows_in_a_draft(tiny_quant) -> None:
         kv.rollback(16)
         together = runner.forward(kv, ids[16 : 16 + m])
         assert all(torch.equal(together[i], alone[i]) for i in range(m)), m
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_batched_step_gives_each_request_its_logits_alone_bitwise(tiny_quant, data) -> None:
+    runner = QuantRunner(tiny_quant)
+    requests = data.draw(st.lists(st.tuples(st.integers(1, 40), st.integers(1, 20), st.booleans()), min_size=1,
+                                  max_size=6))  # (cached positions, new rows, tree)
+    rng = np.random.default_rng(data.draw(st.integers(0, 1000)))
+    calls, alone = [], []
+    for past, n, tree in requests:
+        prompt = rng.integers(0, VOCAB, past).tolist()
+        tokens = rng.integers(0, VOCAB, n).tolist()
+        parents = [int(rng.integers(-1, i)) for i in range(n - 1)] if tree else None
+        batched_kv, own_kv = runner.new_kv(), runner.new_kv()
+        runner.forward(batched_kv, prompt)
+        runner.forward(own_kv, prompt)
+        calls.append(BatchCall(batched_kv, tokens, parents))
+        alone.append((own_kv, runner.forward(own_kv, tokens, parents=parents)))
+    together = runner.forward_batch(calls)  # more than 64 rows in all run as several native forwards
+    assert len(together) == len(calls)
+    for call, got, (own_kv, want) in zip(calls, together, alone):
+        assert torch.equal(got, want)
+        assert call.kv.length == own_kv.length
+        assert all(torch.equal(a[0], b[0]) for a, b in zip(call.kv.export_prefix(own_kv.length),
+                                                           own_kv.export_prefix(own_kv.length)))
+
+
+def test_a_batched_step_refuses_what_one_forward_cannot_take(tiny_quant) -> None:
+    runner = QuantRunner(tiny_quant)
+    kv = runner.new_kv()
+    with pytest.raises(ValueError, match="1 to 64 tokens per request, not 65"):
+        runner.forward_batch([BatchCall(kv, [1] * 65)])
+    with pytest.raises(ValueError, match="needs 1 parents, not 2"):
+        runner.forward_batch([BatchCall(kv, [1, 2], [-1, 0])])
 
 
 def test_tree_rows_equal_the_chain_of_their_path(tiny_quant) -> None:

@@ -17,7 +17,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from hvd_agents import Engine, GenerationParams
 from hvd_agents.runtime.kv import new_cache
-from hvd_agents.runtime.runner import HFRunner
+from hvd_agents.runtime.runner import BatchCall, HFRunner
 from hvd_agents.runtime.selection import runner_for
 from hvd_agents.runtime.static import Buckets, SlotPool, SlotsExhaustedError, StaticRunner, supports
 from hvd_agents.runtime.static.cost import measure_bucket_cost
@@ -234,6 +234,15 @@ def test_bucket_cost_profile_is_a_step_function_of_the_draft_length(model) -> No
     assert cost.verify(9) >= cost.verify(8) >= cost.verify(2) >= 1.0
     assert "static runner's buckets" in cost.source
     assert runner.pool.free == runner.pool.slots
+
+
+def test_forward_batch_is_each_calls_own_forward(model) -> None:
+    for runner in (StaticRunner(model, buckets=BUCKETS, slots=4), HFRunner(model)):
+        caches = [runner.new_kv() for _ in range(2)]
+        for kv, prompt in zip(caches, ([1, 2, 3], [4, 5, 6, 7, 8])):
+            runner.forward(kv, prompt)
+        got = runner.forward_batch([BatchCall(caches[0], [9, 10]), BatchCall(caches[1], [11, 12, 13], [-1, -1])])
+        assert [g.shape[0] for g in got] == [2, 3] and [kv.length for kv in caches] == [5, 8]
 
 
 def test_new_cache_still_backs_the_hf_runner(model) -> None:

@@ -35,6 +35,7 @@ from hvd_agents.runtime import quant_native
 from hvd_agents.runtime.kv import LayerKV
 from hvd_agents.runtime.profile import cached_cost_model, machine_key_parts, measure_runner_cost
 from hvd_agents.runtime.quant_weights import MATRICES, WeightSet
+from hvd_agents.runtime.runner import BatchCall
 
 MAX_NATIVE_ROWS = 64  # rows per forward on the native path (the invariance guarantee covers these)
 MIN_ROOM = 256  # positions of room a KV buffer gets at least
@@ -221,6 +222,54 @@ class QuantRunner:
                 ["quant-runner", self.native.key, quant_native.key(), *machine_key_parts()]).encode()).hexdigest()[:24]
             self._cost_model = cached_cost_model(self.model, key=key, measure=lambda: measure_runner_cost(self))
         return self._cost_model
+
+    def forward_batch(self, calls: Sequence[BatchCall]) -> list[torch.Tensor]:
+        """Several requests' decode steps in native forwards of up to :data:`MAX_NATIVE_ROWS` rows: the weights
+        are read once for all their rows, and each row's arithmetic is the one it has alone (bitwise)."""
+        out: list[torch.Tensor] = []
+        group: list[BatchCall] = []
+        rows = 0
+        for call in calls:
+            n = len(call.token_ids)
+            if not 1 <= n <= MAX_NATIVE_ROWS:
+                raise ValueError(f"a batched step takes 1 to {MAX_NATIVE_ROWS} tokens per request, not {n}")
+            if call.parents is not None and len(call.parents) != n - 1:
+                raise ValueError(f"a tree forward of {n} tokens needs {n - 1} parents, not {len(call.parents)}")
+            if call.kv.length + n > self.native.context_window:
+                raise ValueError(f"{call.kv.length + n} positions exceed the context window of "
+                                 f"{self.native.context_window}")
+            if rows + n > MAX_NATIVE_ROWS:
+                out += self._native_batch(group)
+                group, rows = [], 0
+            group.append(call)
+            rows += n
+        return out + (self._native_batch(group) if group else [])
+
+    def _native_batch(self, calls: Sequence[BatchCall]) -> list[torch.Tensor]:
+        """One native forward over ``calls`` (at most :data:`MAX_NATIVE_ROWS` rows in all)."""
+        sizes = [len(call.token_ids) for call in calls]
+        starts = [0, *itertools.accumulate(sizes)]
+        m = starts[-1]
+        tokens = torch.tensor([t for call in calls for t in call.token_ids], dtype=torch.long)
+        positions = torch.empty(m, dtype=torch.long)
+        any_tree = any(call.parents is not None for call in calls)
+        visible = torch.zeros(m, m, dtype=torch.bool) if any_tree else self._no_tree
+        for call, s0, n in zip(calls, starts, sizes):
+            past = call.kv.length
+            if call.parents is not None:
+                depth, block = tree_rows(call.parents)
+                positions[s0 : s0 + n] = torch.tensor(depth, dtype=torch.long) + past
+            else:
+                positions[s0 : s0 + n] = torch.arange(past, past + n)
+                block = torch.ones(n, n, dtype=torch.bool).tril()
+            if any_tree:
+                visible[s0 : s0 + n, s0 : s0 + n] = block
+            call.kv.reserve(past + n)
+        logits, _ = self.native.native.forward_batch(tokens, positions, visible, starts, [c.kv.k for c in calls],
+                                                     [c.kv.v for c in calls], [c.kv.length for c in calls], m, False)
+        for call, n in zip(calls, sizes):
+            call.kv._length += n
+        return [logits[s0 : s0 + n] for s0, n in zip(starts, sizes)]
 
     def forward(
         self,

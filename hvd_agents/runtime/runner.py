@@ -29,6 +29,11 @@ Contract, per request::
   are read-only and imports copy them.
 * ``profile()`` is the verification cost curve measured on this machine
   (:mod:`hvd_agents.runtime.profile`), which the ``hvd`` policy prices steps with.
+* ``forward_batch(calls)`` runs several requests' decode steps (:class:`BatchCall`: a
+  cache, its tokens, its tree parents) and returns each one's logits, as if each had been
+  a ``forward`` of its own; a runner that can share one forward among them (the
+  quantized CPU runner: the weights are read once for all rows) does, the others run
+  them one after another (:func:`forward_each`).
 
 :class:`HFRunner` implements it over any HuggingFace causal LM with the
 in-place cache of :mod:`hvd_agents.runtime.kv`.
@@ -37,6 +42,7 @@ in-place cache of :mod:`hvd_agents.runtime.kv`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -79,6 +85,20 @@ class RunnerKV(Protocol):
         """Give the cache's memory back to its runner now (do not use the cache afterwards)."""
 
 
+@dataclass(frozen=True)
+class BatchCall:
+    """One request's part of a batched decode step: ``forward(kv, token_ids, parents=parents)``."""
+
+    kv: RunnerKV
+    token_ids: Sequence[int]
+    parents: Sequence[int] | None = None
+
+
+def forward_each(runner: Runner, calls: Sequence[BatchCall]) -> list[torch.Tensor]:
+    """``forward_batch`` by separate forwards, in order: for runners with nothing to share among requests."""
+    return [runner.forward(call.kv, call.token_ids, parents=call.parents) for call in calls]
+
+
 @runtime_checkable
 class Runner(Protocol):
     """The target as a device (see the module docstring)."""
@@ -103,6 +123,9 @@ class Runner(Protocol):
 
     def profile(self) -> CostModel:
         """The verification cost curve on this machine."""
+
+    def forward_batch(self, calls: Sequence[BatchCall]) -> list[torch.Tensor]:
+        """Each call's ``[n, vocab]`` logits, as ``forward`` would give them (see the module docstring)."""
 
 
 class HFRunner:
@@ -131,6 +154,9 @@ class HFRunner:
         if self._cost_model is None:
             self._cost_model = cached_cost_model(self.model)
         return self._cost_model
+
+    def forward_batch(self, calls: Sequence[BatchCall]) -> list[torch.Tensor]:
+        return forward_each(self, calls)
 
     def forward(
         self,

@@ -576,12 +576,40 @@ class QuantModel {
   std::vector<at::Tensor> forward(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& visible,
                                   at::Tensor kc, at::Tensor vc, int64_t past, int64_t keep, bool want_hidden) {
     const int64_t M = tokens.numel();
+    return forward_batch(tokens, positions, visible, {0, M}, {kc}, {vc}, {past}, keep, want_hidden);
+  }
+
+  // Several sequences in one forward: sequence b owns rows [starts[b], starts[b + 1]) and its own cache
+  // (kcs[b], vcs[b], with pasts[b] positions filled); its rows see its cached positions and, among the new
+  // rows, only its own (visible, when given, is [M, M] and read within each sequence's block). Every row's
+  // arithmetic is the one it has alone, so a sequence's logits do not depend on the others in the call.
+  // keep counts the last rows of the whole call whose logits are returned.
+  std::vector<at::Tensor> forward_batch(const at::Tensor& tokens, const at::Tensor& positions,
+                                        const at::Tensor& visible, std::vector<int64_t> starts,
+                                        std::vector<at::Tensor> kcs, std::vector<at::Tensor> vcs,
+                                        std::vector<int64_t> pasts, int64_t keep, bool want_hidden) {
+    const int64_t M = tokens.numel();
     TORCH_CHECK(M >= 1 && M <= kMaxRows, "this path takes 1 to ", kMaxRows, " tokens, not ", M);
     TORCH_CHECK(keep >= 1 && keep <= M, "keep must be in 1..", M);
-    TORCH_CHECK(kc.scalar_type() == at::kHalf && vc.scalar_type() == at::kHalf && kc.is_contiguous() && vc.is_contiguous(), "KV must be contiguous float16");
-    TORCH_CHECK(kc.dim() == 4 && kc.size(0) == num_layers() && kc.size(1) == nkv_ && kc.size(3) == hd_ && vc.sizes() == kc.sizes(), "KV shape disagrees with the model");
-    const int64_t cap = kc.size(2);
-    TORCH_CHECK(past >= 0 && past + M <= cap, "KV has room for ", cap, " positions, not ", past + M);
+    const int64_t B = static_cast<int64_t>(kcs.size());
+    TORCH_CHECK(B >= 1 && static_cast<int64_t>(vcs.size()) == B && static_cast<int64_t>(pasts.size()) == B &&
+                static_cast<int64_t>(starts.size()) == B + 1, "one cache, one length and one row range per sequence");
+    TORCH_CHECK(starts[0] == 0 && starts[B] == M, "sequence rows must cover the call's rows");
+    std::vector<int64_t> seq_of(M), caps(B);
+    std::vector<at::Half*> kbases(B), vbases(B);
+    for (int64_t b = 0; b < B; ++b) {
+      const at::Tensor& kc = kcs[b];
+      const at::Tensor& vc = vcs[b];
+      TORCH_CHECK(starts[b + 1] > starts[b], "sequence ", b, " has no rows");
+      TORCH_CHECK(kc.scalar_type() == at::kHalf && vc.scalar_type() == at::kHalf && kc.is_contiguous() && vc.is_contiguous(), "KV must be contiguous float16");
+      TORCH_CHECK(kc.dim() == 4 && kc.size(0) == num_layers() && kc.size(1) == nkv_ && kc.size(3) == hd_ && vc.sizes() == kc.sizes(), "KV shape disagrees with the model");
+      caps[b] = kc.size(2);
+      const int64_t rows = starts[b + 1] - starts[b];
+      TORCH_CHECK(pasts[b] >= 0 && pasts[b] + rows <= caps[b], "KV has room for ", caps[b], " positions, not ", pasts[b] + rows);
+      for (int64_t r = starts[b]; r < starts[b + 1]; ++r) seq_of[r] = b;
+      kbases[b] = kc.data_ptr<at::Half>();
+      vbases[b] = vc.data_ptr<at::Half>();
+    }
     const at::Tensor tok = tokens.to(at::kLong).contiguous(), pos = positions.to(at::kLong).contiguous();
     const int64_t* tp = tok.data_ptr<int64_t>();
     const int64_t* pp = pos.data_ptr<int64_t>();
@@ -589,7 +617,7 @@ class QuantModel {
       TORCH_CHECK(tp[i] >= 0 && tp[i] < embed_.N, "token id ", tp[i], " is outside the vocabulary");
       TORCH_CHECK(pp[i] >= 0 && pp[i] < cos_.size(0), "position ", pp[i], " is outside the rope table");
     }
-    // visible slots per row: the cached positions, then the new rows it sees (itself included)
+    // visible slots per row: its sequence's cached positions, then the new rows of its sequence it sees
     std::vector<std::vector<int32_t>> slots(M);
     const bool tree = visible.defined() && visible.numel() > 0;
     at::Tensor vis;
@@ -597,15 +625,18 @@ class QuantModel {
       vis = visible.to(at::kBool).contiguous();
       TORCH_CHECK(vis.dim() == 2 && vis.size(0) == M && vis.size(1) == M, "visible must be [M, M]");
     }
-    for (int64_t i = 0; i < M; ++i) {
-      slots[i].reserve(past + i + 1);
-      for (int64_t t = 0; t < past; ++t) slots[i].push_back(static_cast<int32_t>(t));
+    int64_t longest = 0;
+    for (int64_t r = 0; r < M; ++r) {
+      const int64_t b = seq_of[r], s0 = starts[b], past = pasts[b], i = r - s0;
+      slots[r].reserve(past + i + 1);
+      for (int64_t t = 0; t < past; ++t) slots[r].push_back(static_cast<int32_t>(t));
       for (int64_t j = 0; j <= i; ++j)
-        if (!tree || j == i || vis.data_ptr<bool>()[i * M + j]) slots[i].push_back(static_cast<int32_t>(past + j));
+        if (!tree || j == i || vis.data_ptr<bool>()[r * M + s0 + j]) slots[r].push_back(static_cast<int32_t>(past + j));
+      longest = std::max(longest, static_cast<int64_t>(slots[r].size()));
     }
     const int64_t H = H_, qd = nh_ * hd_, kd = nkv_ * hd_, I = I_;
     std::vector<float> x(M * H), xn(M * H), qkv(M * (qd + 2 * kd)), att(M * qd), tmp(M * H), gu(M * 2 * I), act(M * I);
-    const int64_t smax = (past + M + 7) / 8 * 8;
+    const int64_t smax = (longest + 7) / 8 * 8;
     const int nt = std::max(1, at::get_num_threads());
     std::vector<float> scores(static_cast<size_t>(nt) * smax);
     QRows qx, qa, qf, qo;
@@ -615,8 +646,6 @@ class QuantModel {
     qf.resize(M, I);
     at::Tensor logits = at::empty({keep, out_.N}, at::kFloat);
     at::Tensor hidden = want_hidden ? at::empty({M, H}, at::kFloat) : at::Tensor();
-    at::Half* kbase = kc.data_ptr<at::Half>();
-    at::Half* vbase = vc.data_ptr<at::Half>();
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd_));
     const int64_t group = nh_ / nkv_;
     const int64_t half = hd_ / 2;
@@ -640,7 +669,6 @@ class QuantModel {
           if (qin) quantize_row(xn.data() + r * H, H, qx, r);
         }
         // 2. query, key and value heads, one head a job: project, rope, and write keys and values to the cache
-        const int64_t lbase = static_cast<int64_t>(l) * nkv_ * cap * hd_;
 #pragma omp for schedule(static)
         for (int64_t job = 0; job < nh_ + 2 * nkv_; ++job) {
           const Matrix& W = job < nh_ ? L.q : (job < nh_ + nkv_ ? L.k : L.v);
@@ -651,7 +679,9 @@ class QuantModel {
             float* v = qkv.data() + r * qkv_ld + col0 + head * hd_;
             if (job < nh_ + nkv_) rope(v, 1, hd_, cos_.data_ptr<float>() + pp[r] * half, sin_.data_ptr<float>() + pp[r] * half);
             if (job >= nh_) {
-              at::Half* dst = (job < nh_ + nkv_ ? kbase : vbase) + lbase + (head * cap + past + r) * hd_;
+              const int64_t b = seq_of[r], cap = caps[b];
+              const int64_t lbase = static_cast<int64_t>(l) * nkv_ * cap * hd_;
+              at::Half* dst = (job < nh_ + nkv_ ? kbases[b] : vbases[b]) + lbase + (head * cap + pasts[b] + r - starts[b]) * hd_;
               for (int64_t i = 0; i < hd_; ++i) dst[i] = static_cast<at::Half>(v[i]);
             }
           }
@@ -660,8 +690,10 @@ class QuantModel {
 #pragma omp for schedule(dynamic, 1)
         for (int64_t job = 0; job < M * nh_; ++job) {
           const int64_t r = job / nh_, h = job % nh_, g = h / group;
+          const int64_t b = seq_of[r], cap = caps[b];
+          const int64_t lbase = static_cast<int64_t>(l) * nkv_ * cap * hd_;
           float* o = att.data() + r * qd + h * hd_;
-          attend(qkv.data() + r * qkv_ld + h * hd_, kbase + lbase + g * cap * hd_, vbase + lbase + g * cap * hd_, hd_,
+          attend(qkv.data() + r * qkv_ld + h * hd_, kbases[b] + lbase + g * cap * hd_, vbases[b] + lbase + g * cap * hd_, hd_,
                  slots[r].data(), static_cast<int64_t>(slots[r].size()), scale,
                  scores.data() + omp_get_thread_num() * smax, o);
           if (L.o.quantized() && attn_blocks) {
@@ -803,6 +835,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, at::Tensor, at::Tensor, Matrix, at::Tensor, Matrix>())
       .def("add_layer", &QuantModel::add_layer)
       .def("forward", &QuantModel::forward, py::call_guard<py::gil_scoped_release>())
+      .def("forward_batch", &QuantModel::forward_batch, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("num_layers", &QuantModel::num_layers)
       .def_property_readonly("vocab", &QuantModel::vocab);
   m.def("linear", &linear, py::call_guard<py::gil_scoped_release>());

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from hvd_agents.policy.cost import CostModel
 from hvd_agents.runtime.profile import cached_cost_model, machine_key_parts
+from hvd_agents.runtime.runner import BatchCall, forward_each
 from hvd_agents.runtime.static.buckets import DEFAULT_ROWS, Buckets
 from hvd_agents.runtime.static.cost import measure_bucket_cost
 from hvd_agents.runtime.static.decoder import StaticDecoder
@@ -101,6 +102,9 @@ class StaticRunner:
 
     def new_kv(self) -> SlotKV:
         return self.pool.acquire()
+
+    def forward_batch(self, calls: Sequence[BatchCall]) -> list[torch.Tensor]:
+        return forward_each(self, calls)  # one captured step per request; a batched step is not built yet
 
     def profile(self) -> CostModel:
         if self._cost_model is None:

@@ -9,6 +9,7 @@ Subcommands:
 * ``bench-kernels``: the CPU linear-layer kernels (dense, packed, row): forward cost per draft length, tok/s.
 * ``bench-drafter``: propose / update cost of the cache drafter at scale (no model).
 * ``bench-prefix``: a multi-turn agent conversation with and without prefix KV reuse (llama.cpp with ``--peers``).
+* ``bench-gpu``: HF ``generate``, engine ``ar`` and ``hvd`` on the static GPU runner; bandwidth limit, syncs per step.
 * ``analyze``: replay an agent trace through the drafters; estimated speedup per policy (no model).
 * ``train-payoff``: fit the payoff predictor on ``analyze --steps`` records (no model).
 * ``train-drafter``: distil the draft head (the model drafter) from the target.
@@ -144,6 +145,14 @@ def cmd_bench_kernels(args: argparse.Namespace) -> int:
     from hvd_agents.bench.kernels import run_kernel_benchmark
 
     run_kernel_benchmark(model=args.model, max_new_tokens=args.max_new_tokens, rounds=args.rounds)
+    return 0
+
+
+def cmd_bench_gpu(args: argparse.Namespace) -> int:
+    from hvd_agents.bench.gpu import run_gpu_benchmark
+
+    run_gpu_benchmark(args.model, device=args.device, max_new_tokens=args.max_new_tokens, rounds=args.rounds,
+                      json_path=args.json)
     return 0
 
 
@@ -361,6 +370,15 @@ def build_parser() -> argparse.ArgumentParser:
     kernels.add_argument("--max-new-tokens", type=int, default=96)
     kernels.add_argument("--rounds", type=int, default=2)
     kernels.set_defaults(func=cmd_bench_kernels)
+
+    gpu = sub.add_parser("bench-gpu", help="HF generate, engine ar and hvd on the static GPU runner, one run")
+    gpu.add_argument("--model", default=None,
+                     help="a model id or path, or random:NAME (smollm2-135m, llama-3.2-1b, llama-3.1-8b, tiny)")
+    gpu.add_argument("--device", default=None, help="default: cuda when present")
+    gpu.add_argument("--max-new-tokens", type=int, default=128)
+    gpu.add_argument("--rounds", type=int, default=1)
+    gpu.add_argument("--json", default=None, help="write the figures to this file")
+    gpu.set_defaults(func=cmd_bench_gpu)
 
     _add_analyze_parser(sub)
     _add_server_parsers(sub)

@@ -18,10 +18,12 @@ buffers, so every shape and mask path is exercised by the CPU tests.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 
 import torch
 
+from hvd_agents.runtime.paths import cache_root
 from hvd_agents.runtime.static.decoder import StaticDecoder
 
 logger = logging.getLogger(__name__)
@@ -48,6 +50,8 @@ class StepGraphs:
         self._pool = torch.cuda.graph_pool_handle() if self.enabled else None
         self._forward: Callable = decoder.forward
         if compile and self.enabled:
+            # compiled kernels persist under the cache directory, so a restart does not compile again
+            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
             try:
                 self._forward = torch.compile(decoder.forward, mode="max-autotune-no-cudagraphs", dynamic=False)
             except Exception as exc:  # noqa: BLE001 - any compiler failure leaves the eager kernels

@@ -18,6 +18,13 @@ For every prompt, five runs on the same model, greedy, same max_new_tokens:
 The prompts are the 4 agent prompts; ``chat=True`` adds the 8 held-out chat prompts and the
 figures are then also printed per prompt group.
 
+Two figures per configuration, kept apart: end-to-end tok/s (new tokens / seconds of the whole
+calls, prefill included) and decode tok/s (new tokens / decode seconds, from each arm's own split:
+the engine's :class:`~hvd_agents.engine.stats.RequestStats`, llama.cpp's clock, and for HF the time
+after its first new token, which its prefill yields). On these prompts (123 to 401 tokens, replies of
+32 to 128) the prefill is close to half of every call, so the two differ by about 2x; the decode
+figure is the one to compare with ``Engine.generate``'s stats.
+
 Each configuration runs once to warm up, then the runs are interleaved prompt by
 prompt, in ``rounds`` rounds whose configuration order alternates (forward, then
 reversed), so both sides see the same machine state and no side always runs first. Outputs must be identical token
@@ -33,6 +40,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from hvd_agents.bench.agent_arms import FirstTokenClock, StopRule
 from hvd_agents.bench.digest import output_digest
 from hvd_agents.bench.llama_cpp import PEER_NAME, LlamaCppPeer, check_peers, same_count
 from hvd_agents.bench.prompts import AgentPrompt, agent_prompts, chat_prompts
@@ -97,11 +105,17 @@ def _record(splits: Splits | None, item: _Item, stats: RequestStats) -> None:
         splits.setdefault(item.group, Split()).add(stats.new_tokens, stats.prefill_s, stats.decode_s)
 
 
-def _hf_runner(engine: Engine, max_new_tokens: int, **extra) -> Runner:
+def _hf_runner(engine: Engine, max_new_tokens: int, splits: Splits | None = None, **extra) -> Runner:
+    """HF ``generate``; ``splits`` gets its prefill (up to the first new token, which the prompt's forward
+    yields) and decode (the other new tokens) seconds by prompt group."""
+    from transformers import StoppingCriteriaList
+
     model = engine.model
     eos = list(engine.eos_token_ids)
 
     def run(item: _Item) -> tuple[int, ...]:
+        clock = FirstTokenClock(len(item.ids), StopRule(engine.tokenizer, eos, ()))
+        start = time.perf_counter()
         ids = torch.tensor([item.ids], device=engine.device)  # [1, n]
         with torch.inference_mode():
             out = model.generate(
@@ -109,11 +123,17 @@ def _hf_runner(engine: Engine, max_new_tokens: int, **extra) -> Runner:
                 attention_mask=torch.ones_like(ids),
                 max_new_tokens=max_new_tokens,
                 do_sample=False,
-                eos_token_id=eos,
-                pad_token_id=eos[0],
+                eos_token_id=eos or None,
+                pad_token_id=eos[0] if eos else 0,
+                stopping_criteria=StoppingCriteriaList([clock]),
                 **extra,
             )
-        return tuple(out[0, len(item.ids) :].tolist())
+        end = time.perf_counter()
+        tokens = tuple(out[0, len(item.ids) :].tolist())
+        if splits is not None:
+            first = clock.first if clock.first is not None else end
+            splits.setdefault(item.group, Split()).add(max(len(tokens) - 1, 0), first - start, end - first)
+        return tokens
 
     return run
 
@@ -211,13 +231,16 @@ def run_live_benchmark(
     # prefill reuse across repeated runs of a prompt would favour the engine: off here
     # (measured by bench-prefix); this benchmark compares decoding
     params = GenerationParams(max_new_tokens=max_new_tokens, num_draft_tokens=k, reuse_prefix=False)
-    splits: dict[str, Splits] = {"engine-ar": {}, "engine-hvd": {}}
+    # every configuration's prefill and decode seconds, by prompt group: the table reports decode tok/s
+    # (new tokens / decode seconds) apart from end-to-end tok/s (new tokens / seconds of the whole call)
+    names = ("hf-generate", "engine-ar", "hf-prompt-lookup", "engine-pld", "engine-hvd-cache", "engine-hvd")
+    splits: dict[str, Splits] = {name: {} for name in names}
     runners = {
-        "hf-generate": _hf_runner(engine, max_new_tokens),
+        "hf-generate": _hf_runner(engine, max_new_tokens, splits["hf-generate"]),
         "engine-ar": _engine_runner(engine, replace(params, method="ar"), splits["engine-ar"]),
-        "hf-prompt-lookup": _hf_runner(engine, max_new_tokens, prompt_lookup_num_tokens=k),
-        "engine-pld": _engine_runner(engine, replace(params, method="pld")),
-        "engine-hvd-cache": _cache_runner(engine, replace(params, method="hvd-cache")),
+        "hf-prompt-lookup": _hf_runner(engine, max_new_tokens, splits["hf-prompt-lookup"], prompt_lookup_num_tokens=k),
+        "engine-pld": _engine_runner(engine, replace(params, method="pld"), splits["engine-pld"]),
+        "engine-hvd-cache": _cache_runner(engine, replace(params, method="hvd-cache"), splits=splits["engine-hvd-cache"]),
         "engine-hvd": _cache_runner(engine, GenerationParams(max_new_tokens=max_new_tokens, method="hvd",
                                                              num_draft_tokens=hvd_k, reuse_prefix=False),
                                     splits=splits["engine-hvd"]),
@@ -242,12 +265,14 @@ def run_live_benchmark(
                 _timed(runners[name], item, tallies[item.group][name])
     merged = {name: merge_tallies([tallies[group][name] for group in groups]) for name in runners}
     what = "agent-style prompts" if len(groups) == 1 else " + ".join(f"{len(p)} {g}" for g, p in groups.items()) + " prompts"
-    _print_table(merged, [item.ids for item in items] * rounds, max_new_tokens, k, engine.device, what)
+    whole = {name: _merge_splits(by_group.values()) for name, by_group in splits.items()}
+    _print_table(merged, whole, [item.ids for item in items] * rounds, max_new_tokens, k, engine.device, what)
     if peer is not None:
         print(f"{PEER_NAME}: {peer.describe()}; the engine on {engine.device} with {torch.get_num_threads()} torch "
               "threads")
     if peer is not None or len(groups) > 1:
-        _print_groups(tallies, merged, splits)
+        _print_groups(tallies, merged, {name: splits[name] for name in ("engine-ar", "engine-hvd", PEER_NAME)
+                                        if name in splits})
     return merged
 
 
@@ -261,29 +286,52 @@ def merge_tallies(tallies: Sequence[Tally]) -> Tally:
     return merged
 
 
+def table_rows(tallies: dict[str, Tally], splits: dict[str, Split]) -> list[dict[str, float | int | str]]:
+    """One row per configuration: tokens, end-to-end seconds and tok/s (whole calls, prefill included),
+    prefill and decode seconds, decode tok/s (decode tokens / decode seconds: prefill excluded) and the
+    decode and end-to-end ratios to HF ``generate``; ``same`` counts outputs equal to HF ``generate``'s."""
+    reference, ref_split = tallies["hf-generate"], splits.get("hf-generate", Split())
+    rows = []
+    for name, tally in tallies.items():
+        split = splits.get(name, Split())
+        rows.append({
+            "name": name, "tokens": tally.tokens, "seconds": tally.seconds, "tokens_per_s": tally.tokens_per_s,
+            "prefill_s": split.prefill_s, "decode_s": split.decode_s, "decode_tokens_per_s": split.decode_tokens_per_s,
+            "decode_vs_hf": (split.decode_tokens_per_s / ref_split.decode_tokens_per_s
+                             if ref_split.decode_tokens_per_s else 0.0),
+            "end_to_end_vs_hf": tally.tokens_per_s / reference.tokens_per_s if reference.tokens_per_s else 0.0,
+            "same": sum(a == b for a, b in zip(tally.outputs, reference.outputs)),
+        })
+    return rows
+
+
 def _print_table(
-    tallies: dict[str, Tally], prompts: Sequence[list[int]], max_new_tokens: int, k: int, device: torch.device,
-    what: str = "agent-style prompts",
+    tallies: dict[str, Tally], splits: dict[str, Split], prompts: Sequence[list[int]], max_new_tokens: int, k: int,
+    device: torch.device, what: str = "agent-style prompts",
 ) -> None:
-    reference = tallies["hf-generate"]
     mean_prompt = sum(len(p) for p in prompts) / len(prompts)
     print(f"{len(prompts)} runs of {what} (mean {mean_prompt:.0f} tokens), greedy, "
           f"max_new_tokens={max_new_tokens}, k={k}, device={device}")
-    print(f"{'configuration':<18}{'tokens':>8}{'seconds':>10}{'tok/s':>9}{'vs hf-generate':>16}{'same tokens':>13}")
-    for name, tally in tallies.items():
-        same = sum(a == b for a, b in zip(tally.outputs, reference.outputs))
-        ratio = tally.tokens_per_s / reference.tokens_per_s if reference.tokens_per_s else 0.0
-        print(f"{name:<18}{tally.tokens:>8}{tally.seconds:>10.2f}{tally.tokens_per_s:>9.1f}"
-              f"{ratio:>15.2f}x{same:>9}/{len(prompts)}")
-    ar = tallies["engine-ar"].tokens_per_s / reference.tokens_per_s
-    pld = tallies["engine-pld"].tokens_per_s / tallies["hf-prompt-lookup"].tokens_per_s
-    cache = tallies["engine-hvd-cache"].tokens_per_s / tallies["hf-prompt-lookup"].tokens_per_s
-    hvd = tallies["engine-hvd"].tokens_per_s
-    print(f"engine-ar / hf-generate: {ar:.2f}x   engine-pld / hf-prompt-lookup: {pld:.2f}x   "
-          f"engine-hvd-cache / hf-prompt-lookup: {cache:.2f}x")
-    print(f"engine-hvd / engine-hvd-cache: {hvd / tallies['engine-hvd-cache'].tokens_per_s:.2f}x   "
-          f"engine-hvd / engine-pld: {hvd / tallies['engine-pld'].tokens_per_s:.2f}x   "
-          f"engine-hvd / hf-generate: {hvd / reference.tokens_per_s:.2f}x")
+    print("end-to-end = whole calls (prefill + decode): tok/s = new tokens / their seconds; decode tok/s = new tokens "
+          "/ decode seconds (HF: after its first token)")
+    print(f"{'configuration':<18}{'tokens':>8}{'e2e s':>9}{'e2e tok/s':>10}{'prefill s':>10}{'decode s':>10}"
+          f"{'decode tok/s':>13}{'decode vs hf':>13}{'e2e vs hf':>10}{'same tokens':>13}")
+    rows = table_rows(tallies, splits)
+    for row in rows:
+        print(f"{row['name']:<18}{row['tokens']:>8}{row['seconds']:>9.2f}{row['tokens_per_s']:>10.1f}"
+              f"{row['prefill_s']:>10.2f}{row['decode_s']:>10.2f}{row['decode_tokens_per_s']:>13.1f}"
+              f"{row['decode_vs_hf']:>12.2f}x{row['end_to_end_vs_hf']:>9.2f}x{row['same']:>9}/{len(prompts)}")
+    by = {row["name"]: row for row in rows}
+
+    def ratio(a: str, b: str, key: str) -> str:
+        return _ratio(float(by[a][key]), float(by[b][key]))
+
+    for key, label in (("decode_tokens_per_s", "decode"), ("tokens_per_s", "end-to-end")):
+        print(f"{label}: engine-ar / hf-generate {ratio('engine-ar', 'hf-generate', key)}   engine-pld / "
+              f"hf-prompt-lookup {ratio('engine-pld', 'hf-prompt-lookup', key)}   engine-hvd-cache / hf-prompt-lookup "
+              f"{ratio('engine-hvd-cache', 'hf-prompt-lookup', key)}   engine-hvd / engine-hvd-cache "
+              f"{ratio('engine-hvd', 'engine-hvd-cache', key)}   engine-hvd / engine-pld "
+              f"{ratio('engine-hvd', 'engine-pld', key)}   engine-hvd / hf-generate {ratio('engine-hvd', 'hf-generate', key)}")
     print("output tokens sha256: " + "  ".join(f"{name} {output_digest(t.outputs)}" for name, t in tallies.items()))
 
 

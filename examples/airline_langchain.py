@@ -2,6 +2,7 @@
 
     python examples/airline_langchain.py                 # 4 turns, method hvd, greedy
     python examples/airline_langchain.py --method ar     # the same tokens, plain decoding
+    python examples/airline_langchain.py --save a.json   # record the model calls (hvd-agents bench-agents)
 
 The user (mia_li_3668) asks for their reservations, a reservation's flight, the other
 flights on that route and day, and then to move the reservation; the agent answers each
@@ -24,6 +25,7 @@ arguments) and to ``"none"`` once the result is in. With a capable model
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 from _airline import EXAMPLE, SYSTEM, TURNS, Airline, planned_choice
@@ -35,12 +37,15 @@ from langchain_core.tools import tool
 from langchain_hvd import ChatHVD
 from langgraph.checkpoint.memory import InMemorySaver
 
+from hvd_agents.bench.recorder import save_calls
 from hvd_agents.chat.templates import apply_system_template, load_template
 from hvd_agents.drafters import available_methods
 from hvd_agents.engine import Engine
 from hvd_agents.engine.shared import shared_engine
 
 THREAD = "airline-langchain"
+STEERING = ("an earlier exchange with one call per tool in the history; each turn's planned tool forced by "
+            "tool_choice until its result is in, then tool_choice=\"none\"")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,6 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--method", default="hvd", choices=available_methods())
     parser.add_argument("--max-turns", type=int, default=len(TURNS), help="user turns to run (at most 4)")
     parser.add_argument("--max-new-tokens", type=int, default=96, help="most tokens per model call")
+    parser.add_argument("--save", metavar="FILE", default=None,
+                        help="write the conversation's model calls as JSON (replayed by hvd-agents bench-agents)")
     return parser.parse_args(argv)
 
 
@@ -82,20 +89,24 @@ def main(argv: list[str] | None = None, engine: Engine | None = None) -> tuple[A
     config = {"configurable": {"thread_id": THREAD}}
     report = Report("airline agent, LangChain create_agent", args.method)
     messages: list = []
-    for index, (question, _) in enumerate(TURNS[:args.max_turns]):
-        print(f"\nuser: {question}")
-        new = [*convert_to_messages(EXAMPLE), HumanMessage(question)] if index == 0 else [HumanMessage(question)]
-        with report.turn(question):
-            messages = agent.invoke({"messages": new}, config)["messages"]
-        turn = messages[max(i for i, m in enumerate(messages) if isinstance(m, HumanMessage)):]
-        for message in turn:
-            if isinstance(message, AIMessage):
-                report.add_call(message.response_metadata.get("hvd_stats"))
-                for call in message.tool_calls:
-                    print(f"  -> {call['name']}({call['args']})")
-            elif isinstance(message, ToolMessage):
-                print(f"     = {message.content[:120]}")
-        print(f"assistant: {messages[-1].content}")
+    with save_calls(args.save, engine, "airline_langchain", title="airline customer-service agent, LangChain "
+                    "create_agent on ChatHVD (look up a user, a reservation, other flights, change it)",
+                    command=" ".join(["python examples/airline_langchain.py", *(sys.argv[1:] if argv is None else argv)]),
+                    steering=STEERING):
+        for index, (question, _) in enumerate(TURNS[:args.max_turns]):
+            print(f"\nuser: {question}")
+            new = [*convert_to_messages(EXAMPLE), HumanMessage(question)] if index == 0 else [HumanMessage(question)]
+            with report.turn(question):
+                messages = agent.invoke({"messages": new}, config)["messages"]
+            turn = messages[max(i for i, m in enumerate(messages) if isinstance(m, HumanMessage)):]
+            for message in turn:
+                if isinstance(message, AIMessage):
+                    report.add_call(message.response_metadata.get("hvd_stats"))
+                    for call in message.tool_calls:
+                        print(f"  -> {call['name']}({call['args']})")
+                elif isinstance(message, ToolMessage):
+                    print(f"     = {message.content[:120]}")
+            print(f"assistant: {messages[-1].content}")
     print()
     report.print()
     return airline, messages, report

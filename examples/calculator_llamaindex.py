@@ -2,6 +2,7 @@
 
     python examples/calculator_llamaindex.py                # 3 turns, method hvd, greedy
     python examples/calculator_llamaindex.py --method ar    # the same tokens, plain decoding
+    python examples/calculator_llamaindex.py --save c.json  # record the model calls (hvd-agents bench-agents)
 
 The user asks for a product, to save it in a file and to read the file back; the agent
 answers each turn with a tool call (``multiply``, ``write_file``, ``read_file``; the
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 import time
 
 from _report import Report
@@ -32,6 +34,7 @@ from llama_index.core.base.llms.types import ChatMessage, MessageRole, ToolCallB
 from llama_index.core.tools import FunctionTool
 from llama_index.llms.hvd import HVD
 
+from hvd_agents.bench.recorder import save_calls
 from hvd_agents.chat.templates import apply_system_template, load_template
 from hvd_agents.drafters import available_methods
 from hvd_agents.engine import Engine
@@ -131,6 +134,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--method", default="hvd", choices=available_methods())
     parser.add_argument("--max-turns", type=int, default=len(TURNS), help="user turns to run (at most 3)")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="most tokens per model call")
+    parser.add_argument("--save", metavar="FILE", default=None,
+                        help="write the conversation's model calls as JSON (replayed by hvd-agents bench-agents)")
     return parser.parse_args(argv)
 
 
@@ -176,7 +181,12 @@ def main(argv: list[str] | None = None, engine: Engine | None = None) -> tuple[W
     started = time.perf_counter()
     engine = engine or shared_engine(None, device="cpu")
     print(f"model loaded in {time.perf_counter() - started:.1f} s")
-    return asyncio.run(run(args, engine))
+    command = " ".join(["python examples/calculator_llamaindex.py", *(sys.argv[1:] if argv is None else argv)])
+    with save_calls(args.save, engine, "calculator_llamaindex", title="calculator and file store, LlamaIndex "
+                    "FunctionAgent on HVD (multiply, write a file, read it back)", command=command,
+                    steering="an earlier exchange with one call per tool in the history; each planned call "
+                    "pre-filled up to its first argument (reply_prefix), then tool_choice=\"none\""):
+        return asyncio.run(run(args, engine))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     python examples/coding_loop.py                 # 2 tasks, method hvd, greedy
     python examples/coding_loop.py --method ar     # the same tokens, plain decoding
+    python examples/coding_loop.py --save c.json   # record the model calls (hvd-agents bench-agents)
 
 A framework-free loop (``_loop.py``) over the engine on an in-memory repository: each
 task is one user turn in which the agent lists the files, reads the module to fix
@@ -23,12 +24,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 from _loop import agent_turn
 from _report import Report
 from _tools import call_tool, string_tool
 
+from hvd_agents.bench.recorder import save_calls
 from hvd_agents.chat.request import ChatSettings
 from hvd_agents.chat.templates import apply_system_template, canonicalize_tools, load_template
 from hvd_agents.drafters import available_methods
@@ -149,6 +152,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--method", default="hvd", choices=available_methods())
     parser.add_argument("--max-steps", type=int, default=len(PLAN), help="tool calls before the answer (at most 4)")
     parser.add_argument("--max-new-tokens", type=int, default=96, help="most tokens per model call")
+    parser.add_argument("--save", metavar="FILE", default=None,
+                        help="write the conversation's model calls as JSON (replayed by hvd-agents bench-agents)")
     return parser.parse_args(argv)
 
 
@@ -172,16 +177,21 @@ def main(argv: list[str] | None = None, engine: Engine | None = None) -> tuple[R
     settings = ChatSettings(method=args.method, max_tokens=args.max_new_tokens)
     report = Report("coding loop, framework-free", args.method)
     steps = PLAN[:args.max_steps]
-    for request, *_ in TASKS:
-        print(f"\nuser: {request}")
-        messages.append({"role": "user", "content": request})
-        with report.turn(request):
-            calls = agent_turn(engine, messages, canonicalize_tools(TOOLS), repo.run, settings,
-                               session_id="coding-loop", report=report, max_calls=len(steps),
-                               plan=lambda n: steps[n] if n < len(steps) else None)
-        for call in calls:
-            print(f"  -> {call.name}({json.dumps(call.arguments)[:100]}) = {call.result[:100]}...")
-        print(f"assistant: {messages[-1]['content']}")
+    command = " ".join(["python examples/coding_loop.py", *(sys.argv[1:] if argv is None else argv)])
+    with save_calls(args.save, engine, "coding_loop", title="coding loop, framework-free (list files, read a "
+                    "file, edit it, run a check; long tool outputs)", command=command,
+                    steering="an earlier solved task in the history; each planned call pre-filled up to its "
+                    "first argument, then tool_choice=\"none\""):
+        for request, *_ in TASKS:
+            print(f"\nuser: {request}")
+            messages.append({"role": "user", "content": request})
+            with report.turn(request):
+                calls = agent_turn(engine, messages, canonicalize_tools(TOOLS), repo.run, settings,
+                                   session_id="coding-loop", report=report, max_calls=len(steps),
+                                   plan=lambda n: steps[n] if n < len(steps) else None)
+            for call in calls:
+                print(f"  -> {call.name}({json.dumps(call.arguments)[:100]}) = {call.result[:100]}...")
+            print(f"assistant: {messages[-1]['content']}")
     print()
     report.print()
     return repo, messages, report

@@ -3,6 +3,7 @@
     python examples/own_model.py                                  # embedded SmolLM2-135M, steered
     python examples/own_model.py --model Qwen/Qwen2.5-1.5B-Instruct   # your model, free-running
     python examples/own_model.py --model ./model.gguf --free      # any model id, path or GGUF file
+    python examples/own_model.py --save own_model.json            # record the model calls (hvd-agents bench-agents)
 
 A framework-free agent loop (``_loop.py``) over the engine: each model call gets the
 conversation and four airline tools (JSON results), the calls it makes are executed and
@@ -23,12 +24,14 @@ model writes the arguments), then ``tool_choice="none"`` for the answer.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 from _airline import EXAMPLE, SYSTEM, TOOL_SCHEMAS, TURNS, Airline, planned_tool
 from _loop import agent_turn
 from _report import Report
 
+from hvd_agents.bench.recorder import save_calls
 from hvd_agents.chat.request import ChatSettings
 from hvd_agents.chat.templates import apply_system_template, canonicalize_tools, load_template
 from hvd_agents.drafters import available_methods
@@ -48,6 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                        help="force each turn's planned tool (default on the embedded model)")
     steer.add_argument("--free", dest="steer", action="store_false",
                        help="let the model choose (default with --model)")
+    parser.add_argument("--save", metavar="FILE", default=None,
+                        help="write the conversation's model calls as JSON (replayed by hvd-agents bench-agents)")
     return parser.parse_args(argv)
 
 
@@ -73,15 +78,20 @@ def main(argv: list[str] | None = None, engine: Engine | None = None) -> tuple[A
     messages = apply_system_template([{"role": "system", "content": SYSTEM}, *history], load_template("agent-system"))
     settings = ChatSettings(method=args.method, max_tokens=args.max_new_tokens)
     report = Report("airline agent, framework-free loop", args.method)
-    for index, (question, _) in enumerate(TURNS[:args.max_turns]):
-        print(f"\nuser: {question}")
-        messages.append({"role": "user", "content": question})
-        with report.turn(question):
-            calls = agent_turn(engine, messages, tools, airline.run, settings, session_id="airline-own-model",
-                               report=report, plan=(lambda n, t=index: planned_tool(t, n)) if steer else None)
-        for call in calls:
-            print(f"  -> {call.name}({call.arguments}) = {call.result[:120]}")
-        print(f"assistant: {messages[-1]['content']}")
+    command = " ".join(["python examples/own_model.py", *(sys.argv[1:] if argv is None else argv)])
+    steering = ("an earlier exchange with one call per tool in the history; each planned call pre-filled up to its "
+                "first argument, then tool_choice=\"none\"") if steer else ""
+    with save_calls(args.save, engine, "own_model", title="airline customer-service agent, framework-free loop "
+                    f"({'steered' if steer else 'free-running'})", command=command, steering=steering):
+        for index, (question, _) in enumerate(TURNS[:args.max_turns]):
+            print(f"\nuser: {question}")
+            messages.append({"role": "user", "content": question})
+            with report.turn(question):
+                calls = agent_turn(engine, messages, tools, airline.run, settings, session_id="airline-own-model",
+                                   report=report, plan=(lambda n, t=index: planned_tool(t, n)) if steer else None)
+            for call in calls:
+                print(f"  -> {call.name}({call.arguments}) = {call.result[:120]}")
+            print(f"assistant: {messages[-1]['content']}")
     print()
     report.print()
     return airline, messages, report

@@ -10,6 +10,7 @@ Subcommands:
 * ``bench-drafter``: propose / update cost of the cache drafter at scale (no model).
 * ``bench-prefix``: a multi-turn agent conversation with and without prefix KV reuse (llama.cpp with ``--peers``).
 * ``bench-gpu``: HF ``generate``, engine ``ar`` and ``hvd`` on the static GPU runner; bandwidth limit, syncs per step.
+* ``bench-agents``: the examples' recorded agent conversations replayed under HF, llama.cpp and engine arms.
 * ``analyze``: replay an agent trace through the drafters; estimated speedup per policy (no model).
 * ``train-payoff``: fit the payoff predictor on ``analyze --steps`` records (no model).
 * ``train-drafter``: distil the draft head (the model drafter) from the target.
@@ -175,6 +176,16 @@ def cmd_bench_prefix(args: argparse.Namespace) -> int:
     else:
         run_prefix_benchmark(model=args.model, device=args.device, turns=args.turns,
                              max_new_tokens=args.max_new_tokens, budget_bytes=budget, peers=args.peers)
+    return 0
+
+
+def cmd_bench_agents(args: argparse.Namespace) -> int:
+    from hvd_agents.bench.agents import run_agents_benchmark
+
+    conversations = [name.strip() for name in args.conversations.split(",") if name.strip()] if args.conversations else None
+    run_agents_benchmark(model=args.model, device=args.device, arms=args.arms, conversations=conversations,
+                         threads=args.threads, max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
+                         json_path=args.json, chart_path=args.chart)
     return 0
 
 
@@ -355,6 +366,23 @@ def build_parser() -> argparse.ArgumentParser:
                         help="instead: this many short turns over 4 conversations, printing peak bytes vs budget")
     _add_peers_arg(prefix, reuse=True)
     prefix.set_defaults(func=cmd_bench_prefix)
+
+    agents = sub.add_parser("bench-agents", help="the examples' recorded agent conversations replayed under each arm "
+                            "(HF generate, llama.cpp, engine methods): end-to-end latency, same tokens")
+    agents.add_argument("--model", default=None, help="default: the embedded model, which recorded the conversations")
+    agents.add_argument("--device", default=None)
+    agents.add_argument("--arms", default=None,
+                        help="comma-separated (default: all): hf-generate, hf-prompt-lookup, llama.cpp+reuse, ar, "
+                             "ar+reuse, pld+reuse, hvd-cache+reuse, model+reuse, hvd+reuse, arctic+reuse")
+    agents.add_argument("--conversations", default=None,
+                        help="comma-separated shipped conversations (default: all): airline_langchain, "
+                             "calculator_llamaindex, coding_loop, own_model")
+    agents.add_argument("--threads", type=int, default=None, help="torch and llama.cpp threads (default: torch's)")
+    agents.add_argument("--max-turns", type=int, default=None, help="replay only each conversation's first model calls")
+    agents.add_argument("--max-new-tokens", type=int, default=None, help="cap each call's recorded token budget")
+    agents.add_argument("--json", default=None, metavar="FILE", help="write every figure as JSON")
+    agents.add_argument("--chart", default=None, metavar="FILE.png", help="turn latency per arm, accepted lengths")
+    agents.set_defaults(func=cmd_bench_agents)
 
     model_bench = sub.add_parser("bench-model", help="the model drafter vs ar, hvd-cache and hvd, side by side")
     model_bench.add_argument("--model", default=None)

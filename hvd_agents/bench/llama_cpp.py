@@ -25,7 +25,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -150,20 +150,26 @@ class LlamaCppPeer:
         name = Path(self.path).name if self.path is not None else "?"
         return f"{name}, llama-cpp-python {version}, CPU, {self.threads} threads"
 
-    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: Collection[int]) -> PeerResult:
-        """Greedy decode from a fresh state: the whole prompt is prefilled."""
-        self.llm.reset()
-        return self._decode(list(prompt_ids), max_new_tokens, stop_ids, reused=0)
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: Collection[int],
+                 until: Callable[[Sequence[int]], bool] | None = None) -> PeerResult:
+        """Greedy decode from a fresh state: the whole prompt is prefilled.
 
-    def generate_reusing(self, prompt_ids: Sequence[int], max_new_tokens: int,
-                         stop_ids: Collection[int]) -> PeerResult:
+        ``until``, when given, ends the decode after the first token for which
+        ``until(tokens so far)`` is true (stop strings: :class:`hvd_agents.bench.agent_arms.StopRule`).
+        """
+        self.llm.reset()
+        return self._decode(list(prompt_ids), max_new_tokens, stop_ids, reused=0, until=until)
+
+    def generate_reusing(self, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: Collection[int],
+                         until: Callable[[Sequence[int]], bool] | None = None) -> PeerResult:
         """Greedy decode keeping the KV of the previous call's longest common prefix with this prompt."""
         prompt = list(prompt_ids)
         reused = common_prefix(list(self.llm.eval_tokens), prompt[:-1])
         self.llm.n_tokens = reused  # the next eval drops the cache past it (kv_cache_seq_rm)
-        return self._decode(prompt, max_new_tokens, stop_ids, reused=reused)
+        return self._decode(prompt, max_new_tokens, stop_ids, reused=reused, until=until)
 
-    def _decode(self, prompt: list[int], max_new_tokens: int, stop_ids: Collection[int], reused: int) -> PeerResult:
+    def _decode(self, prompt: list[int], max_new_tokens: int, stop_ids: Collection[int], reused: int,
+                until: Callable[[Sequence[int]], bool] | None = None) -> PeerResult:
         if not prompt:
             raise HVDError("the prompt is empty")
         if max_new_tokens < 1:
@@ -178,7 +184,7 @@ class LlamaCppPeer:
         try:
             for token in stream:
                 tokens.append(int(token))
-                if tokens[-1] in stop_ids or len(tokens) >= max_new_tokens:
+                if tokens[-1] in stop_ids or len(tokens) >= max_new_tokens or (until is not None and until(tokens)):
                     break
         finally:
             stream.close()

@@ -15,10 +15,22 @@ import asyncio
 import contextvars
 import threading
 from collections.abc import AsyncIterator, Callable, Generator
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+STREAM_WORKERS = 64  # threads of the shared pool: concurrent streams waiting on an engine cost a thread each
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _shared_pool() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=STREAM_WORKERS, thread_name_prefix="hvd-stream")
+        return _pool
 
 
 async def iterate_in_thread(
@@ -31,7 +43,10 @@ async def iterate_in_thread(
             off the loop); it receives the cancellation flag and should check it
             between steps, including steps that yield nothing. The worker closes
             the generator at the end, so its ``finally`` blocks release resources.
-        executor: where the worker runs (None: the loop's default executor). A
+        executor: where the worker runs (None: :data:`STREAM_WORKERS`, a shared pool
+            large enough for an engine that decodes many requests together; the
+            loop's default pool has only a few threads more than the machine has
+            cores, which would cap such a batch). A
             one-thread executor runs the iterators of all its callers one after
             the other, in the order they came.
 
@@ -68,7 +83,7 @@ async def iterate_in_thread(
                 items.close()  # runs its finally blocks (closes the engine iterator)
 
     context = contextvars.copy_context()
-    worker = loop.run_in_executor(executor, context.run, work)
+    worker = loop.run_in_executor(executor or _shared_pool(), context.run, work)
     try:
         while True:
             kind, item = await queue.get()

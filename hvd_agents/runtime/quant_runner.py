@@ -265,10 +265,14 @@ class QuantRunner:
             if any_tree:
                 visible[s0 : s0 + n, s0 : s0 + n] = block
             call.kv.reserve(past + n)
-        logits, _ = self.native.native.forward_batch(tokens, positions, visible, starts, [c.kv.k for c in calls],
-                                                     [c.kv.v for c in calls], [c.kv.length for c in calls], m, False)
-        for call, n in zip(calls, sizes):
+        want_hidden = any(call.hidden is not None for call in calls)
+        logits, rows = self.native.native.forward_batch(tokens, positions, visible, starts, [c.kv.k for c in calls],
+                                                        [c.kv.v for c in calls], [c.kv.length for c in calls], m,
+                                                        want_hidden)
+        for call, s0, n in zip(calls, starts, sizes):
             call.kv._length += n
+            if call.hidden is not None:
+                call.hidden.append(rows[s0 : s0 + n])
         return [logits[s0 : s0 + n] for s0, n in zip(starts, sizes)]
 
     def forward(

@@ -92,11 +92,12 @@ class BatchCall:
     kv: RunnerKV
     token_ids: Sequence[int]
     parents: Sequence[int] | None = None
+    hidden: list | None = None  # when given, the rows' last-layer hidden states are appended to it
 
 
 def forward_each(runner: Runner, calls: Sequence[BatchCall]) -> list[torch.Tensor]:
     """``forward_batch`` by separate forwards, in order: for runners with nothing to share among requests."""
-    return [runner.forward(call.kv, call.token_ids, parents=call.parents) for call in calls]
+    return [runner.forward(call.kv, call.token_ids, parents=call.parents, hidden=call.hidden) for call in calls]
 
 
 @runtime_checkable

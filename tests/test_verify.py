@@ -1,12 +1,22 @@
-"""Verification functions on hand-made distributions."""
+"""Verification on the device, on hand-made distributions and against the host reference walks."""
 
 from __future__ import annotations
+
+import math
+import random
+from collections import Counter
 
 import pytest
 import torch
 
+from hvd_agents.drafters import Draft
 from hvd_agents.engine.sampling import SamplingParams, target_probs
-from hvd_agents.engine.verify import verify_greedy, verify_sampling, verify_tree
+from hvd_agents.engine.verify import Verification, accept, race, speculative_sampling, verify_step
+from tests import verify_reference as reference
+from tests.drafters_for_tests import random_tree
+
+GREEDY = SamplingParams()
+SAMPLE = SamplingParams(temperature=1.0)
 
 
 def one_hot_logits(rows: list[int], vocab: int = 6) -> torch.Tensor:
@@ -16,68 +26,48 @@ def one_hot_logits(rows: list[int], vocab: int = 6) -> torch.Tensor:
     return logits
 
 
-@pytest.mark.parametrize(
-    "target_rows, draft, accepted, emitted, intent",
-    [
-        ([1, 2, 3], [1, 2], 2, (1, 2, 3), "all accepted: the bonus is the argmax of the last row"),
-        ([1, 2, 3], [1, 4], 1, (1, 2), "second token wrong: the recovered token is the target's"),
-        ([1, 2, 3], [0, 2], 0, (1,), "first token wrong: a later match does not count"),
-        ([4], [], 0, (4,), "empty draft is a plain AR step"),
-    ],
-)
-def test_greedy(target_rows, draft, accepted, emitted, intent) -> None:
-    result = verify_greedy(one_hot_logits(target_rows), torch.tensor(draft, dtype=torch.long))
-    assert (result.num_accepted, result.token_ids) == (accepted, emitted), intent
+def verify(logits: torch.Tensor, draft: Draft, sampling: SamplingParams = GREEDY,
+           generator: torch.Generator | None = None) -> Verification:
+    """What the engine does: the draft to tensors, :func:`verify_step`, one ``.tolist()``."""
+    d = len(draft)
+    parents = draft.parents if draft.parents is not None else tuple(range(-1, d - 1))
+    packed = verify_step(logits, torch.tensor(draft.token_ids, dtype=torch.long),
+                         torch.tensor(parents, dtype=torch.long), sampling, generator, draft.probs)
+    assert packed.shape == (2 * d + 4,)
+    return Verification.from_packed(packed.tolist())
 
 
-def test_sampling_never_accepts_zero_probability_token() -> None:
-    probs = torch.tensor([[0.0, 1.0, 0.0], [0.5, 0.5, 0.0]])  # p after last: always token 1
-    gen = torch.Generator().manual_seed(0)
-    for _ in range(50):
-        result = verify_sampling(probs, torch.tensor([0]), None, gen)
-        assert result.num_accepted == 0 and result.token_ids == (1,)
+def chi_square(observed: Counter, expected: dict, n: int) -> tuple[float, int]:
+    """Pearson statistic and degrees of freedom, merging cells with expected count < 5 into one."""
+    stat, df, rest_obs, rest_exp = 0.0, -1, 0, 0.0
+    for cell, prob in expected.items():
+        exp = prob * n
+        if exp < 5:
+            rest_obs += observed.get(cell, 0)
+            rest_exp += exp
+            continue
+        stat += (observed.get(cell, 0) - exp) ** 2 / exp
+        df += 1
+    if rest_exp > 0:
+        stat += (rest_obs - rest_exp) ** 2 / rest_exp
+        df += 1
+    return stat, df
 
 
-def test_sampling_accepts_certain_token_and_adds_bonus() -> None:
-    probs = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
-    result = verify_sampling(probs, torch.tensor([1]), None, torch.Generator().manual_seed(0))
-    assert result.token_ids == (1, 2) and result.num_accepted == 1
+def critical(df: int, z: float = 3.09) -> float:
+    """Upper critical value of chi-square (Wilson-Hilferty); z=3.09 is a 0.001 test."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
 
 
-def test_residual_of_point_mass_excludes_rejected_token() -> None:
-    # p = (0.5, 0.5): drafting token 0 is accepted half the time; when rejected, 1 must follow.
-    probs = torch.tensor([[0.5, 0.5], [1.0, 0.0]])
-    gen = torch.Generator().manual_seed(1)
-    outcomes = [verify_sampling(probs, torch.tensor([0]), None, gen).token_ids for _ in range(400)]
-    assert set(outcomes) == {(0, 0), (1,)}
-    assert 150 < outcomes.count((1,)) < 250
+def fits(observed: Counter, p: torch.Tensor, n: int) -> bool:
+    stat, df = chi_square(observed, {t: float(p[t]) for t in range(p.shape[0])}, n)
+    return stat < critical(df)
 
 
-def test_q_draft_uses_ratio_and_residual() -> None:
-    p = torch.tensor([[0.2, 0.8], [1.0, 0.0]])
-    q = torch.tensor([[0.8, 0.2]])  # over-proposes token 0: accepted w.p. 0.25
-    gen = torch.Generator().manual_seed(2)
-    outcomes = [verify_sampling(p, torch.tensor([0]), q, gen).token_ids for _ in range(800)]
-    assert set(outcomes) <= {(0, 0), (1,)}
-    assert 140 < outcomes.count((0, 0)) < 260  # 0.25 * 800 = 200
-
-
-def test_target_probs_warpers() -> None:
-    logits = torch.tensor([[4.0, 3.0, 2.0, 1.0]])
-    top2 = target_probs(logits, SamplingParams(temperature=1.0, top_k=2))
-    assert top2[0, 2:].sum() == 0 and torch.isclose(top2.sum(), torch.tensor(1.0))
-    nucleus = target_probs(logits, SamplingParams(temperature=1.0, top_p=0.5))
-    assert nucleus[0, 0] == 1.0  # the top token alone already holds more than half the mass
-    cold = target_probs(logits, SamplingParams(temperature=0.1))
-    assert cold[0, 0] > 0.99
-
-
-# ---------------------------------------------------------------- trees
+# ---------------------------------------------------------------- greedy
 
 
 def test_tree_draft_structure() -> None:
-    from hvd_agents.drafters import Draft
-
     tree = Draft((7, 8, 9, 5, 6), parents=(-1, 0, 1, 0, -1))  # 7 8 9, 7 5, and 6
     assert tree.is_tree and tree.main_length == 3
     assert tree.depths() == [1, 2, 3, 2, 1]
@@ -93,28 +83,191 @@ def test_tree_draft_structure() -> None:
         Draft((3, 4), probs=torch.ones(2, 5) / 5, parents=(-1, -1))
 
 
+@pytest.mark.parametrize(
+    "target_rows, draft, accepted, emitted, intent",
+    [
+        ([1, 2, 3], [1, 2], 2, (1, 2, 3), "all accepted: the bonus is the argmax of the last row"),
+        ([1, 2, 3], [1, 4], 1, (1, 2), "second token wrong: the recovered token is the target's"),
+        ([1, 2, 3], [0, 2], 0, (1,), "first token wrong: a later match does not count"),
+        ([4], [], 0, (4,), "empty draft is a plain AR step"),
+    ],
+)
+def test_greedy(target_rows, draft, accepted, emitted, intent) -> None:
+    result = verify(one_hot_logits(target_rows), Draft(tuple(draft)))
+    assert (result.num_accepted, result.token_ids, result.path) == (accepted, emitted, tuple(range(accepted))), intent
+
+
 def test_verify_tree_greedy_follows_the_argmax_path() -> None:
     # tokens: 0:(7) 1:(8 after 7) 2:(5 after 7) 3:(6 at the root); rows: root, 7, 8, 5, 6
-    children = {-1: {7: 0, 6: 3}, 0: {8: 1, 5: 2}}
+    draft = Draft((7, 8, 5, 6), parents=(-1, 0, 0, -1))
     logits = torch.full((5, 10), -5.0)
     for row, best in enumerate([7, 5, 1, 2, 4]):
         logits[row, best] = 5.0
-    result = verify_tree(logits, children)
+    result = verify(logits, draft)
     assert result.path == (0, 2) and result.token_ids == (7, 5, 2) and result.num_accepted == 2
     logits[0] = -5.0
     logits[0, 3] = 5.0  # the target wants 3 at the root: nothing accepted
-    assert verify_tree(logits, children).token_ids == (3,)
+    assert verify(logits, draft) == Verification(0, (3,), (), *reference.target_signal(logits[0], 3))
 
 
-def test_verify_tree_sampling_draws_from_the_target_at_each_node() -> None:
-    children = {-1: {1: 0, 2: 1}}
-    probs = torch.tensor([[0.0, 0.5, 0.5, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
-    seen = set()
-    for seed in range(40):
-        result = verify_tree(probs, children, torch.Generator().manual_seed(seed))
-        seen.add(result.token_ids)
-        assert result.token_ids in {(1, 0), (2, 3)}  # the row of the accepted branch gives the next token
-    assert seen == {(1, 0), (2, 3)}
+def test_device_acceptance_equals_the_host_walk_on_random_trees_and_chains() -> None:
+    rng = random.Random(0)
+    gen = torch.Generator().manual_seed(0)
+    vocab = 5  # few tokens: long accepted paths are common
+    trees = chains = 0
+    for _ in range(300):
+        size = rng.randint(0, 24)
+        plant = [rng.randrange(vocab) for _ in range(size)]
+        draft = random_tree(rng, size, vocab, plant) if size and rng.random() < 0.7 else Draft(tuple(plant))
+        d = len(draft)
+        logits = torch.randn(d + 1, vocab, generator=gen, dtype=torch.float64)
+        if rng.random() < 0.5:  # make the target agree with the draft along a random root-to-leaf walk
+            node = -1
+            children = draft.children()
+            while children.get(node):
+                token, child = rng.choice(sorted(children[node].items()))
+                logits[node + 1, token] += 10.0
+                node = child
+        result = verify(logits, draft)
+        walk = reference.verify_tree(logits, draft.children())
+        assert (result.num_accepted, result.token_ids, result.path) == (walk.num_accepted, walk.token_ids, walk.path)
+        row = 0 if not walk.path else walk.path[-1] + 1
+        logp, entropy = reference.target_signal(logits[row], walk.token_ids[-1])
+        assert result.target_logprob == pytest.approx(logp, abs=1e-5)
+        assert result.target_entropy == pytest.approx(entropy, abs=1e-5)
+        if draft.is_tree:
+            trees += 1
+        else:
+            chains += 1
+            chain = reference.verify_greedy(logits, torch.tensor(draft.token_ids, dtype=torch.long))
+            assert (result.num_accepted, result.token_ids) == (chain.num_accepted, chain.token_ids)
+    assert trees > 100 and chains > 50
+
+
+def test_ties_between_equally_deep_nodes_take_the_first() -> None:
+    # not a valid Draft (siblings repeat), but the function itself must stay well defined
+    choice = torch.tensor([3, 4, 4])
+    n, path, tokens = accept(choice, torch.tensor([3, 3]), torch.tensor([-1, -1]))
+    assert int(n) == 1 and path.tolist() == [0, -1] and tokens.tolist()[:2] == [3, 4]
+
+
+# ---------------------------------------------------------------- sampling
+
+
+def test_target_probs_warpers() -> None:
+    logits = torch.tensor([[4.0, 3.0, 2.0, 1.0]])
+    top2 = target_probs(logits, SamplingParams(temperature=1.0, top_k=2))
+    assert top2[0, 2:].sum() == 0 and torch.isclose(top2.sum(), torch.tensor(1.0))
+    nucleus = target_probs(logits, SamplingParams(temperature=1.0, top_p=0.5))
+    assert nucleus[0, 0] == 1.0  # the top token alone already holds more than half the mass
+    cold = target_probs(logits, SamplingParams(temperature=0.1))
+    assert cold[0, 0] > 0.99
+
+
+def test_race_draws_from_the_weights() -> None:
+    p = torch.tensor([0.30, 0.20, 0.15, 0.10, 0.08, 0.07, 0.05, 0.03, 0.02, 0.0])
+    n = 40_000
+    draws = race(p.expand(n, -1), torch.Generator().manual_seed(7)).tolist()
+    observed = Counter(draws)
+    assert observed[9] == 0  # a zero weight never wins
+    assert fits(observed, p, n)
+    tv = 0.5 * sum(abs(observed[t] / n - float(p[t])) for t in range(10))
+    assert tv < 0.01
+    # the same test rejects a distribution a little off the target: it has the power to catch a wrong sampler
+    wrong = p.clone()
+    wrong[0], wrong[1] = 0.27, 0.23
+    assert not fits(observed, wrong, n)
+    # and unnormalised weights are drawn in proportion
+    assert fits(Counter(race((3 * p).expand(n, -1), torch.Generator().manual_seed(8)).tolist()), p, n)
+
+
+def test_sampling_randomness_is_fixed_per_step() -> None:
+    # whatever is accepted, a step consumes the same randomness: the next draw is the same
+    logits = torch.randn(4, 6, generator=torch.Generator().manual_seed(0))
+    after = []
+    for draft in (Draft((0, 1, 2)), Draft((5, 5, 5)), Draft((0, 1, 2), parents=(-1, -1, 0))):
+        gen = torch.Generator().manual_seed(3)
+        verify(logits, draft, SAMPLE, gen)
+        after.append(torch.rand(1, generator=gen).item())
+    assert len(set(after)) == 1
+
+
+def log_probs(p: list[list[float]]) -> torch.Tensor:
+    return torch.tensor(p).log()  # p = 0 gives -inf: never drawn at temperature 1
+
+
+def test_sampling_never_accepts_zero_probability_token() -> None:
+    logits = log_probs([[0.0, 1.0, 0.0], [0.5, 0.5, 0.0]])  # p after last: always token 1
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        result = verify(logits, Draft((0,)), SAMPLE, gen)
+        assert result.num_accepted == 0 and result.token_ids == (1,)
+
+
+def test_sampling_accepts_certain_token_and_adds_bonus() -> None:
+    logits = log_probs([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    result = verify(logits, Draft((1,)), SAMPLE, torch.Generator().manual_seed(0))
+    assert result.token_ids == (1, 2) and result.num_accepted == 1
+
+
+def test_point_mass_draft_is_accepted_with_its_probability() -> None:
+    # p = (0.5, 0.5): drafting token 0 is accepted half the time; when rejected, 1 must follow.
+    logits = log_probs([[0.5, 0.5], [1.0, 0.0]])
+    gen = torch.Generator().manual_seed(1)
+    outcomes = [verify(logits, Draft((0,)), SAMPLE, gen).token_ids for _ in range(400)]
+    assert set(outcomes) == {(0, 0), (1,)}
+    assert 150 < outcomes.count((1,)) < 250
+
+
+def test_tree_sampling_draws_from_the_target_at_each_node() -> None:
+    logits = log_probs([[0.0, 0.5, 0.5, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
+    draft = Draft((1, 2), parents=(-1, -1))
+    seen = Counter(verify(logits, draft, SAMPLE, torch.Generator().manual_seed(s)).token_ids for s in range(40))
+    assert set(seen) == {(1, 0), (2, 3)}  # the row of the accepted branch gives the next token
+
+
+def test_q_draft_uses_ratio_and_residual() -> None:
+    logits = log_probs([[0.2, 0.8], [1.0, 0.0]])
+    q = torch.tensor([[0.8, 0.2]])  # over-proposes token 0: accepted w.p. 0.25
+    gen = torch.Generator().manual_seed(2)
+    outcomes = [verify(logits, Draft((0,), probs=q), SAMPLE, gen).token_ids for _ in range(800)]
+    assert set(outcomes) <= {(0, 0), (1,)}
+    assert 140 < outcomes.count((0, 0)) < 260  # 0.25 * 800 = 200
+
+
+def test_q_equal_to_p_is_always_accepted() -> None:
+    p = torch.tensor([[0.25, 0.75], [0.6, 0.4]])
+    for seed in range(20):
+        n, path, tokens = speculative_sampling(p, torch.tensor([1]), p[:1], torch.Generator().manual_seed(seed))
+        assert int(n) == 1 and path.tolist() == [0] and tokens[0].item() == 1
+
+
+def q_step_sampler(kind: str):
+    if kind == "device":
+        def step(p, x, q, gen):
+            n, _, tokens = speculative_sampling(p, x, q, gen)
+            return tuple(tokens[: int(n) + 1].tolist())
+        return step
+    return lambda p, x, q, gen: reference.verify_sampling(p, x, q, gen).token_ids
+
+
+@pytest.mark.parametrize("kind", ["device", "reference"])
+def test_speculative_sampling_with_q_keeps_the_target_distribution(kind: str) -> None:
+    # x ~ q, then verification: the first emitted token must be ~ p_0, the second (emitted only
+    # after x_1 was accepted) ~ p_1, the third ~ p_2 (the rows do not depend on x here)
+    gen = torch.Generator().manual_seed(11)
+    vocab, d, runs = 6, 2, 6000
+    p = torch.softmax(torch.randn(d + 1, vocab, generator=gen), dim=-1)
+    q = torch.softmax(torch.randn(d, vocab, generator=gen) * 1.5, dim=-1)
+    step = q_step_sampler(kind)
+    at: list[Counter] = [Counter() for _ in range(d + 1)]
+    for _ in range(runs):
+        x = torch.multinomial(q, 1, generator=gen)[:, 0]  # [d]
+        for position, token in enumerate(step(p, x, q, gen)):
+            at[position][token] += 1
+    for position in range(d + 1):
+        assert fits(at[position], p[position], sum(at[position].values())), position
+    assert min(sum(c.values()) for c in at) > 500
 
 
 def test_kv_keep_selects_positions_and_refuses_bad_offsets() -> None:

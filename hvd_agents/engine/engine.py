@@ -13,7 +13,8 @@ Contract:
   target token are emitted, and the KV cache is truncated to what was accepted.
   A tree draft (alternative continuations, ``Draft.parents``) is verified the same
   way under a tree attention mask; the accepted path's KV positions are kept.
-  Output is lossless (see :mod:`hvd_agents.engine.verify`).
+  Output is lossless (see :mod:`hvd_agents.engine.verify`). Verification runs on the
+  logits' device; a step reads one small packed result back to the host.
 * Requests on one engine are serialised (batch size 1): a lock is held while a
   stream runs. Closing the iterator early (``close()``, garbage collection, a
   cancelled consumer) ends the request and releases the lock.
@@ -62,10 +63,10 @@ from hvd_agents.drafters import (
 from hvd_agents.engine.detok import IncrementalDetokenizer
 from hvd_agents.engine.params import GenerationParams
 from hvd_agents.engine.prefix_cache import PrefixCache, PrefixMatch
-from hvd_agents.engine.sampling import SamplingParams, target_probs
+from hvd_agents.engine.sampling import SamplingParams
 from hvd_agents.engine.stats import RequestStats, StepRecord, TokenEvent
 from hvd_agents.engine.stops import StopStringMatcher
-from hvd_agents.engine.verify import Verification, target_signal, verify_greedy, verify_sampling, verify_tree
+from hvd_agents.engine.verify import Verification, verify_step
 from hvd_agents.errors import ContextLengthError, InvalidRequestError
 from hvd_agents.policy.cost import CostModel
 from hvd_agents.policy.features import feature_record
@@ -73,6 +74,7 @@ from hvd_agents.runtime.hidden import HiddenStateBuffer
 from hvd_agents.runtime.loading import load_model
 from hvd_agents.runtime.runner import Runner, RunnerKV
 from hvd_agents.runtime.selection import runner_for
+from hvd_agents.runtime.transfer import to_device
 from hvd_agents.structure import PromptStructure
 
 logger = logging.getLogger(__name__)
@@ -357,11 +359,12 @@ class Engine:
             if draft.is_tree and not cache.supports_trees:
                 draft = draft.main_branch()  # a sliding-window cache cannot drop a rejected branch's positions
             verify_start = time.perf_counter()
-            verification, signal = self._verify(req, cache, draft)
+            verification = self._verify(req, cache, draft)
             verify_s = time.perf_counter() - verify_start
             emitted, text, finish = self._emit(req, verification.token_ids)
             self._account(req, draft, verification, len(emitted))
-            drafter.observe(Outcome(req.req_id, draft, verification.num_accepted, emitted, *signal, verify_s=verify_s))
+            drafter.observe(Outcome(req.req_id, draft, verification.num_accepted, emitted, verification.target_logprob,
+                                    verification.target_entropy, verify_s=verify_s))
             if finish is None and req.num_output >= req.budget:
                 finish = "length"
             if finish is not None:
@@ -424,44 +427,39 @@ class Engine:
             valid += 1
         return draft.truncated(valid)
 
-    def _verify(self, req: _Request, cache: RunnerKV, draft: Draft) -> tuple[Verification, tuple[float, float]]:
+    def _verify(self, req: _Request, cache: RunnerKV, draft: Draft) -> Verification:
         """One target forward over ``[last] + draft``; keeps only accepted positions in the KV cache.
 
-        Returns the verification and the target's signal at its last token
-        (log-probability, entropy), which drafters may use as features.
+        A tree draft (``draft.is_tree``) runs under its tree attention mask and its accepted
+        path's positions are kept. Verification and the target's signal at the last token
+        (log-probability, entropy; drafters may use them as features) are computed on the
+        logits' device and read to the host ONCE (:mod:`hvd_agents.engine.verify`); the KV
+        and hidden-state bookkeeping that follows uses host ints.
         """
-        if draft.is_tree:
-            return self._verify_tree(req, cache, draft)
         past = cache.length
+        d = len(draft)
+        tree = draft.is_tree
         hidden = [] if req.hidden is not None else None
-        logits = self.runner.forward(cache, [req.token_ids[-1], *draft.token_ids], hidden=hidden)  # [d + 1, vocab]
-        draft_ids = torch.tensor(draft.token_ids, dtype=torch.long, device=self.device)  # [d]
-        if req.sampling.greedy:
-            result = verify_greedy(logits, draft_ids)
+        draft_ids = to_device(draft.token_ids, self.device)  # [d]
+        if tree:
+            parents = to_device(draft.parents, self.device)  # [d]
         else:
-            probs = target_probs(logits, req.sampling)  # [d + 1, vocab]
-            q = None if draft.probs is None else draft.probs.to(device=self.device, dtype=probs.dtype)
-            result = verify_sampling(probs, draft_ids, q, req.generator)
-        cache.rollback(past + 1 + result.num_accepted)
-        if hidden:
-            req.hidden.extend(hidden[0][: 1 + result.num_accepted])
-        return result, target_signal(logits[result.num_accepted], result.token_ids[-1])
-
-    def _verify_tree(self, req: _Request, cache: RunnerKV, draft: Draft) -> tuple[Verification, tuple[float, float]]:
-        """:meth:`_verify` for a tree draft: every branch in one forward under a tree attention mask."""
-        past = cache.length
-        hidden = [] if req.hidden is not None else None
+            parents = torch.arange(-1, d - 1, device=self.device)  # [d]: a chain
         logits = self.runner.forward(cache, [req.token_ids[-1], *draft.token_ids], hidden=hidden,
-                                     parents=draft.parents)  # [d + 1, vocab]
-        if req.sampling.greedy:
-            result = verify_tree(logits, draft.children())
+                                     parents=draft.parents if tree else None)  # [d + 1, vocab]
+        packed = verify_step(logits, draft_ids, parents, req.sampling, req.generator, draft.probs)
+        result = Verification.from_packed(packed.tolist())  # the step's one host read
+        n = result.num_accepted
+        if tree:
+            rows = [0, *(1 + node for node in result.path)]  # positions of the accepted path among the new ones
+            cache.compact(past, rows)
+            if hidden:
+                req.hidden.extend(hidden[0].index_select(0, to_device(rows, hidden[0].device)))
         else:
-            result = verify_tree(target_probs(logits, req.sampling), draft.children(), req.generator)
-        rows = [0] + [1 + node for node in result.path]  # positions of the accepted path among the new ones
-        cache.compact(past, rows)
-        if hidden:
-            req.hidden.extend(hidden[0][rows])
-        return result, target_signal(logits[rows[-1]], result.token_ids[-1])
+            cache.rollback(past + 1 + n)
+            if hidden:
+                req.hidden.extend(hidden[0][: 1 + n])
+        return result
 
     def _emit(self, req: _Request, tokens: tuple[int, ...]) -> tuple[tuple[int, ...], str, str | None]:
         """Append verified tokens one by one until a stop id, stop string or the budget ends the request."""

@@ -1,4 +1,4 @@
-"""Verification of a draft against the target: pure functions.
+"""Verification of a draft against the target, on the logits' device: one host read per step.
 
 Notation, fixed once for the project:
 
@@ -17,31 +17,47 @@ Notation, fixed once for the project:
 
 Every step therefore emits ``n + 1`` tokens: accepted, then recovered or bonus.
 
-Greedy: ``x_i`` is accepted iff it equals ``argmax`` of row ``i - 1``; the extra
-token is the argmax at row ``n``. The output is exactly plain greedy decoding.
+Trees (``Draft.parents``): draft token ``i`` has a parent, an earlier token or -1 (the
+root, ``last``); row ``i + 1`` is the target's distribution after token ``i`` and its
+ancestors. A chain is the tree with parents ``(-1, 0, 1, ..., d - 2)``.
 
-Sampling (Leviathan et al. / Chen et al.): ``x`` is accepted with probability
-``min(1, p(x) / q(x))``; on rejection the recovered token is drawn from
-``norm(max(p - q, 0))``. With a point-mass q this is: accept with probability
-``p(x)``, recover from ``p`` with ``x`` removed and renormalised. Either way each
-emitted token is distributed exactly as under plain sampling from p.
+Deterministic drafts (chains and trees), greedy or sampled: each row gets a **choice**,
+the argmax (greedy) or one exact draw from ``p`` (sampling: an exponential race,
+``argmax(p / E)`` with ``E ~ Exp(1)`` per token, which picks token ``t`` with
+probability ``p(t)``). Draft token ``i`` matches when it equals the choice at its
+parent's row; it is accepted when it and all its ancestors match. The accepted path
+ends at the deepest accepted token (siblings differ, so there is one), and the
+emitted tokens are the choices at the root's row and along the path. Each emitted
+token is the argmax of, or a draw from, the target at its position, so greedy output
+is plain greedy output and sampled output has the target's distribution: point-mass
+drafts never change what is drawn, only how many positions one forward covers.
 
-Trees (deterministic drafts whose tokens branch, ``Draft.parents``): row ``i + 1``
-is the target's distribution after draft token ``i`` and its ancestors (row 0:
-after ``last``). From the root, greedy takes the argmax and moves to the child
-with that token; sampling draws ``x ~ p`` at the current node and moves to the
-child with token ``x``. The walk ends at the first token with no such child,
-which is emitted as the extra token. Each emitted token is the argmax of, or a
-draw from, the target at its position, so greedy output is plain greedy output
-and sampled output has the target's distribution: point-mass drafts never
-change what is drawn, only how many positions one forward covers.
+Drafts with a distribution q (chains only; Leviathan et al. / Chen et al.): ``x_i``
+is accepted with probability ``min(1, p(x_i) / q(x_i))`` (``u * q < p`` with
+``u ~ U(0, 1)``), ``n`` is the number accepted before the first rejection, and the
+extra token is drawn from ``norm(max(p_n - q_n, 0))`` (``p_d`` when all are accepted,
+where ``q_d`` is taken as zero). Each emitted token is distributed exactly as under
+plain sampling from p.
+
+Everything here is a fixed-shape tensor operation on the logits' device (no
+``.item()``, no shape that depends on the outcome), consuming a fixed amount of the
+request's randomness per step. A step's result, with the target's signal at its last
+row (log-probability of the emitted extra token under the untempered logits, and the
+entropy), is ONE small packed tensor (:func:`verify_step`); the engine reads it to
+the host with a single ``.tolist()`` and :meth:`Verification.from_packed` decodes it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+from hvd_agents.engine.sampling import SamplingParams, target_probs
+from hvd_agents.runtime.tree import ancestors
+
+_HEADER = 3  # n, logp, entropy; then d + 1 emitted tokens and d path entries
 
 
 @dataclass(frozen=True)
@@ -51,121 +67,153 @@ class Verification:
     Attributes:
         num_accepted: ``n``, the number of accepted draft tokens.
         token_ids: the ``n + 1`` tokens to append: accepted, then recovered or bonus.
+        path: the indices of the accepted draft tokens, root first (``0..n-1`` for a chain).
+        target_logprob: the target's log-probability (untempered) of the last emitted token.
+        target_entropy: the entropy (nats) of the target's distribution there.
     """
 
     num_accepted: int
     token_ids: tuple[int, ...]
-    path: tuple[int, ...] | None = None  # for a tree: the indices of the accepted draft tokens
+    path: tuple[int, ...] | None = None
+    target_logprob: float | None = None
+    target_entropy: float | None = None
+
+    @classmethod
+    def from_packed(cls, values: Sequence[float]) -> Verification:
+        """Decode :func:`verify_step`'s packed result, read to the host with one ``.tolist()``.
+
+        Layout, for ``d`` draft tokens (``2 d + 4`` values): ``n``, logp, entropy, the
+        ``d + 1`` emitted tokens (the first ``n + 1`` are valid), the ``d`` path entries
+        (the first ``n`` are valid).
+
+        >>> Verification.from_packed([1.0, -0.5, 2.0, 7.0, 9.0, 0.0, 0.0, -1.0])  # d = 2: x_1 = 7 accepted, then 9
+        Verification(num_accepted=1, token_ids=(7, 9), path=(0,), target_logprob=-0.5, target_entropy=2.0)
+        """
+        d = (len(values) - _HEADER - 1) // 2
+        n = int(values[0])
+        tokens = tuple(int(t) for t in values[_HEADER : _HEADER + n + 1])
+        path = tuple(int(j) for j in values[_HEADER + d + 1 : _HEADER + d + 1 + n])
+        return cls(n, tokens, path, float(values[1]), float(values[2]))
 
 
-def verify_tree(
-    scores: torch.Tensor,
-    children: dict[int, dict[int, int]],
-    generator: torch.Generator | None = None,
-) -> Verification:
-    """Verify a tree draft: greedy on logits (``generator`` None) or sampling on probabilities.
-
-    Args:
-        scores: ``[d + 1, vocab]``: logits for greedy, target distributions p for
-            sampling; row ``i + 1`` belongs to draft token ``i``, row 0 to the root.
-        children: ``{parent: {token: index}}`` (``Draft.children()``).
-        generator: the request's RNG for sampling (one categorical draw per level).
-
-    Returns:
-        The :class:`Verification`, with ``path`` set.
-    """
-    greedy = generator is None
-    argmax = scores.argmax(dim=-1).tolist() if greedy else None  # [d + 1]
-    path: list[int] = []
-    emitted: list[int] = []
-    node = -1
-    while True:
-        row = node + 1
-        if greedy:
-            token = argmax[row]
-        else:
-            token = int(torch.multinomial(scores[row], 1, generator=generator).item())
-        emitted.append(token)
-        child = children.get(node, {}).get(token)
-        if child is None:
-            return Verification(len(path), tuple(emitted), tuple(path))
-        path.append(child)
-        node = child
-
-
-def verify_greedy(logits: torch.Tensor, draft_ids: torch.Tensor) -> Verification:
-    """Greedy verification.
-
-    Args:
-        logits: ``[d + 1, vocab]`` target logits (see module notation).
-        draft_ids: ``[d]`` draft token ids (same device as logits).
-
-    Returns:
-        The :class:`Verification`.
-    """
-    target = logits.argmax(dim=-1)  # [d + 1]
-    d = draft_ids.shape[0]
-    matches = (target[:d] == draft_ids).to(torch.int64)  # [d]
-    n = int(matches.cumprod(dim=0).sum().item()) if d else 0
-    emitted = target[: n + 1].tolist()  # accepted tokens equal the target's argmax
-    return Verification(n, tuple(emitted))
-
-
-def verify_sampling(
-    probs: torch.Tensor,
+def verify_step(
+    logits: torch.Tensor,
     draft_ids: torch.Tensor,
-    draft_probs: torch.Tensor | None,
-    generator: torch.Generator,
-) -> Verification:
-    """Lossless speculative sampling.
+    parents: torch.Tensor,
+    sampling: SamplingParams,
+    generator: torch.Generator | None = None,
+    draft_probs: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Verify one draft on the logits' device; the packed result (:meth:`Verification.from_packed`).
 
-    Consumes exactly ``d`` uniform draws and one categorical draw from ``generator``.
+    Args:
+        logits: ``[d + 1, vocab]`` target logits (see the module notation).
+        draft_ids: ``[d]`` long draft tokens, on the logits' device.
+        parents: ``[d]`` long parents, on the logits' device (a chain's are ``-1, 0, ..., d - 2``).
+        sampling: the request's sampling parameters (greedy when ``temperature == 0``).
+        generator: the request's RNG, on the logits' device (sampling only).
+        draft_probs: ``[d, vocab]`` drafter distributions q for a chain draft, or None
+            for a deterministic draft (chain or tree).
+
+    Returns:
+        ``[2 d + 4]`` float32: the packed verification and target signal.
+    """
+    if sampling.greedy or draft_probs is None:
+        choice = logits.argmax(dim=-1) if sampling.greedy else race(target_probs(logits, sampling), generator)
+        n, path, tokens = accept(choice, draft_ids, parents)
+    else:
+        probs = target_probs(logits, sampling)
+        q = draft_probs.to(device=probs.device, dtype=probs.dtype)
+        n, path, tokens = speculative_sampling(probs, draft_ids, q, generator)
+    return pack(logits, n, path, tokens)
+
+
+def race(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One exact draw per row, proportional to ``weights`` ``[rows, vocab]`` (>= 0): ``argmax(w / E)``.
+
+    ``E ~ Exp(1)`` per entry, so ``w_t / E_t`` is exponential with rate ``1 / w_t`` and the
+    largest is token ``t`` with probability ``w_t / sum(w)``. Consumes ``rows * vocab``
+    exponentials whatever the weights.
+    """
+    noise = torch.empty(weights.shape, dtype=torch.float32, device=weights.device)
+    noise.exponential_(generator=generator)
+    tiny = torch.finfo(torch.float32).tiny  # an E of 0 would make 0 / 0; a weight of 0 must never win
+    return (weights.float() / noise.clamp_min(tiny)).argmax(dim=-1)
+
+
+def accept(choice: torch.Tensor, draft_ids: torch.Tensor,
+           parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Tree (or chain) acceptance against per-row choices.
+
+    Args:
+        choice: ``[d + 1]`` long, the target's token at each row.
+        draft_ids: ``[d]`` long draft tokens.
+        parents: ``[d]`` long parents (-1: the root).
+
+    Returns:
+        ``n`` (0-dim long), the path ``[d]`` (accepted token indices root first, then -1),
+        and the emitted tokens ``[d + 1]`` (the first ``n + 1`` are valid).
+    """
+    d = draft_ids.shape[0]
+    anc = ancestors(parents).to(torch.float32)  # [d, d]: ancestor-or-self
+    depth = anc.sum(dim=1).to(torch.long)  # [d]
+    mismatch = (draft_ids != choice[parents + 1]).to(torch.float32)  # [d]: against the parent row's choice
+    ok = (anc @ mismatch) == 0  # [d]: it and every ancestor match
+    score = torch.cat([depth.new_zeros(1), depth * ok])  # [d + 1]: the root first, at depth 0
+    n, best = score.max(dim=0)  # the deepest accepted depth, and the first node there (0: the root)
+    on_path = torch.cat([anc.new_zeros(1, d), anc]).index_select(0, best.view(1))[0] > 0  # [d]
+    # token i on the path goes to slot depth - 1; the others to a spare slot d, dropped
+    slot = torch.where(on_path, depth - 1, d)
+    path = torch.full((d + 1,), -1, dtype=torch.long, device=choice.device)
+    path = path.scatter(0, slot, torch.arange(d, device=choice.device))[:d]  # [d]
+    rows = torch.cat([path.new_zeros(1), path + 1])  # [d + 1]: the root's row, then the path's (padding: 0)
+    return n, path, choice[rows]
+
+
+def speculative_sampling(probs: torch.Tensor, draft_ids: torch.Tensor, draft_probs: torch.Tensor,
+                         generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Lossless speculative sampling of a chain with drafter distributions q.
+
+    Consumes ``d`` uniforms and ``vocab`` exponentials from ``generator``.
 
     Args:
         probs: ``[d + 1, vocab]`` target distributions p (rows sum to 1).
-        draft_ids: ``[d]`` draft token ids.
-        draft_probs: ``[d, vocab]`` drafter distributions q, or ``None`` for a
-            deterministic draft.
+        draft_ids: ``[d]`` long draft tokens.
+        draft_probs: ``[d, vocab]`` drafter distributions q.
         generator: the request's RNG (on ``probs.device``).
 
     Returns:
-        The :class:`Verification`.
+        Like :func:`accept`: ``n``, the path ``[d]`` and the emitted tokens ``[d + 1]``.
     """
     d = draft_ids.shape[0]
-    rows = torch.arange(d, device=probs.device)
-    p_x = probs[rows, draft_ids]  # [d]
-    q_x = torch.ones_like(p_x) if draft_probs is None else draft_probs[rows, draft_ids]  # [d]
-    uniform = torch.rand(d, generator=generator, device=probs.device)  # [d]
-    accepted = (uniform * q_x < p_x).to(torch.int64)  # u < p/q without dividing by q = 0
-    n = int(accepted.cumprod(dim=0).sum().item()) if d else 0
-    if n == d:
-        final = probs[d]  # bonus: [vocab]
-    else:
-        final = _residual(probs[n], draft_ids[n], None if draft_probs is None else draft_probs[n])
-    extra = int(torch.multinomial(final, 1, generator=generator).item())
-    return Verification(n, tuple(draft_ids[:n].tolist()) + (extra,))
+    index = torch.arange(d, device=probs.device)
+    p_x = probs[index, draft_ids]  # [d]
+    q_x = draft_probs[index, draft_ids]  # [d]
+    uniform = torch.rand(d, generator=generator, device=probs.device, dtype=probs.dtype)  # [d]
+    accepted = (uniform * q_x < p_x).to(torch.long)  # u < p / q without dividing by q = 0
+    n = accepted.cumprod(dim=0).sum()  # 0-dim
+    q = torch.cat([draft_probs, draft_probs.new_zeros(1, draft_probs.shape[1])])  # [d + 1, vocab]: q_d = 0
+    p_n = probs.index_select(0, n.view(1))  # [1, vocab]
+    residual = (p_n - q.index_select(0, n.view(1))).clamp_min(0.0)  # [1, vocab]: p_d itself when n == d
+    # all zero only if p_n <= q_n everywhere, i.e. p_n == q_n, where rejection has probability 0
+    residual = torch.where(residual.sum() > 0, residual, p_n)
+    extra = race(residual, generator)  # [1]
+    path = torch.where(index < n, index, -1)  # [d]
+    tokens = torch.cat([draft_ids, extra])  # [d + 1]
+    tokens = torch.where(torch.arange(d + 1, device=probs.device) == n, extra, tokens)
+    return n, path, tokens
 
 
-def _residual(p: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None) -> torch.Tensor:
-    """``norm(max(p - q, 0))`` for a rejected token ``x``; point-mass q when ``q`` is None."""
-    if q is None:
-        residual = p.clone()  # [vocab]
-        residual[x] = 0.0
-    else:
-        residual = (p - q).clamp_min(0.0)  # [vocab]
-    total = residual.sum()
-    # total == 0 only if p <= q everywhere, i.e. p == q, where rejection has probability 0.
-    return residual / total if total > 0 else p
+def pack(logits: torch.Tensor, n: torch.Tensor, path: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """``[2 d + 4]`` float32: ``n``, the target signal at the last emitted token, the tokens, the path.
 
-
-def target_signal(logits: torch.Tensor, token: int) -> tuple[float, float]:
-    """The target's log-probability of ``token`` and the entropy (nats) of its distribution.
-
-    Args:
-        logits: ``[vocab]`` target logits at the position that produced ``token``
-            (untempered: the model's own distribution).
-        token: the token emitted there.
+    The signal is the log-probability of the extra token (``tokens[n]``) under the untempered
+    logits of its row (the root's, or the last path token's) and that distribution's entropy.
     """
-    logp = torch.log_softmax(logits.float(), dim=-1)  # [vocab]
+    rows = torch.cat([path.new_zeros(1), path + 1])  # [d + 1]
+    row = rows.index_select(0, n.view(1))  # [1]
+    logp = torch.log_softmax(logits.index_select(0, row).float(), dim=-1)[0]  # [vocab]
     entropy = -(logp.exp() * logp).sum()
-    return float(logp[token]), float(entropy)
+    extra = tokens.index_select(0, n.view(1))  # [1]
+    head = torch.stack([n.float(), logp.index_select(0, extra)[0], entropy])  # [3]
+    return torch.cat([head, tokens.float(), path.float()])  # token ids below 2**24 are exact in float32

@@ -9,6 +9,7 @@ Subcommands:
 * ``bench-kernels``: the CPU linear-layer kernels (dense, packed, row): forward cost per draft length, tok/s.
 * ``bench-drafter``: propose / update cost of the cache drafter at scale (no model).
 * ``bench-prefix``: a multi-turn agent conversation with and without prefix KV reuse (llama.cpp with ``--peers``).
+* ``bench-batch``: concurrent ``ChatHVD.ainvoke`` calls on a serial and a batching engine: throughput, p95.
 * ``bench-gpu``: HF ``generate``, engine ``ar`` and ``hvd`` on the static GPU runner; bandwidth limit, syncs per step.
 * ``bench-agents``: the examples' recorded agent conversations replayed under HF, llama.cpp and engine arms.
 * ``analyze``: replay an agent trace through the drafters; estimated speedup per policy (no model).
@@ -149,6 +150,14 @@ def cmd_bench_kernels(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_batch(args: argparse.Namespace) -> int:
+    from hvd_agents.bench.batch import run_batch_benchmark
+
+    run_batch_benchmark(args.model, device=args.device, requests=args.requests, max_tokens=args.max_tokens,
+                        method=args.method, json_path=args.json)
+    return 0
+
+
 def cmd_bench_gpu(args: argparse.Namespace) -> int:
     from hvd_agents.bench.gpu import run_gpu_benchmark
 
@@ -234,12 +243,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from hvd_agents.server.config import ServerConfig
 
-    if args.max_pending < 1 or args.max_body_mb <= 0:
-        raise HVDError("--max-pending must be >= 1 and --max-body-mb > 0")
+    if args.max_pending < 1 or args.max_body_mb <= 0 or args.max_batch < 1:
+        raise HVDError("--max-pending and --max-batch must be >= 1 and --max-body-mb > 0")
     config = ServerConfig(
         model=args.model, device=args.device, draft_model=args.draft_model, served_model_name=args.served_model_name,
         method=args.method, host=args.host, port=args.port, api_key=args.api_key or os.environ.get("HVD_API_KEY"),
-        max_pending=args.max_pending, max_body_bytes=int(args.max_body_mb * 2**20),
+        max_pending=args.max_pending, max_body_bytes=int(args.max_body_mb * 2**20), max_batch=args.max_batch,
     )
     serve(config, log_level="info" if args.verbose else "warning")
     return 0
@@ -277,6 +286,8 @@ def _add_server_parsers(sub: argparse._SubParsersAction) -> None:
                      help="require 'Authorization: Bearer KEY' on every route but /health (default: $HVD_API_KEY)")
     srv.add_argument("--max-pending", type=int, default=DEFAULT_MAX_PENDING,
                      help="generation requests queued or running before new ones get 503 + Retry-After")
+    srv.add_argument("--max-batch", type=int, default=1,
+                     help="generations decoded together, one forward per step (default 1: one at a time)")
     srv.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY_BYTES / 2**20,
                      help="largest request body in MiB (413 above it)")
     srv.set_defaults(func=cmd_serve)
@@ -398,6 +409,15 @@ def build_parser() -> argparse.ArgumentParser:
     kernels.add_argument("--max-new-tokens", type=int, default=96)
     kernels.add_argument("--rounds", type=int, default=2)
     kernels.set_defaults(func=cmd_bench_kernels)
+
+    batch = sub.add_parser("bench-batch", help="concurrent ChatHVD.ainvoke calls: serial vs batching engine, one run")
+    batch.add_argument("--model", default=None)
+    batch.add_argument("--device", default=None)
+    batch.add_argument("--requests", type=int, default=16, help="concurrent requests (distinct agent and chat prompts)")
+    batch.add_argument("--max-tokens", type=int, default=64)
+    batch.add_argument("--method", default="hvd", choices=available_methods())
+    batch.add_argument("--json", default=None, help="write the figures to this file")
+    batch.set_defaults(func=cmd_bench_batch)
 
     gpu = sub.add_parser("bench-gpu", help="HF generate, engine ar and hvd on the static GPU runner, one run")
     gpu.add_argument("--model", default=None,

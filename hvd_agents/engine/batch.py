@@ -67,7 +67,7 @@ def allocate(drafts: Sequence[Draft], rates: Sequence[float], max_rows: int) -> 
     less), ties to the earlier request. A tree that must be cut keeps its main branch.
 
     >>> a, b = Draft((1, 2, 3)), Draft((4, 5))
-    >>> [len(d) for d in allocate([a, b], [0.9, 0.5], 5)]
+    >>> [len(d) for d in allocate([a, b], [0.6, 0.5], 5)]  # 3 rows for drafts: 0.6, 0.5, 0.36
     [2, 1]
     """
     room = max_rows - len(drafts)

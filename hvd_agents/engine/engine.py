@@ -15,9 +15,11 @@ Contract:
   way under a tree attention mask; the accepted path's KV positions are kept.
   Output is lossless (see :mod:`hvd_agents.engine.verify`). Verification runs on the
   logits' device; a step reads one small packed result back to the host.
-* Requests on one engine are serialised (batch size 1): a lock is held while a
-  stream runs. Closing the iterator early (``close()``, garbage collection, a
-  cancelled consumer) ends the request and releases the lock.
+* By default requests on one engine are serialised (batch size 1): a lock is held
+  while a stream runs. Closing the iterator early (``close()``, garbage collection, a
+  cancelled consumer) ends the request and releases the lock. With ``max_batch > 1``
+  concurrent requests are decoded together instead, one forward per step for all of
+  them (:mod:`hvd_agents.engine.batch`); each request's events are the same.
 * Prefill reuses KV (:mod:`hvd_agents.engine.prefix_cache`): the KV cache of the
   longest token prefix of ``prompt[:-1]`` that an earlier request computed is copied
   in and only the rest is prefilled; at the end of a request (finished, or closed
@@ -60,6 +62,7 @@ from hvd_agents.drafters import (
     Outcome,
     create_drafter,
 )
+from hvd_agents.engine.batch import Batcher
 from hvd_agents.engine.detok import IncrementalDetokenizer
 from hvd_agents.engine.params import GenerationParams
 from hvd_agents.engine.prefix_cache import PrefixCache, PrefixMatch
@@ -152,6 +155,9 @@ class Engine:
             :func:`~hvd_agents.runtime.selection.runner_for` picks it: the native
             CPU runner for GGUF weights, the static graph-captured runner for
             supported models on CUDA, the HF runner otherwise.
+        max_batch: concurrent requests decoded together, one forward per step for
+            all of them (:mod:`hvd_agents.engine.batch`); 1 (the default) serialises
+            requests.
 
     Example (loads the embedded SmolLM2-135M)::
 
@@ -172,6 +178,7 @@ class Engine:
         draft_model: PreTrainedModel | None = None,
         draft_head: DraftHead | str | Path | None = "auto",
         runner: Runner | None = None,
+        max_batch: int = 1,
     ) -> None:
         self.model = model
         self.runner: Runner = runner if runner is not None else runner_for(
@@ -185,6 +192,8 @@ class Engine:
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
         self._drafters: dict[str, Drafter] = {}
         self._lock = threading.Lock()
+        self._added: set[str] = set()  # methods whose drafter a caller added (shared by batched requests)
+        self._batcher = Batcher(self, max_batch, make_drafter=self._request_drafter) if max_batch > 1 else None
         self.draft_model = draft_model
         self._draft_head = draft_head
         if draft_model is not None:
@@ -208,11 +217,13 @@ class Engine:
         prefix_cache_bytes: int | None = DEFAULT_PREFIX_CACHE_BYTES,
         draft_model: str | None = None,
         draft_head: str | Path | None = "auto",
+        max_batch: int = 1,
     ) -> Engine:
         """Load ``model`` (hub id, local path, GGUF file; None = embedded default) into a new engine.
 
         ``draft_model`` is loaded the same way (on the target's device); ``draft_head``
-        is a head file, ``"auto"`` (the shipped head for this target) or None.
+        is a head file, ``"auto"`` (the shipped head for this target) or None; ``max_batch``
+        as for the constructor.
         """
         loaded = load_model(model, device=device)
         drafter_lm = None
@@ -226,6 +237,7 @@ class Engine:
             prefix_cache_bytes=prefix_cache_bytes,
             draft_model=drafter_lm,
             draft_head=draft_head,
+            max_batch=max_batch,
         )
 
     def cost_model(self) -> CostModel:
@@ -262,6 +274,7 @@ class Engine:
         if not isinstance(drafter, Drafter):
             raise InvalidRequestError(f"{type(drafter).__name__} does not implement the Drafter protocol")
         self._drafters[method] = drafter
+        self._added.add(method)
 
     def generate(
         self,
@@ -312,7 +325,15 @@ class Engine:
         req = _Request(self, prompt_ids, params, req_id or f"req-{next(_request_counter)}")
         if getattr(drafter, "uses_hidden_states", False):
             req.hidden = HiddenStateBuffer()
+        if self._batcher is not None:
+            return self._batcher.submit(req, drafter, structure)
         return self._locked_run(req, drafter, structure)
+
+    def _request_drafter(self, method: str) -> Drafter | None:
+        """A fresh drafter of a built-in method for one batched request (None for an added one: shared)."""
+        if method in self._added:
+            return None
+        return create_drafter(method, DrafterResources(self.cache_store, self.cost_model, self.model_drafter))
 
     def _locked_run(
         self, req: _Request, drafter: Drafter, structure: PromptStructure | None
@@ -437,16 +458,23 @@ class Engine:
         and hidden-state bookkeeping that follows uses host ints.
         """
         past = cache.length
+        hidden = [] if req.hidden is not None else None
+        logits = self.runner.forward(cache, [req.token_ids[-1], *draft.token_ids], hidden=hidden,
+                                     parents=draft.parents if draft.is_tree else None)  # [d + 1, vocab]
+        return self._settle(req, cache, draft, logits, hidden, past)
+
+    def _settle(self, req: _Request, cache: RunnerKV, draft: Draft, logits: torch.Tensor, hidden: list | None,
+                past: int) -> Verification:
+        """:meth:`_verify` after its forward (``logits`` ``[d + 1, vocab]`` over ``past`` cached positions, the
+        rows' hidden states in ``hidden``): verification, one host read, the KV and hidden-state bookkeeping.
+        The batched loop (:mod:`hvd_agents.engine.batch`) settles each request's part of its forward here too."""
         d = len(draft)
         tree = draft.is_tree
-        hidden = [] if req.hidden is not None else None
         draft_ids = to_device(draft.token_ids, self.device)  # [d]
         if tree:
             parents = to_device(draft.parents, self.device)  # [d]
         else:
             parents = torch.arange(-1, d - 1, device=self.device)  # [d]: a chain
-        logits = self.runner.forward(cache, [req.token_ids[-1], *draft.token_ids], hidden=hidden,
-                                     parents=draft.parents if tree else None)  # [d + 1, vocab]
         packed = verify_step(logits, draft_ids, parents, req.sampling, req.generator, draft.probs)
         result = Verification.from_packed(packed.tolist())  # the step's one host read
         n = result.num_accepted

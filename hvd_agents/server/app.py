@@ -58,9 +58,12 @@ def create_app(
     metrics = ServerMetrics()
     if load is None:
         def load() -> Engine:
+            if config.max_batch > 1:  # an engine of its own: the process-wide one serialises its requests
+                return Engine.load(config.model, device=config.device, draft_model=config.draft_model,
+                                   max_batch=config.max_batch)
             return shared_engine(config.model, device=config.device, draft_model=config.draft_model)
     slot = EngineSlot(engine, load, config.retry_after_s)
-    queue = GenerationQueue(config.max_pending, config.retry_after_s, metrics.set_pending)
+    queue = GenerationQueue(config.max_pending, config.retry_after_s, metrics.set_pending, workers=config.max_batch)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

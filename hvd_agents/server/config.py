@@ -34,6 +34,8 @@ class ServerConfig:
         port: the TCP port.
         api_key: when set, every route but ``/health`` needs ``Authorization: Bearer <key>``.
         max_pending: generation requests queued or running before 503s.
+        max_batch: generations decoded together (the engine's ``max_batch``); 1 runs
+            them one at a time.
         max_body_bytes: largest request body accepted (413 above it).
         retry_after_s: ``Retry-After`` of 503 answers, in seconds.
     """
@@ -47,6 +49,7 @@ class ServerConfig:
     port: int = DEFAULT_PORT
     api_key: str | None = None
     max_pending: int = DEFAULT_MAX_PENDING
+    max_batch: int = 1
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     retry_after_s: int = 1
 

@@ -32,16 +32,18 @@ class GenerationQueue:
         max_pending: most generations queued or running at once (>= 1).
         retry_after_s: the ``Retry-After`` of a refusal, in seconds.
         on_change: called with the new count whenever it changes (a metrics gauge).
+        workers: generations running at once (a batching engine decodes them together;
+            1 runs them one after another, in order).
     """
 
     def __init__(self, max_pending: int, retry_after_s: int = 1,
-                 on_change: Callable[[int], None] | None = None) -> None:
+                 on_change: Callable[[int], None] | None = None, workers: int = 1) -> None:
         if max_pending < 1:
             raise ValueError(f"max_pending must be >= 1, got {max_pending}")
         self.max_pending = max_pending
         self.retry_after_s = retry_after_s
         self._on_change = on_change
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hvd-generation")
+        self._executor = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="hvd-generation")
         self._lock = threading.Lock()
         self._pending = 0
 

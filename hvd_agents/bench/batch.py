@@ -1,0 +1,163 @@
+"""Many agents at once: concurrent ``ChatHVD.ainvoke`` calls on a serial and on a batching engine, one run.
+
+``hvd-agents bench-batch`` sends the same ``--requests`` agent and chat requests at once
+through LangChain's ``ChatHVD.ainvoke`` (what parallel branches of a LangGraph agent do)
+to two engines over the same loaded model: one that serialises requests
+(``max_batch=1``) and one that decodes them together (``max_batch=--requests``). For
+each it prints aggregate tokens per second (all output tokens over the wall time of the
+whole burst), p50 and p95 request latency, and the longest gap of a 20 ms heartbeat
+task on the event loop (the loop stays responsive while requests decode), then the ratio
+of aggregate throughputs and whether every request's reply is identical in both arms.
+Last, a streaming request is cancelled after its first chunk on the batching engine, and
+the time until its slot is free is printed (it leaves at the end of the step in progress).
+
+Each arm gets a fresh engine, so neither copies replies the other generated; the
+prompts are distinct, so no request can copy another's reply within an arm either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from hvd_agents.bench.prompts import agent_prompts, chat_prompts
+from hvd_agents.engine import Engine
+from hvd_agents.errors import InvalidRequestError
+from hvd_agents.runtime.loading import load_model
+
+CITIES = ("Lyon", "Oslo", "Kyoto", "Lima", "Cairo", "Perth", "Quebec", "Turin")
+
+
+def burst_prompts(n: int) -> list[tuple[list[dict], list[dict]]]:
+    """``n`` distinct (messages, tools) requests: the bench's agent and chat prompts, then weather turns for more cities."""
+    base = [(p.messages, p.tools) for p in agent_prompts() + chat_prompts()]
+    weather = agent_prompts()[0]
+    extra = []
+    for city in CITIES:
+        messages = json.loads(json.dumps(weather.messages).replace("Paris", city))
+        extra.append((messages, weather.tools))
+    prompts = (base + extra)[:n]
+    if len(prompts) < n:
+        raise InvalidRequestError(f"--requests is at most {len(base) + len(extra)}, got {n}")
+    return prompts
+
+
+@dataclass
+class BurstResult:
+    """One arm's figures."""
+
+    name: str
+    seconds: float
+    output_tokens: int
+    tokens_per_s: float
+    p50_s: float
+    p95_s: float
+    heartbeat_max_gap_s: float
+    replies: list[str]
+
+
+async def _burst(llm, prompts, name: str) -> BurstResult:
+    from langchain_core.messages import convert_to_messages
+
+    gaps: list[float] = []
+    stop = asyncio.Event()
+
+    async def heartbeat() -> None:
+        last = time.perf_counter()
+        while not stop.is_set():
+            await asyncio.sleep(0.02)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    async def one(messages, tools):
+        start = time.perf_counter()
+        model = llm.bind_tools(tools) if tools else llm
+        reply = await model.ainvoke(convert_to_messages(messages))
+        return time.perf_counter() - start, reply
+
+    beat = asyncio.create_task(heartbeat())
+    start = time.perf_counter()
+    done = await asyncio.gather(*(one(m, t) for m, t in prompts))
+    seconds = time.perf_counter() - start
+    stop.set()
+    await beat
+    latencies = sorted(s for s, _ in done)
+    tokens = sum(reply.usage_metadata["output_tokens"] for _, reply in done)
+    replies = [json.dumps([reply.content, reply.tool_calls], sort_keys=True, default=str) for _, reply in done]
+    p95 = latencies[min(len(latencies) - 1, round(0.95 * (len(latencies) - 1)))]
+    return BurstResult(name, seconds, tokens, tokens / seconds, statistics.median(latencies), p95,
+                       max(gaps, default=0.0), replies)
+
+
+async def _cancel_delay(llm, messages) -> float:
+    """Seconds from cancelling a streaming request (after its first chunk) until the engine holds no request."""
+    batcher = llm.engine._batcher
+
+    async def reader() -> None:
+        async for _ in llm.astream(messages):
+            await asyncio.sleep(3600)  # hold the stream open until cancelled
+
+    task = asyncio.create_task(reader())
+    while batcher.pending == 0:
+        await asyncio.sleep(0.005)
+    await asyncio.sleep(0.2)  # a few steps in
+    start = time.perf_counter()
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    while batcher.pending:
+        await asyncio.sleep(0.001)
+    return time.perf_counter() - start
+
+
+def run_batch_benchmark(model: str | None = None, *, device: str | None = None, requests: int = 16,
+                        max_tokens: int = 64, method: str = "hvd", json_path: str | None = None) -> dict:
+    """Run the benchmark (see the module docstring) and print its table."""
+    try:
+        from langchain_hvd import ChatHVD
+    except ImportError as exc:
+        raise InvalidRequestError("bench-batch drives ChatHVD: pip install -e integrations/langchain-hvd") from exc
+    loaded = load_model(model, device=device)
+    prompts = burst_prompts(requests)
+
+    def engine(max_batch: int) -> Engine:
+        return Engine(loaded.model, loaded.tokenizer, eos_token_ids=loaded.eos_token_ids,
+                      context_window=loaded.context_window, max_batch=max_batch)
+
+    results, timed = {}, {}
+    for name, max_batch in (("serial", 1), ("batched", requests)):
+        warm = engine(max_batch)  # kernels, the cost profile, first-use costs; its replies stay in its own store
+        asyncio.run(_burst(ChatHVD(engine=warm, max_tokens=max_tokens, method=method), prompts[:2], name))
+        timed[name] = engine(max_batch)
+        llm = ChatHVD(engine=timed[name], max_tokens=max_tokens, method=method)
+        results[name] = asyncio.run(_burst(llm, prompts, name))
+    cancel_llm = ChatHVD(engine=timed["batched"], max_tokens=2000, method=method)
+    cancel_s = asyncio.run(_cancel_delay(cancel_llm, prompts[0][0]))
+    serial, batched = results["serial"], results["batched"]
+    same = sum(a == b for a, b in zip(serial.replies, batched.replies))
+    print(f"{requests} concurrent requests through ChatHVD.ainvoke, method {method}, max_tokens {max_tokens}, "
+          f"{torch.get_num_threads()} threads, {loaded.device}")
+    print("| engine | wall s | output tokens | aggregate tok/s | p50 s | p95 s | heartbeat max gap s |")
+    print("|---|---|---|---|---|---|---|")
+    for r in (serial, batched):
+        print(f"| {r.name} | {r.seconds:.2f} | {r.output_tokens} | {r.tokens_per_s:.1f} | {r.p50_s:.2f} | "
+              f"{r.p95_s:.2f} | {r.heartbeat_max_gap_s:.3f} |")
+    print(f"batched / serial aggregate throughput: {batched.tokens_per_s / serial.tokens_per_s:.2f}x; "
+          f"identical replies: {same}/{requests}")
+    print(f"a cancelled streaming request left the batch {cancel_s * 1e3:.0f} ms after its cancellation")
+    report = {"requests": requests, "max_tokens": max_tokens, "method": method,
+              "serial": {k: v for k, v in asdict(serial).items() if k != "replies"},
+              "batched": {k: v for k, v in asdict(batched).items() if k != "replies"},
+              "ratio": batched.tokens_per_s / serial.tokens_per_s, "identical": same, "cancel_s": cancel_s}
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as fh:
+            json.dump(report, fh, indent=2)
+    return report

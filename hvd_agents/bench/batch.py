@@ -13,6 +13,11 @@ the time until its slot is free is printed (it leaves at the end of the step in 
 
 Each arm gets a fresh engine, so neither copies replies the other generated; the
 prompts are distinct, so no request can copy another's reply within an arm either.
+Neither arm reuses prefix KV: the serial arm would resume later requests from earlier
+ones' shared system prompt, which the batch, whose requests all start at once, cannot,
+and on the quantized CPU runner a prompt computed whole and one resumed from stored KV
+round differently (the long-prefill path reads float32 weights, the step path the
+quantized blocks), so replies could differ for a reason that is not batching.
 """
 
 from __future__ import annotations
@@ -130,7 +135,7 @@ def run_batch_benchmark(model: str | None = None, *, device: str | None = None, 
 
     def engine(max_batch: int) -> Engine:
         return Engine(loaded.model, loaded.tokenizer, eos_token_ids=loaded.eos_token_ids,
-                      context_window=loaded.context_window, max_batch=max_batch)
+                      context_window=loaded.context_window, max_batch=max_batch, prefix_cache_bytes=0)
 
     results, timed = {}, {}
     for name, max_batch in (("serial", 1), ("batched", requests)):

@@ -14,6 +14,7 @@ from hvd_agents.engine.sampling import SamplingParams, target_probs
 from hvd_agents.engine.verify import Verification, accept, race, speculative_sampling, verify_step
 from tests import verify_reference as reference
 from tests.drafters_for_tests import random_tree
+from tests.test_engine_lossless import chi_square
 
 GREEDY = SamplingParams()
 SAMPLE = SamplingParams(temperature=1.0)
@@ -35,23 +36,6 @@ def verify(logits: torch.Tensor, draft: Draft, sampling: SamplingParams = GREEDY
                          torch.tensor(parents, dtype=torch.long), sampling, generator, draft.probs)
     assert packed.shape == (2 * d + 4,)
     return Verification.from_packed(packed.tolist())
-
-
-def chi_square(observed: Counter, expected: dict, n: int) -> tuple[float, int]:
-    """Pearson statistic and degrees of freedom, merging cells with expected count < 5 into one."""
-    stat, df, rest_obs, rest_exp = 0.0, -1, 0, 0.0
-    for cell, prob in expected.items():
-        exp = prob * n
-        if exp < 5:
-            rest_obs += observed.get(cell, 0)
-            rest_exp += exp
-            continue
-        stat += (observed.get(cell, 0) - exp) ** 2 / exp
-        df += 1
-    if rest_exp > 0:
-        stat += (rest_obs - rest_exp) ** 2 / rest_exp
-        df += 1
-    return stat, df
 
 
 def critical(df: int, z: float = 3.09) -> float:

@@ -35,7 +35,7 @@ from hvd_agents.runtime import quant_native
 from hvd_agents.runtime.kv import LayerKV
 from hvd_agents.runtime.profile import cached_cost_model, machine_key_parts, measure_runner_cost
 from hvd_agents.runtime.quant_weights import MATRICES, WeightSet
-from hvd_agents.runtime.runner import BatchCall
+from hvd_agents.runtime.runner import BatchCall, add_hidden
 
 MAX_NATIVE_ROWS = 64  # rows per forward on the native path (the invariance guarantee covers these)
 MIN_ROOM = 256  # positions of room a KV buffer gets at least
@@ -308,11 +308,7 @@ class QuantRunner:
         else:
             logits, rows = self._dense(kv, list(token_ids), positions, keep, hidden is not None)
         kv._length = past + n
-        if hidden is not None:
-            if isinstance(hidden, list):
-                hidden.append(rows)
-            else:
-                hidden.extend(rows)
+        add_hidden(hidden, rows)
         return logits
 
     def _dense(self, kv: QuantKV, token_ids: list[int], positions: torch.Tensor, keep: int,

@@ -95,6 +95,17 @@ class BatchCall:
     hidden: list | None = None  # when given, the rows' last-layer hidden states are appended to it
 
 
+def add_hidden(hidden: list | None, rows: torch.Tensor) -> None:
+    """Give a forward's ``[n, hidden]`` last-layer states to the caller's ``hidden`` (the ``forward`` contract):
+    appended as one tensor to a list, extended row by row into anything else with ``extend``; nothing for None."""
+    if hidden is None:
+        return
+    if isinstance(hidden, list):
+        hidden.append(rows)
+    else:
+        hidden.extend(rows)
+
+
 def forward_each(runner: Runner, calls: Sequence[BatchCall]) -> list[torch.Tensor]:
     """``forward_batch`` by separate forwards, in order: for runners with nothing to share among requests."""
     return [runner.forward(call.kv, call.token_ids, parents=call.parents, hidden=call.hidden) for call in calls]
@@ -185,11 +196,7 @@ class HFRunner:
                 attention_mask=mask,
             )
         if hidden is not None:
-            rows = out.hidden_states[-1][0]  # [n, hidden]
-            if isinstance(hidden, list):
-                hidden.append(rows)
-            else:
-                hidden.extend(rows)
+            add_hidden(hidden, out.hidden_states[-1][0])  # [n, hidden]
         return out.logits[0]  # [n or logits_to_keep, vocab]
 
 

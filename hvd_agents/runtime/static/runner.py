@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from hvd_agents.policy.cost import CostModel
 from hvd_agents.runtime.profile import cached_cost_model, machine_key_parts
-from hvd_agents.runtime.runner import BatchCall, forward_each
+from hvd_agents.runtime.runner import BatchCall, add_hidden, forward_each
 from hvd_agents.runtime.static.buckets import DEFAULT_ROWS, Buckets
 from hvd_agents.runtime.static.cost import measure_bucket_cost
 from hvd_agents.runtime.static.decoder import StaticDecoder
@@ -139,11 +139,7 @@ class StaticRunner:
             logits, rows = self._chunked_bucketed(kv, token_ids, keep)
         else:
             logits, rows = self._prefill(kv, token_ids, keep)
-        if hidden is not None:
-            if isinstance(hidden, list):
-                hidden.append(rows)
-            else:
-                hidden.extend(rows)
+        add_hidden(hidden, rows)
         return logits
 
     def _bucketed(self, kv: SlotKV, token_ids: Sequence[int], parents: Sequence[int] | None,

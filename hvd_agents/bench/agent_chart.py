@@ -8,14 +8,24 @@ drafting engine arm's steps accepted (steps with a draft), as a share of those s
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from hvd_agents.bench.agents import AgentBenchResult
+from typing import Any, Protocol
 
 
-def write_chart(result: AgentBenchResult, path: str | Path) -> None:
+class ChartData(Protocol):
+    """What the chart reads of a run (``hvd_agents.bench.agents.AgentBenchResult`` has it)."""
+
+    arms: list[str]
+    kinds: dict[str, str]
+    conversations: list[str]
+    settings: dict[str, Any]
+
+    def arm_calls(self, arm: str) -> Sequence[Any]:
+        """The arm's replayed calls, in replay order."""
+
+
+def write_chart(result: ChartData, path: str | Path) -> None:
     """Draw the two panels into a PNG file."""
     import matplotlib
 

@@ -37,8 +37,10 @@ def cpu_supports_avx2() -> bool:
 
 
 def build_key(source: Path, flags: tuple[str, ...]) -> str:
-    """What a build of ``source`` depends on (source, flags, torch, Python, machine), hashed: its cache directory."""
-    text = "\n".join([source.read_text(), " ".join(flags), torch.__version__, sys.version, platform.machine()])
+    """What a build of ``source`` depends on (source, the headers beside it, flags, torch, Python, machine), hashed:
+    its cache directory."""
+    headers = [h.read_text() for h in sorted(source.parent.glob("*.h"))]
+    text = "\n".join([source.read_text(), *headers, " ".join(flags), torch.__version__, sys.version, platform.machine()])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -1,7 +1,7 @@
 // hvd_quant: a llama-family decoder forward over quantized weights, for up to 64 new tokens at a time.
 //
 // Built for the CPU decode step and for verifying drafts (chains and trees): the whole forward runs
-// in one call and one OpenMP region, so a step pays no per-layer Python work. Linear layers read
+// in one call and one parallel region (team.h), so a step pays no per-layer Python work. Linear layers read
 // their weights in GGUF's own blocks (Q4_1, Q8_0; Q4_0 and Q4_K are converted to these exactly at
 // load) or in float32; quantized layers take their inputs quantized per block of 32 (int8 with a
 // float scale, as llama.cpp's Q8 activations), so a block's dot product runs on integers.
@@ -16,12 +16,13 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
-#include <omp.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
+
+#include "team.h"
 
 namespace {
 
@@ -420,22 +421,22 @@ void rows_block(const Matrix& W, int64_t n0, int64_t n1, const QRows& xq, const 
   }
 }
 
-// Several weights that read the same input, written side by side into y [M, ld]; inside an OpenMP region.
+// Several weights that read the same input, written side by side into y [M, ld]; inside a team's region.
 // Threads split the weights' rows statically (each output element is computed by one thread).
-void multi_linear(const std::vector<const Matrix*>& Ws, const QRows& xq, const float* xf, int64_t M, float* y, int64_t ld) {
+void multi_linear(hvd_team::Ctx& c, const std::vector<const Matrix*>& Ws, const QRows& xq, const float* xf, int64_t M,
+                  float* y, int64_t ld) {
   int64_t total = 0;
   for (const Matrix* W : Ws) total += W->N;
   const int64_t tile = 8;
   const int64_t tiles = (total + tile - 1) / tile;
-#pragma omp for schedule(static)
-  for (int64_t t = 0; t < tiles; ++t) {
+  c.for_static(tiles, [&](int64_t t) {
     int64_t a = t * tile, b = std::min(total, a + tile), col0 = 0;
     for (const Matrix* W : Ws) {
       const int64_t lo = std::max(a, col0), hi = std::min(b, col0 + W->N);
       if (lo < hi) rows_block(*W, lo - col0, hi - col0, xq, xf, M, y, ld, col0);
       col0 += W->N;
     }
-  }
+  });
 }
 
 // ---------------------------------------------------------------- small row operations
@@ -654,23 +655,19 @@ class QuantModel {
     const int64_t qkv_ld = qd + 2 * kd;
 
     // Seven phases a layer, one barrier each; every output element is computed by one thread.
-#pragma omp parallel num_threads(nt)
-    {
-#pragma omp for schedule(static)
-      for (int64_t r = 0; r < M; ++r) embed_row(tp[r], x.data() + r * H);
+    hvd_team::team().run(nt, [&](hvd_team::Ctx& c) {
+      c.for_static(M, [&](int64_t r) { embed_row(tp[r], x.data() + r * H); });
       for (size_t l = 0; l < layers_.size(); ++l) {
         const Layer& L = layers_[l];
         const bool qin = L.q.quantized() || L.k.quantized() || L.v.quantized();
         // 1. norm (after the previous layer's MLP residual) and the inputs' blocks
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < M; ++r) {
+        c.for_static(M, [&](int64_t r) {
           if (l > 0) for (int64_t k = 0; k < H; ++k) x[r * H + k] += tmp[r * H + k];
           rmsnorm(x.data() + r * H, L.attn_norm.data_ptr<float>(), eps_, H, xn.data() + r * H);
           if (qin) quantize_row(xn.data() + r * H, H, qx, r);
-        }
+        });
         // 2. query, key and value heads, one head a job: project, rope, and write keys and values to the cache
-#pragma omp for schedule(static)
-        for (int64_t job = 0; job < nh_ + 2 * nkv_; ++job) {
+        c.for_static(nh_ + 2 * nkv_, [&](int64_t job) {
           const Matrix& W = job < nh_ ? L.q : (job < nh_ + nkv_ ? L.k : L.v);
           const int64_t head = job < nh_ ? job : (job < nh_ + nkv_ ? job - nh_ : job - nh_ - nkv_);
           const int64_t col0 = job < nh_ ? 0 : (job < nh_ + nkv_ ? qd : qd + kd);
@@ -685,40 +682,34 @@ class QuantModel {
               for (int64_t i = 0; i < hd_; ++i) dst[i] = static_cast<at::Half>(v[i]);
             }
           }
-        }
+        });
         // 3. attention, one (row, head) a job, each quantizing its own output blocks
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t job = 0; job < M * nh_; ++job) {
+        c.for_dynamic(M * nh_, [&](int64_t job) {
           const int64_t r = job / nh_, h = job % nh_, g = h / group;
           const int64_t b = seq_of[r], cap = caps[b];
           const int64_t lbase = static_cast<int64_t>(l) * nkv_ * cap * hd_;
           float* o = att.data() + r * qd + h * hd_;
           attend(qkv.data() + r * qkv_ld + h * hd_, kbases[b] + lbase + g * cap * hd_, vbases[b] + lbase + g * cap * hd_, hd_,
-                 slots[r].data(), static_cast<int64_t>(slots[r].size()), scale,
-                 scores.data() + omp_get_thread_num() * smax, o);
+                 slots[r].data(), static_cast<int64_t>(slots[r].size()), scale, scores.data() + c.tid * smax, o);
           if (L.o.quantized() && attn_blocks) {
             const int64_t b0 = h * hd_ / QK;
             quantize_row(o, hd_, qa, r, b0);
           }
-        }
-        if (L.o.quantized() && !attn_blocks) {
-#pragma omp for schedule(static)
-          for (int64_t r = 0; r < M; ++r) quantize_row(att.data() + r * qd, qd, qa, r);
-        }
+        });
+        if (L.o.quantized() && !attn_blocks)
+          c.for_static(M, [&](int64_t r) { quantize_row(att.data() + r * qd, qd, qa, r); });
         // 4. output projection
-        multi_linear({&L.o}, qa, att.data(), M, tmp.data(), H);
+        multi_linear(c, {&L.o}, qa, att.data(), M, tmp.data(), H);
         // 5. residual, norm, the MLP inputs' blocks
         const bool gin = L.gate.quantized() || L.up.quantized();
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < M; ++r) {
+        c.for_static(M, [&](int64_t r) {
           for (int64_t k = 0; k < H; ++k) x[r * H + k] += tmp[r * H + k];
           rmsnorm(x.data() + r * H, L.ffn_norm.data_ptr<float>(), eps_, H, xn.data() + r * H);
           if (gin) quantize_row(xn.data() + r * H, H, qx, r);
-        }
+        });
         // 6. gate and up, 32 columns a job, then silu(gate) * up and its blocks
         const bool din = L.down.quantized() && I % QK == 0;
-#pragma omp for schedule(static)
-        for (int64_t b = 0; b < (I + QK - 1) / QK; ++b) {
+        c.for_static((I + QK - 1) / QK, [&](int64_t b) {
           const int64_t c0 = b * QK, c1 = std::min(I, c0 + QK);
           rows_block(L.gate, c0, c1, qx, xn.data(), M, gu.data(), 2 * I, 0);
           rows_block(L.up, c0, c1, qx, xn.data(), M, gu.data(), 2 * I, I);
@@ -726,25 +717,22 @@ class QuantModel {
             silu_mul(gu.data() + r * 2 * I + c0, gu.data() + r * 2 * I + I + c0, c1 - c0, act.data() + r * I + c0);
             if (din) quantize_block(act.data() + r * I + c0, qf, r, b);
           }
-        }
-        if (L.down.quantized() && !din) {
-#pragma omp for schedule(static)
-          for (int64_t r = 0; r < M; ++r) quantize_row(act.data() + r * I, I, qf, r);
-        }
+        });
+        if (L.down.quantized() && !din)
+          c.for_static(M, [&](int64_t r) { quantize_row(act.data() + r * I, I, qf, r); });
         // 7. down projection (its residual is added in the next layer's first phase)
-        multi_linear({&L.down}, qf, act.data(), M, tmp.data(), H);
+        multi_linear(c, {&L.down}, qf, act.data(), M, tmp.data(), H);
       }
       const int64_t first = M - keep;
-#pragma omp for schedule(static)
-      for (int64_t r = 0; r < M; ++r) {
+      c.for_static(M, [&](int64_t r) {
         for (int64_t k = 0; k < H; ++k) x[r * H + k] += tmp[r * H + k];
         rmsnorm(x.data() + r * H, norm_.data_ptr<float>(), eps_, H, xn.data() + r * H);
         if (want_hidden) std::memcpy(hidden.data_ptr<float>() + r * H, xn.data() + r * H, H * sizeof(float));
         if (out_.quantized() && r >= first)
           quantize_row(xn.data() + r * H, H, qo, r - first);
-      }
-      multi_linear({&out_}, qo, xn.data() + first * H, keep, logits.data_ptr<float>(), out_.N);
-    }
+      });
+      multi_linear(c, {&out_}, qo, xn.data() + first * H, keep, logits.data_ptr<float>(), out_.N);
+    });
     return {logits, want_hidden ? hidden : at::empty({0}, at::kFloat)};
   }
 
@@ -807,8 +795,7 @@ at::Tensor linear(const Matrix& W, const at::Tensor& x) {
       quantize_row(xs.data_ptr<float>() + r * W.K, W.K, q, r);
   }
   const int nt = std::max(1, at::get_num_threads());
-#pragma omp parallel num_threads(nt)
-  multi_linear({&W}, q, xs.data_ptr<float>(), M, y.data_ptr<float>(), W.N);
+  hvd_team::team().run(nt, [&](hvd_team::Ctx& c) { multi_linear(c, {&W}, q, xs.data_ptr<float>(), M, y.data_ptr<float>(), W.N); });
   return y;
 }
 

@@ -1,0 +1,95 @@
+"""The native forward's own thread team (``runtime/native/team.h``).
+
+It replaces OpenMP in the quantized forward, so its work-sharing and barriers carry the
+forward's correctness: whatever the number of threads, whichever Python threads call at
+once, and in a forked child, a forward's logits must be bitwise those of a lone call.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+
+import pytest
+import torch
+
+from hvd_agents.runtime import quant_native, quant_weights
+from hvd_agents.runtime.quant_runner import QuantRunner, attach
+from tests.tiny import make_tiny_llama
+
+pytestmark = pytest.mark.skipif(not quant_native.available(), reason="the native forward needs AVX2 and a compiler")
+
+VOCAB = 97
+
+
+@pytest.fixture(scope="module")
+def runner() -> QuantRunner:
+    model = make_tiny_llama(VOCAB, seed=3, dtype=torch.float32)
+    attach(model, quant_weights.from_model(model, "int4"), 512)
+    return QuantRunner(model)
+
+
+def _decode(runner: QuantRunner, seed: int, steps: int = 12) -> list[torch.Tensor]:
+    """A prompt of 20 tokens, then ``steps`` forwards of 1 to 5 tokens: every forward's logits."""
+    g = torch.Generator().manual_seed(seed)
+    kv = runner.new_kv()
+    out = [runner.forward(kv, torch.randint(0, VOCAB, (20,), generator=g).tolist())]
+    for i in range(steps):
+        out.append(runner.forward(kv, torch.randint(0, VOCAB, (1 + i % 5,), generator=g).tolist()))
+    return out
+
+
+def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_logits_do_not_depend_on_the_number_of_threads(runner) -> None:
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for n in (1, 2, 3, 5, 2):  # the team is resized, grown and shrunk, between calls
+            torch.set_num_threads(n)
+            results.append(_decode(runner, seed=1))
+    finally:
+        torch.set_num_threads(before)
+    assert all(_same(results[0], r) for r in results[1:])
+
+
+def test_forwards_from_several_threads_at_once_equal_lone_ones(runner) -> None:
+    expected = [_decode(runner, seed) for seed in range(4)]
+    got: dict[int, list[torch.Tensor]] = {}
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def worker(seed: int) -> None:
+        try:
+            start.wait()
+            got[seed] = _decode(runner, seed)
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and not any(t.is_alive() for t in threads)
+    assert all(_same(expected[seed], got[seed]) for seed in range(4))
+
+
+def _child(runner: QuantRunner, expected: list[torch.Tensor], result) -> None:
+    result.put(_same(expected, _decode(runner, seed=7)))
+
+
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="no fork() on this platform")
+def test_a_forked_child_runs_forwards_on_a_team_of_its_own(runner) -> None:
+    expected = _decode(runner, seed=7)  # the parent's team has threads; the child has none of them
+    ctx = multiprocessing.get_context("fork")
+    result = ctx.Queue()
+    child = ctx.Process(target=_child, args=(runner, expected, result))
+    child.start()
+    child.join(timeout=120)
+    if child.is_alive():
+        child.kill()
+        pytest.fail("the forked child hung in its first forward")
+    assert child.exitcode == 0 and result.get(timeout=5) is True

@@ -19,6 +19,8 @@ from hvd_agents.errors import (
     InvalidRequestError,
     ModelLoadError,
     ModelNotFoundError,
+    QueueFullError,
+    RequestTimeoutError,
 )
 
 __version__ = "0.1.0"
@@ -32,7 +34,9 @@ __all__ = [
     "InvalidRequestError",
     "ModelLoadError",
     "ModelNotFoundError",
+    "QueueFullError",
     "RequestStats",
+    "RequestTimeoutError",
     "SamplingParams",
     "TokenEvent",
     "__version__",

@@ -154,7 +154,7 @@ def cmd_bench_batch(args: argparse.Namespace) -> int:
     from hvd_agents.bench.batch import run_batch_benchmark
 
     run_batch_benchmark(args.model, device=args.device, requests=args.requests, max_tokens=args.max_tokens,
-                        method=args.method, json_path=args.json)
+                        method=args.method, json_path=args.json, reuse_prefix=args.reuse_prefix)
     return 0
 
 
@@ -245,10 +245,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if args.max_pending < 1 or args.max_body_mb <= 0 or args.max_batch < 1:
         raise HVDError("--max-pending and --max-batch must be >= 1 and --max-body-mb > 0")
+    if args.request_timeout is not None and not 0 < args.request_timeout < float("inf"):
+        raise HVDError(f"--request-timeout must be a number of seconds > 0, got {args.request_timeout}")
     config = ServerConfig(
         model=args.model, device=args.device, draft_model=args.draft_model, served_model_name=args.served_model_name,
         method=args.method, host=args.host, port=args.port, api_key=args.api_key or os.environ.get("HVD_API_KEY"),
         max_pending=args.max_pending, max_body_bytes=int(args.max_body_mb * 2**20), max_batch=args.max_batch,
+        request_timeout_s=args.request_timeout,
     )
     serve(config, log_level="info" if args.verbose else "warning")
     return 0
@@ -288,6 +291,8 @@ def _add_server_parsers(sub: argparse._SubParsersAction) -> None:
                      help="generation requests queued or running before new ones get 503 + Retry-After")
     srv.add_argument("--max-batch", type=int, default=1,
                      help="generations decoded together, one forward per step (default 1: one at a time)")
+    srv.add_argument("--request-timeout", type=float, default=None, metavar="SECONDS",
+                     help="the most seconds a generation may take, waiting included (504 past it; default: none)")
     srv.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY_BYTES / 2**20,
                      help="largest request body in MiB (413 above it)")
     srv.set_defaults(func=cmd_serve)
@@ -417,6 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--max-tokens", type=int, default=64)
     batch.add_argument("--method", default="hvd", choices=available_methods())
     batch.add_argument("--json", default=None, help="write the figures to this file")
+    batch.add_argument("--reuse-prefix", action="store_true",
+                       help="both engines keep and reuse prefix KV (the default engine's setting); see the module doc")
     batch.set_defaults(func=cmd_bench_batch)
 
     gpu = sub.add_parser("bench-gpu", help="HF generate, engine ar and hvd on the static GPU runner, one run")

@@ -35,3 +35,11 @@ class StoreFormatError(HVDError, ValueError):
 
 class TraceFormatError(HVDError, ValueError):
     """An agent trace file (for ``hvd-agents analyze``) is missing or malformed; the message names file and line."""
+
+
+class RequestTimeoutError(HVDError, TimeoutError):
+    """A request ran past its ``timeout_s`` (waiting for the engine included); the message says where it was."""
+
+
+class QueueFullError(HVDError, RuntimeError):
+    """A batching engine already holds ``max_queue`` requests waiting for a place in the batch."""

@@ -188,6 +188,26 @@ def test_allocation_keeps_every_root_and_the_likeliest_draft_tokens() -> None:
         Engine(make_tiny_llama(VOCAB), eos_token_ids=(), max_batch=100)
 
 
+def test_allocation_spends_rows_where_expected_tokens_pay_for_their_cost() -> None:
+    sure = Draft((1, 2, 3, 4), survival=(0.99, 0.98, 0.97, 0.2))  # the drafter's own estimate, before verifying
+    doubtful = Draft((5, 6, 7))
+    rates = [0.1, 0.3]  # the first request's running rate is low, but its drafter is sure of this draft
+    free, costly = CostModel.linear(0.0), CostModel.linear(0.5)
+    assert [len(d) for d in allocate([sure, doubtful], rates, 64, free)] == [4, 3]  # free rows: verify everything
+    # each row costs half a step: 2 roots (2 tokens, cost 1.5) gain 0.99, 0.98, 0.97 for 0.5 each, nothing more
+    assert [len(d) for d in allocate([sure, doubtful], rates, 64, costly)] == [3, 0]
+    assert [len(d) for d in allocate([sure, doubtful], rates, 64, CostModel.linear(5.0))] == [0, 0]
+    # a measured step function: rows up to 8 cost one step, then a jump; the cut lands before the jump
+    step = CostModel(((0, 1.0), (7, 1.0), (8, 3.0), (40, 4.0)))
+    cut = allocate([sure, doubtful, Draft((8, 9, 10, 11))], [0.1, 0.3, 0.9], 64, step)
+    assert sum(1 + len(d) for d in cut) == 8
+    # a sampled request's draft is kept whole (its random numbers follow its drafts, never its company)
+    kept = allocate([sure, doubtful], rates, 64, CostModel.linear(5.0), keep_whole=[False, True])
+    assert kept[1] is doubtful and [len(d) for d in kept] == [3, 3]  # its rows make the step dear: sure tokens pay
+    assert Draft((1, 2), survival=(0.9, 0.8, 0.7)).survival == (0.9, 0.8)  # one estimate per main-branch token at most
+    assert sure.truncated(2).survival == (0.99, 0.98)
+
+
 def test_a_batching_server_answers_concurrent_requests_as_one_at_a_time(tiny_model, byte_tokenizer) -> None:
     openai = pytest.importorskip("openai")
     from tests.server_helpers import IM_END_ID, running_server

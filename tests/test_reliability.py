@@ -180,6 +180,9 @@ PARAM_CASES = [
     ({"num_draft_tokens": -1}, r"num_draft_tokens must be >= 0, got -1"),
     ({"num_draft_tokens": "4"}, r"num_draft_tokens must be an int or None, got '4'"),
     ({"method": 3}, r"method must be a non-empty string, got 3"),
+    ({"timeout_s": 0}, r"timeout_s must be a finite number of seconds > 0 or None, got 0"),
+    ({"timeout_s": -2.0}, r"timeout_s must be a finite number of seconds > 0 or None, got -2\.0"),
+    ({"timeout_s": "10"}, r"timeout_s must be a finite number of seconds > 0 or None, got '10'"),
 ]
 
 
@@ -248,6 +251,8 @@ INVOKE_CASES = [
      r"^tools must be a list of tool schemas, got str$"),
     ("duplicate tools", "hi", {"tools": [WEATHER, WEATHER]}, InvalidRequestError,
      r"tools\[1\]: duplicate tool name 'get_weather'"),
+    ("timeout 0", "hi", {"timeout": 0}, InvalidRequestError,
+     r"timeout_s must be a finite number of seconds > 0 or None, got 0"),
     ("unknown call argument", "hi", {"max_new_tokens": 3}, InvalidRequestError,
      r"unsupported call arguments for ChatHVD: \['max_new_tokens'\]"),
 ]

@@ -1,7 +1,8 @@
-"""A soak of a batching engine (tiny model): mixed lengths and methods, some requests cancelled
-mid-stream, some invalid. Nothing is lost: every request is answered in full, ends with its
-documented error, or was cancelled by its caller; the engine ends idle, holding no request, and
-resident memory stays within a stated bound.
+"""A soak of a batching engine (tiny model): mixed lengths and methods, prompts prefilled in
+chunks, some requests cancelled mid-stream, some past their deadline, some invalid. Nothing is
+lost: every request is answered in full, ends with its documented error, or was cancelled by its
+caller; the engine ends idle, holding no request, and resident memory stays within a stated
+bound.
 
 150 requests in the suite; ``HVD_SOAK_REQUESTS=1000 pytest tests/test_soak.py`` runs the long soak."""
 
@@ -10,10 +11,11 @@ from __future__ import annotations
 import os
 import random
 import resource
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from hvd_agents import Engine, GenerationParams
-from hvd_agents.errors import ContextLengthError, InvalidRequestError
+from hvd_agents.errors import ContextLengthError, InvalidRequestError, RequestTimeoutError
 from hvd_agents.policy import CostModel
 from tests.tiny import make_tiny_llama
 
@@ -29,11 +31,11 @@ def rss_mb() -> float:
 def test_a_thousand_mixed_requests_lose_nothing() -> None:
     model = make_tiny_llama(VOCAB, seed=4, dtype=__import__("torch").float32)
     engine = Engine(model, eos_token_ids=(), draft_head=None, max_batch=16, cost_model=CostModel.linear(0.1),
-                    prefix_cache_bytes=64 << 20)
+                    prefix_cache_bytes=64 << 20, prefill_chunk=16)
     rng = random.Random(0)
     jobs = []
     for i in range(REQUESTS):
-        kind = rng.choices(["ok", "cancel", "empty", "too-long", "bad-method"], [80, 10, 4, 3, 3])[0]
+        kind = rng.choices(["ok", "cancel", "late", "empty", "too-long", "bad-method"], [76, 10, 4, 4, 3, 3])[0]
         prompt = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 60))]
         jobs.append((i, kind, prompt, rng.randint(1, 12), rng.choice(["ar", "pld", "hvd-cache", "hvd"])))
 
@@ -43,7 +45,8 @@ def test_a_thousand_mixed_requests_lose_nothing() -> None:
                 prompt = []
             elif kind == "too-long":
                 prompt = prompt * 600  # over the 512-token window
-            params = GenerationParams(max_new_tokens=n, method="nope" if kind == "bad-method" else method)
+            params = GenerationParams(max_new_tokens=n if kind != "late" else 400, timeout_s=0.05 if kind == "late" else None,
+                                      method="nope" if kind == "bad-method" else method)
             stream = engine.stream(prompt, params)
             tokens = []
             for event in stream:
@@ -54,7 +57,7 @@ def test_a_thousand_mixed_requests_lose_nothing() -> None:
                 if event.finish_reason is not None:
                     return i, event.finish_reason, len(tokens)
             return i, "cancelled" if kind == "cancel" else "lost", len(tokens)
-        except (InvalidRequestError, ContextLengthError) as exc:
+        except (InvalidRequestError, ContextLengthError, RequestTimeoutError) as exc:
             return i, type(exc).__name__, 0
 
     before = rss_mb()
@@ -62,12 +65,16 @@ def test_a_thousand_mixed_requests_lose_nothing() -> None:
         outcomes = list(pool.map(lambda job: run(*job), jobs))
     growth = rss_mb() - before
     assert sorted(i for i, _, _ in outcomes) == list(range(REQUESTS))  # every request came back
-    expected = {"ok": "length", "cancel": "cancelled", "empty": "InvalidRequestError",
+    expected = {"ok": "length", "cancel": "cancelled", "late": "RequestTimeoutError", "empty": "InvalidRequestError",
                 "too-long": "ContextLengthError", "bad-method": "InvalidRequestError"}
     for (i, kind, _, n, _), (_, outcome, count) in zip(jobs, outcomes):
         assert outcome == expected[kind] or (kind == "cancel" and outcome == "length"), (i, kind, outcome)
         if kind == "ok":
             assert count == n  # answered in full
+    for _ in range(500):  # the worker updates the batch just after it delivers a last event
+        if engine._batcher.pending == 0:
+            break
+        time.sleep(0.01)
     assert engine._batcher.pending == 0  # nothing left running or waiting
     assert engine._batcher.largest_batch > 1
     assert growth < RSS_GROWTH_BOUND_MB, f"resident memory grew {growth:.0f} MB"

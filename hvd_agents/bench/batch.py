@@ -13,11 +13,14 @@ the time until its slot is free is printed (it leaves at the end of the step in 
 
 Each arm gets a fresh engine, so neither copies replies the other generated; the
 prompts are distinct, so no request can copy another's reply within an arm either.
-Neither arm reuses prefix KV: the serial arm would resume later requests from earlier
-ones' shared system prompt, which the batch, whose requests all start at once, cannot,
-and on the quantized CPU runner a prompt computed whole and one resumed from stored KV
-round differently (the long-prefill path reads float32 weights, the step path the
-quantized blocks), so replies could differ for a reason that is not batching.
+By default neither arm reuses prefix KV. With ``--reuse-prefix`` both do, as a default
+engine does: each request's prompt KV is kept once its prefill is done, so requests
+that share a system prompt or tool schemas prefill it once, serial or batched. Which
+request reuses which then depends on the order the concurrent calls reach the engine,
+which differs between the arms, and on the quantized CPU runner a prompt computed whole
+and one resumed from stored KV round differently (the long-prefill path reads float32
+weights, the step path the quantized blocks), so a reply can differ on a near tie for a
+reason that is not batching: the identical-replies count is then informative only.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import torch
 
 from hvd_agents.bench.prompts import agent_prompts, chat_prompts
 from hvd_agents.engine import Engine
+from hvd_agents.engine.engine import DEFAULT_PREFIX_CACHE_BYTES
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.runtime.loading import load_model
 
@@ -124,7 +128,8 @@ async def _cancel_delay(llm, messages) -> float:
 
 
 def run_batch_benchmark(model: str | None = None, *, device: str | None = None, requests: int = 16,
-                        max_tokens: int = 64, method: str = "hvd", json_path: str | None = None) -> dict:
+                        max_tokens: int = 64, method: str = "hvd", json_path: str | None = None,
+                        reuse_prefix: bool = False) -> dict:
     """Run the benchmark (see the module docstring) and print its table."""
     try:
         from langchain_hvd import ChatHVD
@@ -135,7 +140,8 @@ def run_batch_benchmark(model: str | None = None, *, device: str | None = None, 
 
     def engine(max_batch: int) -> Engine:
         return Engine(loaded.model, loaded.tokenizer, eos_token_ids=loaded.eos_token_ids,
-                      context_window=loaded.context_window, max_batch=max_batch, prefix_cache_bytes=0)
+                      context_window=loaded.context_window, max_batch=max_batch,
+                      prefix_cache_bytes=DEFAULT_PREFIX_CACHE_BYTES if reuse_prefix else 0)
 
     results, timed = {}, {}
     for name, max_batch in (("serial", 1), ("batched", requests)):
@@ -149,7 +155,7 @@ def run_batch_benchmark(model: str | None = None, *, device: str | None = None, 
     serial, batched = results["serial"], results["batched"]
     same = sum(a == b for a, b in zip(serial.replies, batched.replies))
     print(f"{requests} concurrent requests through ChatHVD.ainvoke, method {method}, max_tokens {max_tokens}, "
-          f"{torch.get_num_threads()} threads, {loaded.device}")
+          f"{torch.get_num_threads()} threads, {loaded.device}, prefix reuse {'on' if reuse_prefix else 'off'}")
     print("| engine | wall s | output tokens | aggregate tok/s | p50 s | p95 s | heartbeat max gap s |")
     print("|---|---|---|---|---|---|---|")
     for r in (serial, batched):
@@ -158,7 +164,7 @@ def run_batch_benchmark(model: str | None = None, *, device: str | None = None, 
     print(f"batched / serial aggregate throughput: {batched.tokens_per_s / serial.tokens_per_s:.2f}x; "
           f"identical replies: {same}/{requests}")
     print(f"a cancelled streaming request left the batch {cancel_s * 1e3:.0f} ms after its cancellation")
-    report = {"requests": requests, "max_tokens": max_tokens, "method": method,
+    report = {"requests": requests, "max_tokens": max_tokens, "method": method, "reuse_prefix": reuse_prefix,
               "serial": {k: v for k, v in asdict(serial).items() if k != "replies"},
               "batched": {k: v for k, v in asdict(batched).items() if k != "replies"},
               "ratio": batched.tokens_per_s / serial.tokens_per_s, "identical": same, "cancel_s": cancel_s}

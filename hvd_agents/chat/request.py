@@ -57,7 +57,7 @@ from hvd_agents.structure import PromptStructure
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 """The model name adapters report when no ``model`` is given (the embedded model)."""
 
-DECODE_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "method", "num_draft_tokens")
+DECODE_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "method", "num_draft_tokens", "timeout")
 """The :class:`ChatSettings` a call's keyword arguments may override."""
 
 JSON_INSTRUCTION = "Respond only with a JSON object."
@@ -104,6 +104,10 @@ class ChatSettings:
         None, "Most draft tokens verified per step (K); None = the method's default."
     )
     stop: Sequence[str] | None = _setting(None, "Stop strings for every call (merged with a call's own stop).")
+    timeout: float | None = _setting(
+        None, "Seconds a call may take, waiting for the engine included; past it the call raises "
+        "hvd_agents.RequestTimeoutError (a stream keeps what it streamed). None = no limit."
+    )
 
     @classmethod
     def from_fields(cls, source: Any, overrides: Mapping[str, Any] | None = None) -> ChatSettings:
@@ -133,6 +137,7 @@ class ChatSettings:
             seed=self.seed,
             method=self.method,
             stop=tuple(stop),
+            timeout_s=self.timeout,
             **optional,
         )
 

@@ -58,6 +58,11 @@ class Draft:
             it would have produced itself. Trees are deterministic drafts
             (``probs`` None); their first tokens, up to where ``parents`` first
             departs from a chain, are the main branch.
+        survival: the drafter's estimate, made before verification, of the chance
+            that the target accepts the main branch's first 1, 2, ... tokens (a
+            non-increasing sequence, at most one per main-branch token), or None
+            when it has none. A batching engine shares a step's rows among requests
+            by it (:func:`hvd_agents.engine.batch.allocate`).
 
     Example (main branch ``7 8 9``, and ``5`` as an alternative to ``8``)::
 
@@ -70,8 +75,11 @@ class Draft:
     source: str = "none"
     features: DraftFeatures | Mapping[str, float] = field(default_factory=lambda: _EMPTY_FEATURES)
     parents: tuple[int, ...] | None = None
+    survival: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
+        if self.survival is not None and len(self.survival) > self.main_length:
+            object.__setattr__(self, "survival", tuple(self.survival[: self.main_length]))
         if self.parents is None:
             return
         if len(self.parents) != len(self.token_ids):
@@ -155,14 +163,14 @@ class Draft:
             return self
         probs = None if self.probs is None else self.probs[:length]
         parents = None if self.parents is None else self.parents[:length]
-        return Draft(self.token_ids[:length], probs, self.score, self.source, self.features, parents)
+        return Draft(self.token_ids[:length], probs, self.score, self.source, self.features, parents, self.survival)
 
     def main_branch(self) -> Draft:
         """The draft without its alternatives (its leading chain)."""
         if not self.is_tree:
             return self
         n = self.main_length
-        return Draft(self.token_ids[:n], None, self.score, self.source, self.features)
+        return Draft(self.token_ids[:n], None, self.score, self.source, self.features, survival=self.survival)
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,20 @@
 """Continuous batching: many requests decoded together, one forward per step for all of them.
 
 An engine made with ``max_batch > 1`` hands each request to a :class:`Batcher`, whose
-worker thread owns the decode loop. Requests join between steps (their prefill runs
-then) and leave when they finish or their consumer goes away; each step
+worker thread owns the decode loop. Requests join between steps and leave when they
+finish, their consumer goes away or their deadline passes (``timeout_s``). A joining
+request's prefill runs in the engine's chunks (``prefill_chunk`` tokens), about one
+chunk's worth between two steps, so a long prompt does not stall the requests already
+decoding; a request starts decoding with the step after its last chunk. Each step
 
 1. asks every active request's drafter for a draft, as a lone request would;
-2. shares the step's verification budget (``max_rows`` rows of one forward) among the
-   requests (:func:`allocate`): every request verifies at least its last token, so one
-   whose drafts never pay still advances one token a step, and draft tokens are kept in
-   the order of their expected acceptance, ``rate ** position``, where ``rate`` is the
-   request's own acceptance so far;
+2. shares the step's verification among the requests (:func:`allocate`): every request
+   verifies at least its last token, so one whose drafts never pay still advances one
+   token a step; draft tokens are ranked by their expected acceptance (the drafter's own
+   estimate, made before verification, else ``rate ** position`` at the request's
+   acceptance so far), and the step keeps, within ``max_rows`` rows, the number of them
+   that gives the most expected tokens per unit of the step's cost (the runner's measured
+   cost of a forward over that many rows);
 3. runs all of them in one :meth:`~hvd_agents.runtime.runner.Runner.forward_batch`;
 4. verifies, emits and accounts each request exactly as the one-request loop does
    (the same engine methods), and hands its :class:`TokenEvent` to its consumer.
@@ -23,6 +28,11 @@ KV slot is freed).
 
 Each request of a built-in method gets its own drafter (a drafter keeps one request's
 model-drafter state); a drafter added with :meth:`Engine.add_drafter` is shared.
+
+Bounds: at most ``max_batch`` requests decode together; at most ``max_queue`` wait for
+a place (one more raises :class:`~hvd_agents.errors.QueueFullError` from the call), and a
+request still waiting at its deadline fails with
+:class:`~hvd_agents.errors.RequestTimeoutError` without having started.
 """
 
 from __future__ import annotations
@@ -34,9 +44,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from hvd_agents.drafters import Draft, Drafter, Outcome
 from hvd_agents.engine.stats import TokenEvent
-from hvd_agents.errors import InvalidRequestError
+from hvd_agents.errors import InvalidRequestError, QueueFullError
+from hvd_agents.policy.cost import CostModel
 from hvd_agents.runtime.runner import BatchCall
 
 logger = logging.getLogger(__name__)
@@ -57,32 +70,72 @@ class _Active:
     started: bool = False
     ended: bool = False
     start_s: float = 0.0
+    prefill: Iterator[int] | None = None  # its prefill's remaining chunks, while it has some
 
 
-def allocate(drafts: Sequence[Draft], rates: Sequence[float], max_rows: int) -> list[Draft]:
-    """Cut ``drafts`` so that they and one root row each fit ``max_rows`` rows.
+def allocate(drafts: Sequence[Draft], rates: Sequence[float], max_rows: int, cost: CostModel | None = None,
+             keep_whole: Sequence[bool] | None = None) -> list[Draft]:
+    """Cut ``drafts`` to the rows one batched step verifies best.
 
-    Every request keeps its root; the remaining rows go to draft tokens by expected
-    acceptance ``rate ** position`` (a draft keeps a prefix: its later tokens are worth
-    less), ties to the earlier request. A tree that must be cut keeps its main branch.
+    Every request keeps its root row. A draft token's worth is its expected acceptance:
+    the drafter's own estimate (``Draft.survival``, the payoff predictor's figure) where it
+    gives one, else ``rate ** position`` at the request's acceptance so far; a draft keeps a
+    prefix (its later tokens are worth less). Tokens are taken best first, ties to the
+    earlier request, at most ``max_rows`` rows in all; with a ``cost`` model of the step
+    (its cost over all rows, in plain steps) the step keeps the number of them that gives
+    the most expected tokens per unit of cost, so a token is verified only where it pays
+    for the rows it adds. Drafts marked ``keep_whole`` (a sampled request's: its random
+    numbers follow its drafts, which must not depend on its company) are kept as they are.
+    A tree that must be cut keeps its main branch.
 
     >>> a, b = Draft((1, 2, 3)), Draft((4, 5))
     >>> [len(d) for d in allocate([a, b], [0.6, 0.5], 5)]  # 3 rows for drafts: 0.6, 0.5, 0.36
     [2, 1]
+    >>> flat, steep = CostModel.linear(0.0), CostModel.linear(1.0)  # rows free / each row a whole step
+    >>> [len(d) for d in allocate([a, b], [0.6, 0.5], 64, flat)], [len(d) for d in allocate([a, b], [0.6, 0.5], 64, steep)]
+    ([3, 2], [0, 0])
     """
-    room = max_rows - len(drafts)
-    if sum(len(d) for d in drafts) <= room:
-        return list(drafts)
-    scored = [(rates[i] ** (j + 1), -i, i) for i, d in enumerate(drafts) for j in range(len(d))]
+    whole = list(keep_whole) if keep_whole is not None else [False] * len(drafts)
+    fixed = sum(len(d) for d, w in zip(drafts, whole) if w)
+    room = max_rows - len(drafts) - fixed
+    scored = []
+    for i, d in enumerate(drafts):
+        if whole[i]:
+            continue
+        worth = 1.0
+        for j in range(len(d)):
+            estimate = d.survival[j] if d.survival is not None and j < len(d.survival) else rates[i] ** (j + 1)
+            worth = min(worth, max(0.0, float(estimate)))  # a prefix is worth at least what follows it
+            scored.append((worth, -i, i))
+    ranked = sorted(scored, reverse=True)[: max(0, room)]
+    take = len(ranked)
+    if cost is not None and ranked:
+        base_rows = len(drafts) + fixed
+        base = len(drafts) + sum(_expected(d, rates[i]) for i, d in enumerate(drafts) if whole[i])
+        curve = cost.verify_curve(base_rows + len(ranked))
+        gains = np.concatenate([[0.0], np.cumsum([w for w, _, _ in ranked])])
+        rows = np.arange(len(ranked) + 1) + base_rows
+        value = (base + gains) / curve[rows - 1]
+        take = int(np.argmax(value))  # the first of equal values: fewer rows
     keep = [0] * len(drafts)
-    for _, _, i in sorted(scored, reverse=True)[: max(0, room)]:
+    for _, _, i in ranked[:take]:
         keep[i] += 1
     out = []
-    for d, n in zip(drafts, keep):
-        if n < len(d) and d.is_tree:
+    for d, n, w in zip(drafts, keep, whole):
+        if w or n >= len(d):
+            out.append(d)
+            continue
+        if d.is_tree:
             d = d.main_branch()
-        out.append(d.truncated(min(n, len(d))))
+        out.append(d.truncated(n))
     return out
+
+
+def _expected(draft: Draft, rate: float) -> float:
+    """Expected accepted tokens of a draft kept whole (main branch; by its survival, else ``rate ** position``)."""
+    if draft.survival is not None:
+        return float(sum(draft.survival))
+    return float(sum(rate ** (j + 1) for j in range(draft.main_length)))
 
 
 class Batcher:
@@ -92,17 +145,21 @@ class Batcher:
         engine: the engine whose runner, prefix cache and request methods it uses.
         max_batch: requests decoded together at most; more wait in line.
         max_rows: rows one step verifies at most.
+        max_queue: requests waiting for a place at most (None: no bound).
         make_drafter: a fresh drafter for a request of ``method`` (None: the engine's shared one).
     """
 
-    def __init__(self, engine, max_batch: int, max_rows: int = DEFAULT_MAX_ROWS,
+    def __init__(self, engine, max_batch: int, max_rows: int = DEFAULT_MAX_ROWS, max_queue: int | None = None,
                  make_drafter: Callable[[str], Drafter | None] | None = None) -> None:
         if max_batch < 1 or max_rows < max_batch:
             raise InvalidRequestError(f"max_batch must be in 1..{max_rows} (a step verifies at most {max_rows} rows), "
                                       f"got {max_batch}")
+        if max_queue is not None and (isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 0):
+            raise InvalidRequestError(f"max_queue must be an int >= 0 or None, got {max_queue!r}")
         self.engine = engine
         self.max_batch = max_batch
         self.max_rows = max_rows
+        self.max_queue = max_queue
         self._make_drafter = make_drafter
         self._waiting: list[_Active] = []
         self._active: list[_Active] = []
@@ -117,6 +174,10 @@ class Batcher:
             drafter = self._make_drafter(req.params.method) or drafter
         item = _Active(req, drafter, structure)
         with self._cv:
+            queued = len(self._waiting) - max(0, self.max_batch - len(self._active))  # those with no free place
+            if self.max_queue is not None and queued >= self.max_queue:
+                raise QueueFullError(f"{queued} requests are already waiting for a place in the batch "
+                                     f"(max_queue={self.max_queue}); retry later or raise max_queue")
             self._waiting.append(item)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="hvd-batcher", daemon=True)
@@ -137,21 +198,28 @@ class Batcher:
                     if not self._cv.wait(timeout=30.0) and not self._waiting:  # idle: the thread ends
                         self._thread = None
                         return
+                expired = [item for item in self._waiting if _overdue(item)]
+                self._waiting = [item for item in self._waiting if item not in expired]
                 joining = self._waiting[: self.max_batch - len(self._active)]
                 del self._waiting[: len(joining)]
                 self._active += joining
+            for item in expired:
+                item.events.put(item.req.timed_out("waiting for a place in the batch"))
             with self.engine._lock:
-                started = [item for item in self._active if item not in joining or self._start(item)]
-                active = [item for item in started if not self._left(item)]
-                if active:
-                    self.largest_batch = max(self.largest_batch, len(active))
-                    self._step(active)
+                active = [item for item in self._active
+                          if (item not in joining or self._start(item)) and not self._left(item) and not self._expire(item)]
+                self._prefill_some([item for item in active if item.prefill is not None])
+                active = [item for item in active if not item.ended]
+                ready = [item for item in active if item.prefill is None]
+                if ready:
+                    self.largest_batch = max(self.largest_batch, len(ready))
+                    self._step(ready)
                     active = [item for item in active if not self._left(item)]
             with self._cv:
                 self._active = active
 
     def _start(self, item: _Active) -> bool:
-        """Start a joining request: drafter, prefill. False (and its error delivered) when it fails."""
+        """Start a joining request: its drafter, and its prefill's chunks. False (its error delivered) if it fails."""
         req = item.req
         if item.cancelled.is_set():
             return False
@@ -159,12 +227,37 @@ class Batcher:
             req.session_id = item.structure.session_id if item.structure is not None else None
             item.drafter.start(req.req_id, tuple(req.token_ids), item.structure)
             item.started = True
-            self.engine._prefill(req)
+            item.prefill = self.engine._prefill_chunks(req)
         except Exception as exc:  # noqa: BLE001 - delivered to the request's consumer
             self._end(item, consistent=False)
             item.events.put(exc)
             return False
-        item.start_s = time.perf_counter()
+        return True
+
+    def _prefill_some(self, items: list[_Active]) -> None:
+        """Run prefill chunks of ``items``, oldest first, until about one chunk's worth of tokens is computed."""
+        spent = 0
+        for item in items:
+            while item.prefill is not None and spent < self.engine.prefill_chunk:
+                try:
+                    spent += max(1, next(item.prefill))
+                except Exception as exc:  # noqa: BLE001 - delivered to the request's consumer
+                    self._end(item, consistent=False)
+                    item.events.put(exc)
+                    break
+                if item.req.prefilled:
+                    item.prefill = None
+                    item.start_s = time.perf_counter()
+            if spent >= self.engine.prefill_chunk:
+                return
+
+    def _expire(self, item: _Active) -> bool:
+        """Whether ``item``'s deadline has passed; if so it ends (its KV kept when prefilled) with the error."""
+        if not _overdue(item):
+            return False
+        where = "while decoding" if item.req.prefilled else "during its prefill"
+        self._end(item, consistent=True)
+        item.events.put(item.req.timed_out(where))
         return True
 
     def _left(self, item: _Active) -> bool:
@@ -196,7 +289,9 @@ class Batcher:
                 draft = draft.main_branch()
             drafts.append(draft)
         rates = [_rate(item.req) for item in active]
-        drafts = allocate(drafts, rates, self.max_rows)
+        cost = self.engine.cost_model() if any(len(d) for d in drafts) else None
+        drafts = allocate(drafts, rates, self.max_rows, cost,
+                          keep_whole=[item.req.sampling.temperature > 0 for item in active])
         pasts = [item.req.cache.length for item in active]
         hiddens = [[] if item.req.hidden is not None else None for item in active]
         calls = [BatchCall(item.req.cache, [item.req.token_ids[-1], *d.token_ids], d.parents if d.is_tree else None,
@@ -279,6 +374,11 @@ class _Events(Iterator[TokenEvent]):
 
     def __del__(self) -> None:
         self.close()
+
+
+def _overdue(item: _Active) -> bool:
+    left = item.req.remaining_s()
+    return left is not None and left <= 0
 
 
 def _rate(req) -> float:

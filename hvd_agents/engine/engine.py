@@ -70,7 +70,7 @@ from hvd_agents.engine.sampling import SamplingParams
 from hvd_agents.engine.stats import RequestStats, StepRecord, TokenEvent
 from hvd_agents.engine.stops import StopStringMatcher
 from hvd_agents.engine.verify import Verification, verify_step
-from hvd_agents.errors import ContextLengthError, InvalidRequestError
+from hvd_agents.errors import ContextLengthError, InvalidRequestError, RequestTimeoutError
 from hvd_agents.policy.cost import CostModel
 from hvd_agents.policy.features import feature_record
 from hvd_agents.runtime.hidden import HiddenStateBuffer
@@ -85,6 +85,10 @@ _request_counter = itertools.count()
 # Default prefix-cache budget: 1 GiB holds ~23K tokens of SmolLM2-135M KV in fp32 (46 KB per token),
 # a few agent conversations of the sizes measured here; pass prefix_cache_bytes to size it for a model.
 DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
+# Prompt tokens one prefill forward computes at most: long enough that a chunk keeps the
+# dense kernels efficient (a 3,000-token prompt costs 6 forwards), short enough that the
+# requests decoding in a batch wait about a second on two CPU cores while a chunk runs.
+DEFAULT_PREFILL_CHUNK = 512
 
 
 @dataclass(frozen=True)
@@ -114,7 +118,9 @@ class _Request:
         self.stops = StopStringMatcher(params.stop) if params.stop else None
         self.session_id: str | None = None
         self.cache: RunnerKV | None = None  # set by prefill; covers token_ids[:-1] between steps
+        self.prefilled = False  # the cache covers the whole prompt (prefill done)
         self.hidden: HiddenStateBuffer | None = None  # set by prefill when the drafter uses hidden states
+        self.deadline = None if params.timeout_s is None else time.monotonic() + params.timeout_s
         self.generator = torch.Generator(device=engine.device)
         if self.sampling.seed is None:
             self.generator.seed()
@@ -124,6 +130,24 @@ class _Request:
     @property
     def num_output(self) -> int:
         return len(self.token_ids) - self.num_prompt
+
+    def remaining_s(self) -> float | None:
+        """Seconds left before the request's deadline (None: it has none)."""
+        return None if self.deadline is None else self.deadline - time.monotonic()
+
+    def check_deadline(self, where: str) -> None:
+        """Raise :class:`RequestTimeoutError` when the deadline has passed; ``where``: what the request was doing.
+
+        Raises:
+            RequestTimeoutError: the deadline has passed.
+        """
+        left = self.remaining_s()
+        if left is not None and left <= 0:
+            raise self.timed_out(where)
+
+    def timed_out(self, where: str) -> RequestTimeoutError:
+        return RequestTimeoutError(f"request {self.req_id} ran past its timeout of {self.params.timeout_s:g} s "
+                                   f"{where} ({self.num_output} tokens generated)")
 
 
 class Engine:
@@ -158,6 +182,13 @@ class Engine:
         max_batch: concurrent requests decoded together, one forward per step for
             all of them (:mod:`hvd_agents.engine.batch`); 1 (the default) serialises
             requests.
+        max_queue: with ``max_batch > 1``, the most requests that may wait for a
+            place in the batch; one more raises :class:`~hvd_agents.errors.QueueFullError`.
+            None (the default): no bound.
+        prefill_chunk: the most prompt tokens one prefill forward computes; a
+            longer prompt is prefilled in chunks (the same ones alone or batched),
+            and a batching engine runs one chunk between its steps, so a long
+            prompt joining the batch does not stall the requests decoding in it.
 
     Example (loads the embedded SmolLM2-135M)::
 
@@ -179,7 +210,12 @@ class Engine:
         draft_head: DraftHead | str | Path | None = "auto",
         runner: Runner | None = None,
         max_batch: int = 1,
+        max_queue: int | None = None,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     ) -> None:
+        if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
+            raise InvalidRequestError(f"prefill_chunk must be an int >= 1, got {prefill_chunk!r}")
+        self.prefill_chunk = prefill_chunk
         self.model = model
         self.runner: Runner = runner if runner is not None else runner_for(
             model, context_window=context_window, cost_model=cost_model)
@@ -193,7 +229,8 @@ class Engine:
         self._drafters: dict[str, Drafter] = {}
         self._lock = threading.Lock()
         self._added: set[str] = set()  # methods whose drafter a caller added (shared by batched requests)
-        self._batcher = Batcher(self, max_batch, make_drafter=self._request_drafter) if max_batch > 1 else None
+        self._batcher = (Batcher(self, max_batch, max_queue=max_queue, make_drafter=self._request_drafter)
+                         if max_batch > 1 else None)
         self.draft_model = draft_model
         self._draft_head = draft_head
         if draft_model is not None:
@@ -218,12 +255,13 @@ class Engine:
         draft_model: str | None = None,
         draft_head: str | Path | None = "auto",
         max_batch: int = 1,
+        max_queue: int | None = None,
     ) -> Engine:
         """Load ``model`` (hub id, local path, GGUF file; None = embedded default) into a new engine.
 
         ``draft_model`` is loaded the same way (on the target's device); ``draft_head``
         is a head file, ``"auto"`` (the shipped head for this target) or None; ``max_batch``
-        as for the constructor.
+        and ``max_queue`` as for the constructor.
         """
         loaded = load_model(model, device=device)
         drafter_lm = None
@@ -238,6 +276,7 @@ class Engine:
             draft_model=drafter_lm,
             draft_head=draft_head,
             max_batch=max_batch,
+            max_queue=max_queue,
         )
 
     def cost_model(self) -> CostModel:
@@ -338,7 +377,10 @@ class Engine:
     def _locked_run(
         self, req: _Request, drafter: Drafter, structure: PromptStructure | None
     ) -> Iterator[TokenEvent]:
-        with self._lock:
+        left = req.remaining_s()
+        if (left is not None and left <= 0) or not self._lock.acquire(timeout=-1 if left is None else left):
+            raise req.timed_out("waiting for the engine")
+        try:
             req.session_id = structure.session_id if structure is not None else None
             drafter.start(req.req_id, tuple(req.token_ids), structure)
             between_steps = False  # True when the cache is consistent: finished, or closed at a yield
@@ -348,11 +390,16 @@ class Engine:
             except GeneratorExit:
                 between_steps = True
                 raise
+            except RequestTimeoutError:
+                between_steps = True  # raised between steps
+                raise
             finally:
                 drafter.stop(req.req_id)
                 if between_steps:
                     self._keep_prefix(req)
                 self._release(req)
+        finally:
+            self._lock.release()
 
     def _check_prompt(self, prompt_ids: Sequence[int], params: GenerationParams) -> list[int]:
         ids = [int(t) for t in prompt_ids]
@@ -375,6 +422,7 @@ class Engine:
         start = time.perf_counter()
         finish: str | None = None
         while finish is None:
+            req.check_deadline("while decoding")
             room = req.budget - req.num_output  # >= 1
             draft = self._propose(req, drafter, room - 1)
             if draft.is_tree and not cache.supports_trees:
@@ -395,26 +443,50 @@ class Engine:
 
     def _prefill(self, req: _Request) -> RunnerKV:
         """A KV cache over ``prompt[:-1]``: the longest stored prefix copied in, the rest computed."""
+        for _ in self._prefill_chunks(req):
+            pass
+        return req.cache
+
+    def _prefill_chunks(self, req: _Request) -> Iterator[int]:
+        """:meth:`_prefill` as forwards of at most ``prefill_chunk`` tokens, yielding each one's size after it.
+
+        ``req.cache`` is set at once (so that it is released if the request ends between
+        chunks) and ``req.prefilled`` with the last chunk; the chunks are the same whoever
+        runs them, so a prompt's KV is the same alone or in a batch. A prompt's KV goes to the
+        prefix cache as soon as it is computed (a copy), so concurrent requests that share its
+        prefix (a system prompt, tool schemas, a conversation forked into parallel branches)
+        prefill that prefix once.
+        """
         start = time.perf_counter()
-        cache = self.runner.new_kv()
+        cache = req.cache = self.runner.new_kv()
         context = req.token_ids[:-1]
         match = PrefixMatch()
         if req.params.reuse_prefix:
             match = self.prefix_cache.lookup(context, cache, session_id=req.session_id)
         if req.hidden is not None:
             req.hidden.start = match.length
-        self.runner.forward(cache, context[match.length :], logits_to_keep=1, hidden=req.hidden)
-        req.cache = cache
-        req.stats.prefill_s = time.perf_counter() - start
-        req.stats.reused_prefix_tokens = match.length
-        req.stats.prefilled_tokens = len(context) - match.length
-        req.stats.prefix_break_at = match.prefix_break_at
-        req.stats.reply_mismatch_at = match.reply_mismatch_at
-        return cache
+        rest = context[match.length :]
+        chunks = even_chunks(rest, self.prefill_chunk)
+        spent = time.perf_counter() - start
+        for i, chunk in enumerate(chunks):
+            if chunk:
+                begin = time.perf_counter()
+                self.runner.forward(cache, chunk, logits_to_keep=1, hidden=req.hidden)
+                spent += time.perf_counter() - begin
+            req.stats.prefill_s = spent
+            if i == len(chunks) - 1:
+                if req.params.reuse_prefix and rest:  # requests that start before this one ends may share its prompt
+                    self.prefix_cache.insert(context, cache, prompt_len=req.num_prompt, session_id=req.session_id)
+                req.prefilled = True
+                req.stats.reused_prefix_tokens = match.length
+                req.stats.prefilled_tokens = len(rest)
+                req.stats.prefix_break_at = match.prefix_break_at
+                req.stats.reply_mismatch_at = match.reply_mismatch_at
+            yield len(chunk)
 
     def _keep_prefix(self, req: _Request) -> None:
         """Hand the request's KV (all tokens but the last emitted one) to the prefix cache."""
-        if req.cache is None or not req.params.reuse_prefix:
+        if req.cache is None or not req.prefilled or not req.params.reuse_prefix:
             return
         self.prefix_cache.insert(req.token_ids[:-1], req.cache, prompt_len=req.num_prompt, session_id=req.session_id)
 
@@ -538,6 +610,25 @@ class Engine:
                     feature_record(draft.features),
                 )
             )
+
+
+def even_chunks(tokens: list[int], most: int) -> list[list[int]]:
+    """``tokens`` in the fewest chunks of at most ``most``, of sizes that differ by one at most.
+
+    Even sizes keep every chunk of a long prompt long (a runner may use other kernels
+    for a short forward than for a long one), and an empty list is one empty chunk.
+
+    >>> [len(c) for c in even_chunks(list(range(1100)), 512)]
+    [367, 367, 366]
+    >>> even_chunks([], 512)
+    [[]]
+    """
+    k = max(1, -(-len(tokens) // most))
+    size, extra = divmod(len(tokens), k)
+    bounds = [0]
+    for i in range(k):
+        bounds.append(bounds[-1] + size + (i < extra))
+    return [tokens[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 def _default_eos(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None) -> tuple[int, ...]:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from numbers import Integral
+from numbers import Integral, Real
 
 from hvd_agents.engine.sampling import SamplingParams
 from hvd_agents.errors import InvalidRequestError
@@ -42,6 +43,10 @@ class GenerationParams:
         reuse_prefix: start from the KV of the longest prompt prefix an earlier
             request computed, and keep this request's KV for later ones (when the
             engine's prefix cache is enabled); False prefills the whole prompt.
+        timeout_s: the most seconds the request may take from the call that makes
+            it, waiting for the engine included; past it the request ends, checked
+            between steps, with :class:`~hvd_agents.errors.RequestTimeoutError` (what
+            was streamed stays streamed). None: no limit.
 
     Raises:
         InvalidRequestError: a value is out of range (raised on construction).
@@ -58,6 +63,7 @@ class GenerationParams:
     num_draft_tokens: int | None = None
     record_steps: bool = False
     reuse_prefix: bool = True
+    timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
@@ -71,6 +77,10 @@ class GenerationParams:
         if not isinstance(self.method, str) or not self.method:
             raise InvalidRequestError(f"method must be a non-empty string, got {self.method!r}")
         object.__setattr__(self, "stop", _stop_strings(self.stop))
+        if self.timeout_s is not None:
+            t = self.timeout_s
+            if isinstance(t, bool) or not isinstance(t, Real) or not math.isfinite(t) or t <= 0:
+                raise InvalidRequestError(f"timeout_s must be a finite number of seconds > 0 or None, got {t!r}")
         if self.stop_token_ids is not None:
             ids = self.stop_token_ids
             if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable) or not all(_is_int(t) for t in ids):

@@ -19,7 +19,8 @@ from hvd_agents.runtime.native_build import NATIVE_DIR, build_key, build_python_
 logger = logging.getLogger(__name__)
 
 SOURCE = NATIVE_DIR / "quant_forward.cpp"
-# OpenMP for the threads; no floating-point contraction, so every sum is the one written in the source
+# OpenMP only for at::parallel_for at load (the forward has its own threads, team.h); no floating-point
+# contraction, so every sum is the one written in the source
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off")
 
 # weight formats of native Matrix objects

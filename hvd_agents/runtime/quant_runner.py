@@ -5,8 +5,8 @@ model whose weights were attached with :func:`attach` (the loader does it for GG
 files, and for ``load_model(..., cpu_weights="int8" | "int4")``):
 
 * **Up to 64 new tokens** (a decode step, a draft, a tree, a short prefill) run in
-  ``native/quant_forward.cpp``: the whole forward in one call and one OpenMP
-  region, linear layers on the weights' own blocks with per-block int8
+  ``native/quant_forward.cpp``: the whole forward in one call and one parallel
+  region (its own thread team, ``native/team.h``), linear layers on the weights' own blocks with per-block int8
   activations, attention over a float16 KV cache. Every output element is summed
   in one order whatever the number of rows, so a token's logits are bitwise the
   same decoded alone or verified in a draft or a tree of up to 64 rows.

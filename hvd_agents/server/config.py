@@ -36,6 +36,9 @@ class ServerConfig:
         max_pending: generation requests queued or running before 503s.
         max_batch: generations decoded together (the engine's ``max_batch``); 1 runs
             them one at a time.
+        request_timeout_s: the most seconds a generation may take, waiting in line
+            included; past it the request gets a 504 (a stream: an error event).
+            None: no limit.
         max_body_bytes: largest request body accepted (413 above it).
         retry_after_s: ``Retry-After`` of 503 answers, in seconds.
     """
@@ -50,6 +53,7 @@ class ServerConfig:
     api_key: str | None = None
     max_pending: int = DEFAULT_MAX_PENDING
     max_batch: int = 1
+    request_timeout_s: float | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     retry_after_s: int = 1
 

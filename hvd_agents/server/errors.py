@@ -12,7 +12,15 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from hvd_agents.errors import ContextLengthError, HVDError, InvalidRequestError, ModelLoadError, ModelNotFoundError
+from hvd_agents.errors import (
+    ContextLengthError,
+    HVDError,
+    InvalidRequestError,
+    ModelLoadError,
+    ModelNotFoundError,
+    QueueFullError,
+    RequestTimeoutError,
+)
 
 # A message of the chat layer that starts with the field it is about: "messages[2].content[0] must ...".
 _FIELD_PATH = re.compile(r"^((?:messages|tools|tool_choice|response_format)(?:\[\d+\]|\.\w+)*)(?=[\s:,]|$)")
@@ -75,4 +83,8 @@ def api_error_of(exc: HVDError) -> APIError:
         return APIError(404, message, "not_found_error", "model", "model_not_found")
     if isinstance(exc, ModelLoadError):
         return APIError(503, message, "server_error", None, "model_load_failed")
+    if isinstance(exc, RequestTimeoutError):
+        return APIError(504, message, "server_error", None, "timeout")
+    if isinstance(exc, QueueFullError):
+        return APIError(503, message, "server_error", None, "queue_full")
     return APIError(500, message, "server_error")

@@ -99,7 +99,8 @@ async def chat_completions(request: Request, body: ChatCompletionRequest) -> Res
         engine=engine,
         messages=body.chat_messages(),
         tools=body.tools,
-        settings=body.settings(body.max_new_tokens(), state.config.method, engine.context_window),
+        settings=body.settings(body.max_new_tokens(), state.config.method, engine.context_window,
+                               state.config.request_timeout_s),
         tool_choice=body.tool_choice_value(),
         stop=body.stops_with_calls(),
         session_id=request.headers.get(SESSION_HEADER) or body.user,
@@ -119,7 +120,8 @@ async def completions(request: Request, body: CompletionRequest) -> Response:
     job = CompletionJob(
         engine=engine,
         prompt=body.prompt_value(),
-        settings=body.settings(body.max_tokens, state.config.method, engine.context_window),
+        settings=body.settings(body.max_tokens, state.config.method, engine.context_window,
+                               state.config.request_timeout_s),
         stop=body.stops(),
         model_name=state.config.model_name,
     )

@@ -89,8 +89,10 @@ class _Sampling(BaseModel):
         if self.stream_options is not None and not self.stream:
             raise invalid("stream_options is only allowed with stream=true", "stream_options")
 
-    def settings(self, max_tokens: int | None, default_method: str, context_window: int) -> ChatSettings:
-        """The generation settings (``max_tokens`` None: the rest of the context window)."""
+    def settings(self, max_tokens: int | None, default_method: str, context_window: int,
+                 timeout: float | None = None) -> ChatSettings:
+        """The generation settings (``max_tokens`` None: the rest of the context window; ``timeout``: the
+        server's per-request deadline)."""
         return ChatSettings(
             method=self.method or default_method,
             max_tokens=max_tokens if max_tokens is not None else context_window,
@@ -99,6 +101,7 @@ class _Sampling(BaseModel):
             top_k=self.top_k,
             seed=self.seed,
             num_draft_tokens=self.num_draft_tokens,
+            timeout=timeout,
         )
 
 

@@ -280,7 +280,7 @@ class HybridDrafter:
         if best.source != "cache":
             return best.draft
         judged = ChosenDraftFeatures(features, len(cached), best.choice.expected_tokens - 1.0, rate)
-        return replace(best.draft, features=judged)
+        return replace(best.draft, features=judged, survival=tuple(float(p) for p in survival[: best.draft.main_length]))
 
     def _ask_model(self, ctx: DraftContext, k: int, request: _Request, best: _Candidate, cost: CostModel,
                    rate: float, timed: bool) -> tuple[_Candidate, float]:
@@ -316,7 +316,9 @@ class HybridDrafter:
             return best, draft_s
         self.pricing.observe_model_draft(draft_s, proposed.main_length, pending, caught_up=request.model_drafted)
         n = len(proposed)
-        expected = 1.0 + float(_model_survival(request, proposed.main_length).sum())
+        survival = _model_survival(request, proposed.main_length)
+        proposed = replace(proposed, survival=tuple(float(p) for p in survival))
+        expected = 1.0 + float(survival.sum())
         step_cost = float(model_cost.verify(n)) + catch_up
         return _Candidate("model", Choice(n, expected, step_cost, expected - rate * step_cost), proposed), draft_s
 

@@ -107,6 +107,7 @@ class ChatHVD(BaseChatModel):
     device: str | None = Field(**field_kwargs("device"))
     draft_model: str | None = Field(**field_kwargs("draft_model"))
     stop: list[str] | None = Field(**field_kwargs("stop"), alias="stop_sequences")
+    timeout: float | None = Field(**field_kwargs("timeout"))
     engine: Engine | None = Field(default=None, exclude=True, repr=False)
     """An engine to use instead of ``shared_engine(model, device=device)``."""
 

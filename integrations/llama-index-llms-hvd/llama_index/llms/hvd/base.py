@@ -120,6 +120,7 @@ class HVD(FunctionCallingLLM):
         default=None, description="Reported context window; None = the model's (loads the model on first use)."
     )
     stop: list[str] | None = Field(**field_kwargs("stop"))
+    timeout: float | None = Field(**field_kwargs("timeout"))
     json_mode: bool = Field(
         default=False,
         description=(

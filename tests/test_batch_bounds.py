@@ -258,3 +258,40 @@ def test_concurrent_requests_share_a_prompt_prefix_prefilled_once(model) -> None
     assert sorted(together[i].stats.reused_prefix_tokens for i in range(4)) == [0, 40, 40, 40]  # computed once
     prefilled = [n for kind, n in log.log if kind == "prefill"]
     assert sorted(prefilled) == [2, 2, 2, 42]
+
+
+# ---------------------------------------------------------------- cancellation within a step
+
+
+def test_a_cancelled_async_stream_leaves_the_batch_at_the_end_of_the_step_in_progress(tiny_model,
+                                                                                       byte_tokenizer) -> None:
+    import asyncio
+
+    from langchain_hvd import ChatHVD
+
+    base = Engine(tiny_model, byte_tokenizer, eos_token_ids=(), draft_head=None, cost_model=COST)
+    engine = Engine(tiny_model, byte_tokenizer, eos_token_ids=(), draft_head=None, cost_model=COST,
+                    runner=LoggingRunner(base.runner, delay_s=0.05), max_batch=4)
+    llm = ChatHVD(engine=engine, max_tokens=400, method="ar")
+    batcher = engine._batcher
+
+    async def scenario() -> tuple[int, int]:
+        first = asyncio.Event()
+
+        async def read() -> None:
+            async for _ in llm.astream("hi"):
+                first.set()
+
+        task = asyncio.create_task(read())
+        await first.wait()
+        await asyncio.sleep(0.075)  # into a step
+        at_cancel = batcher.steps
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        while batcher.pending:
+            await asyncio.sleep(0.005)
+        return at_cancel, batcher.steps
+
+    at_cancel, after = asyncio.run(scenario())
+    assert after - at_cancel <= 1  # the step in progress, not the one after the worker's next event

@@ -12,6 +12,7 @@ import os
 import random
 import resource
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 from hvd_agents import Engine, GenerationParams
@@ -28,7 +29,7 @@ def rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
-def test_a_thousand_mixed_requests_lose_nothing() -> None:
+def test_a_thousand_mixed_requests_lose_nothing(capsys) -> None:
     model = make_tiny_llama(VOCAB, seed=4, dtype=__import__("torch").float32)
     engine = Engine(model, eos_token_ids=(), draft_head=None, max_batch=16, cost_model=CostModel.linear(0.1),
                     prefix_cache_bytes=64 << 20, prefill_chunk=16)
@@ -77,4 +78,8 @@ def test_a_thousand_mixed_requests_lose_nothing() -> None:
         time.sleep(0.01)
     assert engine._batcher.pending == 0  # nothing left running or waiting
     assert engine._batcher.largest_batch > 1
+    with capsys.disabled():
+        counts = Counter(outcome for _, outcome, _ in outcomes)
+        print(f"\n{REQUESTS} requests: {dict(sorted(counts.items()))}; largest batch {engine._batcher.largest_batch}, "
+              f"{engine._batcher.steps} steps; peak resident memory grew {growth:.0f} MB (bound {RSS_GROWTH_BOUND_MB})")
     assert growth < RSS_GROWTH_BOUND_MB, f"resident memory grew {growth:.0f} MB"

@@ -25,6 +25,36 @@ _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
 
+class CancelFlag(threading.Event):
+    """The flag :func:`iterate_in_thread` sets when its consumer leaves, with callbacks run when it is set.
+
+    A callback (``add_callback``) runs in the thread that sets the flag, at once if it
+    is already set: an iterator that can be ended from another thread (a batching
+    engine's, :meth:`hvd_agents.engine.batch._Events.cancel`) registers its ``cancel``,
+    so a cancelled consumer frees the request's place at the end of the step in progress
+    instead of after the next event reaches the worker.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._callbacks: list[Callable[[], Any]] = []
+        self._callbacks_lock = threading.Lock()
+
+    def add_callback(self, callback: Callable[[], Any]) -> None:
+        with self._callbacks_lock:
+            if not self.is_set():
+                self._callbacks.append(callback)
+                return
+        callback()
+
+    def set(self) -> None:
+        super().set()
+        with self._callbacks_lock:
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+
 def _shared_pool() -> ThreadPoolExecutor:
     global _pool
     with _pool_lock:
@@ -55,7 +85,7 @@ async def iterate_in_thread(
     """
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-    cancelled = threading.Event()
+    cancelled = CancelFlag()
 
     def put(kind: str, item: Any) -> None:
         try:

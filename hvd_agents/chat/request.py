@@ -442,9 +442,15 @@ def stream_reply(request: ChatRequest, cancelled: threading.Event | None = None)
 
     Closing this generator, or setting ``cancelled`` (checked after every engine
     event, also while tool-call text is held back), closes the engine's iterator,
-    which ends the request and releases the engine.
+    which ends the request and releases the engine. When ``cancelled`` takes callbacks
+    (:class:`~hvd_agents.chat.async_stream.CancelFlag`) and the engine's iterator can be
+    cancelled from another thread (a batching engine's), setting the flag ends the
+    request at once, at the end of the step in progress.
     """
     events = request.engine.stream(request.structure.prompt_ids, request.params, structure=request.structure)
+    cancel = getattr(events, "cancel", None)  # a batching engine's stream can be ended from another thread
+    if cancel is not None and hasattr(cancelled, "add_callback"):
+        cancelled.add_callback(cancel)
     try:
         yield from _pieces(request, events, cancelled)
     finally:

@@ -222,6 +222,7 @@ class Batcher:
         """Start a joining request: its drafter, and its prefill's chunks. False (its error delivered) if it fails."""
         req = item.req
         if item.cancelled.is_set():
+            item.events.put(None)  # a consumer blocked in next() ends
             return False
         try:
             req.session_id = item.structure.session_id if item.structure is not None else None
@@ -278,6 +279,8 @@ class Batcher:
         if consistent:
             self.engine._keep_prefix(item.req)
         self.engine._release(item.req)
+        if item.cancelled.is_set():
+            item.events.put(None)  # wakes a consumer blocked in next() after a cancel() from another thread
 
     def _step(self, active: list[_Active]) -> None:
         engine = self.engine
@@ -343,7 +346,8 @@ class _Events(Iterator[TokenEvent]):
     """A batched request's events, as its consumer reads them.
 
     Closing it (``close()``, or dropping it, even before the first item) cancels the
-    request: it leaves the batch at the end of the step in progress.
+    request: it leaves the batch at the end of the step in progress. :meth:`cancel` does
+    the same from another thread while the consumer waits for its next event.
     """
 
     def __init__(self, item: _Active, cv: threading.Condition) -> None:
@@ -358,6 +362,9 @@ class _Events(Iterator[TokenEvent]):
         if self._done:
             raise StopIteration
         event = self._item.events.get()
+        if event is None:  # cancelled (by :meth:`cancel`): the request left the batch
+            self.close()
+            raise StopIteration
         if isinstance(event, BaseException):
             self.close()
             raise event
@@ -368,9 +375,14 @@ class _Events(Iterator[TokenEvent]):
     def close(self) -> None:
         if not self._done:
             self._done = True
-            self._item.cancelled.set()  # finished, or the consumer went away
-            with self._cv:
-                self._cv.notify()
+            self.cancel()
+
+    def cancel(self) -> None:
+        """End the request at the end of the step in progress, from any thread; a consumer blocked in
+        ``next()`` then gets ``StopIteration``."""
+        self._item.cancelled.set()  # finished, or the consumer went away
+        with self._cv:
+            self._cv.notify()
 
     def __del__(self) -> None:
         self.close()

@@ -9,7 +9,9 @@ whole burst), p50 and p95 request latency, and the longest gap of a 20 ms heartb
 task on the event loop (the loop stays responsive while requests decode), then the ratio
 of aggregate throughputs and whether every request's reply is identical in both arms.
 Last, a streaming request is cancelled after its first chunk on the batching engine, and
-the time until its slot is free is printed (it leaves at the end of the step in progress).
+the time until its slot is free is printed (it leaves at the end of the step in progress),
+and a one-token decode step is timed on the main thread and on a worker thread (where
+async calls, the batcher and the server run their forwards).
 
 Each arm gets a fresh engine, so neither copies replies the other generated; the
 prompts are distinct, so no request can copy another's reply within an arm either.
@@ -28,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
+import threading
 import time
 from dataclasses import asdict, dataclass
 
@@ -108,14 +111,15 @@ async def _cancel_delay(llm, messages) -> float:
     """Seconds from cancelling a streaming request (after its first chunk) until the engine holds no request."""
     batcher = llm.engine._batcher
 
+    first = asyncio.Event()
+
     async def reader() -> None:
         async for _ in llm.astream(messages):
-            await asyncio.sleep(3600)  # hold the stream open until cancelled
+            first.set()  # keep reading: the request decodes on
 
     task = asyncio.create_task(reader())
-    while batcher.pending == 0:
-        await asyncio.sleep(0.005)
-    await asyncio.sleep(0.2)  # a few steps in
+    await first.wait()
+    await asyncio.sleep(0.05)  # into a step
     start = time.perf_counter()
     task.cancel()
     try:
@@ -125,6 +129,33 @@ async def _cancel_delay(llm, messages) -> float:
     while batcher.pending:
         await asyncio.sleep(0.001)
     return time.perf_counter() - start
+
+
+def step_ms_by_thread(engine: Engine, context: int = 300, steps: int = 20) -> tuple[float, float]:
+    """Median milliseconds of a one-token decode step on the calling thread, then on a new thread.
+
+    Async chat calls, the batcher and the server run forwards on worker threads, so a step
+    must cost there what it costs on the main thread (see ``runtime/native/team.h``).
+    """
+    kv = engine.runner.new_kv()
+    engine.runner.forward(kv, [(7 * i) % 1000 + 1 for i in range(context)], logits_to_keep=1)
+
+    def median_ms() -> float:
+        times = []
+        for _ in range(steps):
+            start = time.perf_counter()
+            engine.runner.forward(kv, [5])
+            times.append(time.perf_counter() - start)
+            kv.rollback(context)
+        return statistics.median(times) * 1e3
+
+    here = median_ms()
+    there: list[float] = []
+    worker = threading.Thread(target=lambda: there.append(median_ms()))
+    worker.start()
+    worker.join()
+    kv.release()
+    return here, there[0]
 
 
 def run_batch_benchmark(model: str | None = None, *, device: str | None = None, requests: int = 16,
@@ -150,6 +181,7 @@ def run_batch_benchmark(model: str | None = None, *, device: str | None = None, 
         timed[name] = engine(max_batch)
         llm = ChatHVD(engine=timed[name], max_tokens=max_tokens, method=method)
         results[name] = asyncio.run(_burst(llm, prompts, name))
+    step_main, step_worker = step_ms_by_thread(timed["serial"])
     cancel_llm = ChatHVD(engine=timed["batched"], max_tokens=2000, method=method)
     cancel_s = asyncio.run(_cancel_delay(cancel_llm, prompts[0][0]))
     serial, batched = results["serial"], results["batched"]
@@ -164,10 +196,12 @@ def run_batch_benchmark(model: str | None = None, *, device: str | None = None, 
     print(f"batched / serial aggregate throughput: {batched.tokens_per_s / serial.tokens_per_s:.2f}x; "
           f"identical replies: {same}/{requests}")
     print(f"a cancelled streaming request left the batch {cancel_s * 1e3:.0f} ms after its cancellation")
+    print(f"a one-token decode step: {step_main:.1f} ms on the main thread, {step_worker:.1f} ms on a worker thread")
     report = {"requests": requests, "max_tokens": max_tokens, "method": method, "reuse_prefix": reuse_prefix,
               "serial": {k: v for k, v in asdict(serial).items() if k != "replies"},
               "batched": {k: v for k, v in asdict(batched).items() if k != "replies"},
-              "ratio": batched.tokens_per_s / serial.tokens_per_s, "identical": same, "cancel_s": cancel_s}
+              "ratio": batched.tokens_per_s / serial.tokens_per_s, "identical": same, "cancel_s": cancel_s,
+              "step_ms_main_thread": step_main, "step_ms_worker_thread": step_worker}
     if json_path:
         with open(json_path, "w", encoding="utf-8") as fh:
             json.dump(report, fh, indent=2)

@@ -44,6 +44,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from hvd_agents.errors import InvalidRequestError, ModelLoadError, ModelNotFoundError
 from hvd_agents.runtime import quant_native, quant_runner, quant_weights
+from hvd_agents.runtime.heap import freeze_loaded_objects
 from hvd_agents.runtime.kernels import check_linear_kernel_name, prepare_for_cpu
 from hvd_agents.runtime.paths import cache_root
 
@@ -434,6 +435,7 @@ def load_model(
         raise InvalidRequestError(str(exc)) from exc
     loaded = LoadedModel(model=model, tokenizer=tokenizer, name=display, device=dev, dtype=dtype)
     _attach_native(loaded, weights, kind, location)
+    freeze_loaded_objects()  # full collections would walk the model's objects, freezing event loops
     logger.info("loaded %s on %s (%s) in %.1f s", display, dev, dtype, time.perf_counter() - start)
     return loaded
 

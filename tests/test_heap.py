@@ -10,12 +10,12 @@ from hvd_agents.runtime import heap, loading
 
 
 def test_freezing_moves_live_objects_out_of_collections_and_can_be_turned_off(monkeypatch) -> None:
-    kept = [object() for _ in range(10_000)]
+    kept = [[] for _ in range(10_000)]  # containers: objects the collector tracks
     before = gc.get_freeze_count()
     assert heap.freeze_loaded_objects() is True
     assert gc.get_freeze_count() >= before + len(kept)
     monkeypatch.setenv(heap.GC_FREEZE_ENV, "0")
-    more = [object() for _ in range(10_000)]
+    more = [[] for _ in range(10_000)]
     frozen = gc.get_freeze_count()
     assert heap.freeze_loaded_objects() is False and gc.get_freeze_count() == frozen
     assert len(more) == len(kept)

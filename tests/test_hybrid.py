@@ -321,6 +321,28 @@ def test_a_gated_model_drafter_is_asked_where_no_cache_draft_pays_and_its_first_
     assert sure.proposed == 1
 
 
+def test_in_a_batch_the_step_cost_of_the_batch_prices_drafts_and_the_model_drafter() -> None:
+    from dataclasses import replace
+
+    prompt = [10, 11, 12, 13, 20, 21, 5, 10, 11]
+    cost = CostModel(((0, 1.0), (1, 1.2), (9, 1.6)))
+    sure = GatedModelDrafter(reach=0.9)
+    drafter = HybridDrafter(SuffixDrafter(None), constant_predictor(0.0), cost, model=sure,
+                            model_cost=cost.with_drafting(0.1))
+    ctx = start(drafter, prompt)
+    # rows nearly free in this batch: the whole cache draft, with the predictor's survival for the batcher
+    free = drafter.propose(replace(ctx, step_cost=CostModel.linear(0.01), step_share=0.5), 4)
+    assert free.token_ids == (12, 13, 20, 21) and free.survival is not None and len(free.survival) == 4
+    assert all(a >= b for a, b in zip(free.survival, free.survival[1:]))
+    # each row costs a whole share (16 requests on two cores): no draft, and the gated model drafter is not
+    # asked (its forward could not pay even for a certain first token)
+    dear = drafter.propose(replace(ctx, step_cost=CostModel.linear(1.0), step_share=0.37), 4)
+    assert dear == Draft() and sure.proposed == 0
+    # alone, the same drafter asks it where no cache draft pays
+    alone = start(drafter, [1, 2, 3, 4])
+    assert drafter.propose(alone, 4).source == "model" and sure.proposed == 1
+
+
 def test_model_rejections_make_the_model_drafter_give_way() -> None:
     model = CountingModelDrafter()
     drafter = HybridDrafter(SuffixDrafter(None), constant_predictor(6.0), CostModel.linear(0.3), model=model)

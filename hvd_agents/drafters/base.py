@@ -28,6 +28,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 
 import torch
 
+from hvd_agents.policy.cost import CostModel
 from hvd_agents.policy.features import DraftFeatures
 from hvd_agents.structure import PromptStructure
 
@@ -193,6 +194,12 @@ class DraftContext:
             drafter may sample its draft from a tempered q (and report that q).
         generator: the request's RNG, for drafters that sample (reproducible
             with the request's seed).
+        step_cost: in a batched step, what verifying ``d`` draft tokens costs this
+            request, in units of its share of the step (a batching engine sets it for
+            greedy requests from the runner's cost over the batch's rows); None: the
+            drafter prices verification with its own profile, as for a lone request.
+        step_share: this request's share of the step, in plain single-request steps
+            (1 alone), to price the drafter's own forwards in the same units.
     """
 
     req_id: str
@@ -202,6 +209,8 @@ class DraftContext:
     hidden_start: int = 0
     temperature: float = 0.0
     generator: torch.Generator | None = None
+    step_cost: CostModel | None = None
+    step_share: float = 1.0
 
     @property
     def num_output_tokens(self) -> int:

@@ -131,6 +131,27 @@ def allocate(drafts: Sequence[Draft], rates: Sequence[float], max_rows: int, cos
     return out
 
 
+def request_cost(cost: CostModel, n: int, window: int = 32) -> tuple[CostModel, float]:
+    """What draft tokens cost one request of a step of ``n``, in units of its share of the step; and the share.
+
+    The step's cost over ``n`` root rows, ``cost.verify(n - 1)`` plain steps, is shared
+    evenly: each request's share is ``verify(n - 1) / n``. Its ``d`` draft tokens add the
+    step's cost over ``d`` more rows, ``verify(n - 1 + d) - verify(n - 1)``, which is
+    ``(that) / share`` of its share. A drafter priced with this spends rows only where
+    they pay at this batch size: about free on a GPU, close to a whole share each for 16
+    requests on a 2-core CPU.
+
+    >>> c, share = request_cost(CostModel.linear(0.25), 4)  # a step of 4 rows costs 1.75 steps
+    >>> round(share, 4), round(c.verify(2), 4)  # 2 more rows: 0.5 / 0.4375
+    (0.4375, 2.1429)
+    """
+    curve = cost.verify_curve(n + window)
+    base = float(curve[n - 1])
+    share = base / n
+    points = tuple((d, 1.0 + (float(curve[n - 1 + d]) - base) / share) for d in range(window + 1))
+    return CostModel(points, source=f"{cost.source}, a request's share of a step of {n}"), share
+
+
 def _expected(draft: Draft, rate: float) -> float:
     """Expected accepted tokens of a draft kept whole (main branch; by its survival, else ``rate ** position``)."""
     if draft.survival is not None:
@@ -285,9 +306,14 @@ class Batcher:
     def _step(self, active: list[_Active]) -> None:
         engine = self.engine
         drafts = []
+        priced = len(active) > 1 and any(item.req.sampling.temperature <= 0 and item.req.params.method != "ar"
+                                         for item in active)
+        step_cost, share = request_cost(engine.cost_model(), len(active)) if priced else (None, 1.0)
         for item in active:
             req = item.req
-            draft = engine._propose(req, item.drafter, req.budget - req.num_output - 1)
+            greedy = req.sampling.temperature <= 0  # a sampled request's drafts must not depend on its company
+            draft = engine._propose(req, item.drafter, req.budget - req.num_output - 1,
+                                    step_cost if greedy else None, share if greedy else 1.0)
             if draft.is_tree and not req.cache.supports_trees:
                 draft = draft.main_branch()
             drafts.append(draft)

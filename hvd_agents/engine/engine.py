@@ -497,8 +497,10 @@ class Engine:
             req.cache.release()
             req.cache = None
 
-    def _propose(self, req: _Request, drafter: Drafter, max_len: int) -> Draft:
-        """Ask the drafter for at most ``min(K, max_len)`` in-vocabulary tokens."""
+    def _propose(self, req: _Request, drafter: Drafter, max_len: int, step_cost: CostModel | None = None,
+                 step_share: float = 1.0) -> Draft:
+        """Ask the drafter for at most ``min(K, max_len)`` in-vocabulary tokens (``step_cost``, ``step_share``:
+        a batched step's prices, see :class:`~hvd_agents.drafters.DraftContext`)."""
         k = min(req.params.draft_tokens, max_len)
         if k <= 0:
             return Draft()
@@ -511,6 +513,8 @@ class Engine:
             hidden_start=0 if hidden is None else hidden.start,
             temperature=req.sampling.temperature,
             generator=req.generator,
+            step_cost=step_cost,
+            step_share=step_share,
         )
         draft = drafter.propose(ctx, k)
         valid = 0

@@ -248,7 +248,8 @@ class HybridDrafter:
         # requests only, whose output never depends on the drafts.
         timed = ctx.temperature <= 0.0
         rate = max(self.rate.rate, 1.0)
-        cost = self.pricing.target_cost(timed)
+        batched = ctx.step_cost is not None  # priced by the batch's step: rows cost what they add to it
+        cost = ctx.step_cost if batched else self.pricing.target_cost(timed)
 
         # 1. the cache draft and its payoff: cut at the length with the best value, or dropped
         cached = self.cache.propose(ctx, k)
@@ -270,7 +271,9 @@ class HybridDrafter:
 
         # 3. the model drafter, where it may beat that
         cache_main = best.draft.main_length
-        best, draft_s = self._ask_model(ctx, k, request, best, cost, rate, timed)
+        model_cost = (ctx.step_cost.with_drafting(self.pricing.draft_token_cost(timed) / ctx.step_share) if batched
+                      else self.pricing.model_cost(timed))
+        best, draft_s = self._ask_model(ctx, k, request, best, cost, model_cost, rate, timed)
 
         # 4. the record observe learns from
         policy_s = time.perf_counter() - begun - draft_s
@@ -283,21 +286,22 @@ class HybridDrafter:
         return replace(best.draft, features=judged, survival=tuple(float(p) for p in survival[: best.draft.main_length]))
 
     def _ask_model(self, ctx: DraftContext, k: int, request: _Request, best: _Candidate, cost: CostModel,
-                   rate: float, timed: bool) -> tuple[_Candidate, float]:
+                   model_cost: CostModel, rate: float, timed: bool) -> tuple[_Candidate, float]:
         """Phase 3: the model drafter's draft when it is asked and drafts, else ``best``; and the seconds
         it took."""
         model = self.model
         if model is None:
             return best, 0.0
-        model_cost = self.pricing.model_cost(timed)
         # with nothing better to verify, a drafter that gates its first token on its own confidence is asked:
         # one drafter forward buys a per-step judgement instead of the running average acceptance
         gated = model.gates_first_token and best.source == "none"
+        if gated and ctx.step_cost is not None and 2.0 - rate * float(model_cost.verify(1)) <= best.choice.value:
+            return best, 0.0  # in a batch whose rows are dear, not even a certain first token would pay its forward
         choice = None if gated else self._model_choice(request, k, rate, model_cost)
         if choice is None and not gated:
             return best, 0.0
         pending = model.pending(ctx)
-        catch_up = pending * self.pricing.ingest_cost(timed)  # the context it must ingest first, charged here
+        catch_up = pending * self.pricing.ingest_cost(timed) / ctx.step_share  # the context to ingest first
         if not gated and choice.value - rate * catch_up <= best.choice.value:
             return best, 0.0
         # a further token is worth its cost iff S > R * marginal (whether to draft at all was decided above, so the

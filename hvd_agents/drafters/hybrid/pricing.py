@@ -132,6 +132,10 @@ class StepPricing:
         cost = self.target_cost()
         return self._drafting.get((token_cost, cost), lambda: cost.with_drafting(token_cost))
 
+    def draft_token_cost(self, timed: bool = True) -> float:
+        """One token the model drafter drafts, in plain steps (``timed=False``: the prior)."""
+        return self._token_cost if timed else self.token_cost_prior
+
     def ingest_cost(self, timed: bool = True) -> float:
         """One context token the model drafter must ingest before drafting, in plain steps."""
         return self._ingest_cost if timed else self.ingest_cost_prior

@@ -238,7 +238,11 @@ class PrefixCache:
     def insert(
         self, token_ids: Sequence[int], cache: RunnerKV, *, prompt_len: int, session_id: str | None = None
     ) -> bool:
-        """Keep a finished request's KV (the cache is taken over: do not use it afterwards).
+        """Keep a request's KV over ``token_ids``: a finished request's, or a prompt's once it is prefilled.
+
+        Positions are copied unless a layer's tensor holds exactly them; the caller may keep
+        using ``cache`` as long as it never rewrites positions ``[0, len(token_ids))`` (a
+        request only appends after them, rolls back to them, or compacts later positions).
 
         Args:
             token_ids: the tokens the cache covers, in order (its first ``len(token_ids)``

@@ -37,6 +37,7 @@ request still waiting at its deadline fails with
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -131,6 +132,7 @@ def allocate(drafts: Sequence[Draft], rates: Sequence[float], max_rows: int, cos
     return out
 
 
+@functools.lru_cache(maxsize=256)  # one per (profile, batch size): its curve is then interpolated once, not per step
 def request_cost(cost: CostModel, n: int, window: int = 32) -> tuple[CostModel, float]:
     """What draft tokens cost one request of a step of ``n``, in units of its share of the step; and the share.
 

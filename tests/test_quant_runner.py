@@ -1,9 +1,11 @@
-"""The native quantized CPU runner: batch invariance, losslessness, its KV cache, its weights.
+"""The native quantized CPU runner: invariance, losslessness, its KV cache, its weights.
 
-Batch invariance is what keeps speculative output exactly the plain decode: a row's
-result must be bitwise the same computed alone or among up to 64 rows, in a chain
-or a tree. It is checked on the kernel (every weight format) and on whole forwards,
+Invariance is what keeps speculative output exactly the plain decode and a reply the
+same however its prompt reached the cache: a row's result must be bitwise the same
+computed alone or among any number of rows, in a chain or a tree, in a prompt whole
+or in chunks. It is checked on the kernel (every weight format) and on whole forwards,
 and a build of the kernel with a mutated accumulation order must fail the check.
+The instruction-set paths are checked against each other in test_cpu_paths.py.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from hypothesis import strategies as st
 from hvd_agents import Engine, GenerationParams
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.runtime import quant_native, quant_runner, quant_weights
-from hvd_agents.runtime.native_build import build_python_module
 from hvd_agents.runtime.quant_runner import QuantKV, QuantRunner, attach
 from hvd_agents.runtime.runner import BatchCall
 from tests.drafters_for_tests import FixedDrafter, RandomQDrafter, ScriptedDrafter, TreeDrafter
@@ -56,10 +57,10 @@ def _matrix(module, w: quant_weights.Weight):
 def invariance_failures(module, w: quant_weights.Weight, seed: int = 0) -> int:
     """How many (rows, row) pairs of ``linear`` differ from the row computed alone (0: invariant)."""
     matrix = _matrix(module, w)
-    x = torch.from_numpy(np.random.default_rng(seed + 1).standard_normal((64, w.cols)).astype(np.float32))
-    alone = [module.linear(matrix, x[i : i + 1])[0] for i in range(64)]
+    x = torch.from_numpy(np.random.default_rng(seed + 1).standard_normal((130, w.cols)).astype(np.float32))
+    alone = [module.linear(matrix, x[i : i + 1])[0] for i in range(130)]
     failures = 0
-    for m in (1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 31, 32, 33, 47, 63, 64):
+    for m in (1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17, 31, 32, 33, 47, 63, 64, 100, 130):
         together = module.linear(matrix, x[:m])
         failures += sum(not torch.equal(together[i], alone[i]) for i in range(m))
     return failures
@@ -69,7 +70,7 @@ FORMATS = [quant_native.Q4_1, quant_native.Q8_0, quant_native.Q4F, quant_native.
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: quant_native.FORMAT_NAMES[f])
-def test_kernel_rows_are_bitwise_the_same_alone_and_in_1_to_64_rows(fmt) -> None:
+def test_kernel_rows_are_bitwise_the_same_alone_and_in_1_to_130_rows(fmt) -> None:
     # a float32 tail past the 8-lane loop; quantized rows of several groups of 8 blocks and a partial one
     cols = {quant_native.F32: 100, quant_native.Q4F: 1280}.get(fmt, 800)
     w = _weights(fmt, 45, cols, seed=fmt)
@@ -85,8 +86,7 @@ def test_kernel_rows_are_bitwise_the_same_alone_and_in_1_to_64_rows(fmt) -> None
 def test_a_mutated_accumulation_order_fails_the_invariance_check() -> None:
     # the kernel built with its multi-row calls adding the groups of blocks in reverse order (one line
     # under a macro); 800 columns are 4 groups, so the order shows
-    mutated = build_python_module(quant_native.SOURCE, (*quant_native.FLAGS, "-DHVD_MUTATE_MULTIROW_ORDER"),
-                                  "hvd_quant_mutated")
+    mutated = quant_native.build(quant_native.REFERENCE, ("-DHVD_MUTATE_MULTIROW_ORDER",))
     w = _weights(quant_native.Q4_1, 45, 800, seed=1)
     assert invariance_failures(quant_native.module(), w) == 0
     assert invariance_failures(mutated, w) > 0
@@ -201,17 +201,27 @@ def test_hidden_states_and_logits_to_keep(tiny_quant) -> None:
     assert torch.equal(runner.forward(kv2, [1, 2, 3])[-1], logits[0])
 
 
-def test_dense_prefill_agrees_with_the_native_path(tiny_quant) -> None:
+def test_a_prompt_whole_in_chunks_and_resumed_is_bitwise_the_same(tiny_quant) -> None:
+    # 300 tokens: whole (two native calls of PREFILL_ROWS and the rest), in chunks of several sizes, and resumed
+    # from an exported prefix; every position's KV and the last logits must be the same bits
     runner = QuantRunner(tiny_quant)
-    ids = torch.randint(0, VOCAB, (150,), generator=torch.Generator().manual_seed(1)).tolist()
-    dense_kv, native_kv = runner.new_kv(), runner.new_kv()
-    dense = runner.forward(dense_kv, ids, logits_to_keep=1)  # above 64 rows: the dense path
-    for i in range(0, 150, 50):
-        native = runner.forward(native_kv, ids[i : i + 50])
-    scale = native[-1].abs().max()
-    tolerance = 0.1 if quant_runner.attached(tiny_quant).weights.scheme != "float32" else 1e-3
-    assert (dense[0] - native[-1]).abs().max() <= tolerance * scale
-    assert torch.allclose(dense_kv.k[:, :, :150].float(), native_kv.k[:, :, :150].float(), atol=0.2, rtol=0.1)
+    ids = torch.randint(0, VOCAB, (300,), generator=torch.Generator().manual_seed(1)).tolist()
+    whole_kv = runner.new_kv()
+    whole = runner.forward(whole_kv, ids, logits_to_keep=3)
+    assert whole.shape[0] == 3
+    for size in (1, 7, 64, 65, 100, 299):
+        kv = runner.new_kv()
+        for i in range(0, 300, size):
+            last = runner.forward(kv, ids[i : i + size])
+        assert torch.equal(last[-1], whole[-1]), size
+        assert torch.equal(kv.k[:, :, :300], whole_kv.k[:, :, :300]) and torch.equal(kv.v[:, :, :300],
+                                                                                     whole_kv.v[:, :, :300]), size
+    resumed = runner.new_kv()
+    resumed.import_prefix(whole_kv.export_prefix(123), 123)
+    assert torch.equal(runner.forward(resumed, ids[123:])[-3:], whole)
+    hidden: list = []
+    runner.forward(runner.new_kv(), ids, logits_to_keep=1, hidden=hidden)
+    assert hidden[0].shape == (300, tiny_quant.config.hidden_size)
 
 
 def test_float32_weights_match_the_models_own_forward() -> None:

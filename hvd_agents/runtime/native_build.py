@@ -44,6 +44,11 @@ def build_key(source: Path, flags: tuple[str, ...]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def cache_dir(key: str) -> Path:
+    """Where the build of ``key`` lives (and what is recorded about it on this machine)."""
+    return cache_root() / "native" / key
+
+
 def with_scripts_on_path() -> None:
     """Put the interpreter's scripts directory (where ninja may be) on PATH."""
     # ninja may come from the environment's own scripts directory, which need not be on PATH
@@ -61,7 +66,7 @@ def build_python_module(source: Path, flags: tuple[str, ...], prefix: str) -> Mo
     """
     key = build_key(source, flags)
     name = f"{prefix}_{key}"
-    directory = cache_root() / "native" / key
+    directory = cache_dir(key)
     library = directory / f"{name}.so"
     if not library.exists():
         from torch.utils import cpp_extension

@@ -1,57 +1,196 @@
-"""The native quantized forward (``native/quant_forward.cpp``): built at first use, loaded once per process.
+"""The native quantized forward (``native/quant_forward.cpp``): one build per instruction-set path, chosen at run time.
 
-:func:`module` is the compiled module (``Matrix``, ``QuantModel``, ``linear``,
-``dequantize``); :func:`available` says whether it builds and runs here, and
-:func:`unavailable_reason` why not. See :mod:`hvd_agents.runtime.quant_runner`.
+Paths (:data:`PATHS`), each the same source compiled with other flags:
+
+* ``avx2``: every x86-64 CPU with AVX2 and FMA; the reference.
+* ``avx512-vnni``: AVX-512 (F, BW, VL) with VNNI (``vpdpbusd`` for the integer block dots).
+
+Every path computes every output element with the same integer block dots and the same float operations in
+the same order (``native/isa.h``), so logits are bitwise the same on every path and every machine. A path
+other than ``avx2`` is enabled on a machine only after a bitwise self-check against ``avx2`` at its first
+build there (:func:`self_check`; the verdict is cached beside the build); a path that fails it is not used,
+and the loader logs why. ``HVD_AGENTS_CPU_ISA`` (``avx2``, ``avx512-vnni`` or ``auto``, the default) forces a
+path; a forced path the CPU cannot run, or that fails its self-check, is refused with the reason.
+
+:func:`module` is the chosen path's compiled module (``Matrix``, ``QuantModel``, ``linear``, ``dequantize``);
+:func:`available` says whether any path builds and runs here, and :func:`unavailable_reason` why not.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import platform
 import threading
 from types import ModuleType
 
+import numpy as np
 import torch
 
-from hvd_agents.runtime.native_build import NATIVE_DIR, build_key, build_python_module, cpu_supports_avx2
+from hvd_agents.runtime.native_build import NATIVE_DIR, build_key, build_python_module, cache_dir, cpu_supports_avx2
 
 logger = logging.getLogger(__name__)
 
 SOURCE = NATIVE_DIR / "quant_forward.cpp"
+ENV = "HVD_AGENTS_CPU_ISA"
 # OpenMP only for at::parallel_for at load (the forward has its own threads, team.h); no floating-point
 # contraction, so every sum is the one written in the source
-FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off")
+BASE_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off")
+PATH_FLAGS = {
+    "avx2": BASE_FLAGS,
+    "avx512-vnni": (*BASE_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
+}
+PATHS = tuple(PATH_FLAGS)  # best last
+REFERENCE = "avx2"
+FLAGS = PATH_FLAGS[REFERENCE]
 
 # weight formats of native Matrix objects
 F32, Q4_1, Q8_0, Q4F = 0, 1, 2, 3
 FORMAT_NAMES = {F32: "f32", Q4_1: "q4_1", Q8_0: "q8_0", Q4F: "q4f"}
 
-_lock = threading.Lock()
+_lock = threading.RLock()
 _state: dict[str, object] = {}
+_modules: dict[str, ModuleType] = {}
 
 
-def key() -> str:
-    """The build key of the kernel (its cache directory; part of cost-profile keys)."""
-    return build_key(SOURCE, FLAGS)
+def build(path: str, extra_flags: tuple[str, ...] = ()) -> ModuleType:
+    """The module of ``path`` (compiled once per build key, then loaded from the cache).
+
+    Args:
+        path: one of :data:`PATHS`.
+        extra_flags: more compiler flags (the tests build mutated kernels this way).
+
+    Raises:
+        ValueError: an unknown path.
+        Exception: whatever the compiler or the loader raise.
+    """
+    if path not in PATH_FLAGS:
+        raise ValueError(f"unknown CPU path {path!r}: one of {', '.join(PATHS)}")
+    flags = (*PATH_FLAGS[path], *extra_flags)
+    name = f"hvd_quant_{path.replace('-', '_')}" + ("_x" if extra_flags else "")
+    with _lock:
+        if name not in _modules or extra_flags:
+            module = build_python_module(SOURCE, flags, name)
+            if extra_flags:
+                return module
+            _modules[name] = module
+        return _modules[name]
+
+
+def path_key(path: str) -> str:
+    """The build key of ``path``'s kernel (its cache directory; part of cost-profile keys)."""
+    return build_key(SOURCE, PATH_FLAGS[path])
+
+
+def cpu_paths() -> list[str]:
+    """The paths this CPU can run, reference first (needs the reference build to read the CPU's features)."""
+    reference = build(REFERENCE)
+    return [p for p in PATHS if reference.cpu_supports(p)]
+
+
+def _random_weight(module: ModuleType, fmt: int, rows: int, cols: int, rng: np.random.Generator):
+    """A weight of random blocks in ``fmt`` (scales kept small and finite)."""
+    if fmt == F32:
+        return module.Matrix(F32, rows, cols, torch.from_numpy(rng.standard_normal((rows, cols)).astype(np.float32)))
+    blocks = rows * cols // 32
+    scale = 4 if fmt == Q4F else 2
+    payload = 32 if fmt == Q8_0 else 16
+    head = scale * (1 if fmt == Q8_0 else 2)
+    data = rng.integers(0, 256, size=(blocks, head + payload), dtype=np.uint8)
+    kind = np.float32 if fmt == Q4F else np.float16
+    data[:, :scale] = rng.uniform(0.001, 0.05, blocks).astype(kind).view(np.uint8).reshape(blocks, scale)
+    if fmt != Q8_0:
+        data[:, scale:head] = rng.uniform(-0.1, 0.1, blocks).astype(kind).view(np.uint8).reshape(blocks, scale)
+    return module.Matrix(fmt, rows, cols, torch.from_numpy(data.reshape(-1)))
+
+
+def compare_paths(a: ModuleType, b: ModuleType, seed: int = 0) -> list[str]:
+    """Where two builds' ``linear`` differ, bit for bit, on random weights of every format and inputs of 1 to 64
+    rows (whole and partial groups of blocks, partial tiles); an empty list when they agree everywhere."""
+    rng = np.random.default_rng(seed)
+    differences = []
+    for fmt in (Q4_1, Q8_0, Q4F, F32):
+        for rows, cols in ((37, 800), (16, 256), (5, 96)):
+            state = rng.bit_generator.state
+            wa = _random_weight(a, fmt, rows, cols, rng)
+            rng.bit_generator.state = state
+            wb = _random_weight(b, fmt, rows, cols, rng)
+            x = torch.from_numpy((rng.standard_normal((64, cols)) * rng.uniform(0.1, 10)).astype(np.float32))
+            for m in (1, 3, 16, 17, 64):
+                ya, yb = a.linear(wa, x[:m]), b.linear(wb, x[:m])
+                if not torch.equal(ya.view(torch.int32), yb.view(torch.int32)):
+                    differences.append(f"{FORMAT_NAMES[fmt]} {rows}x{cols}, {m} rows")
+    return differences
+
+
+def self_check(path: str) -> str:
+    """Check ``path`` against the reference bit for bit on this machine (cached per pair of builds).
+
+    Returns:
+        "" when it agrees, else why it may not run here.
+    """
+    if path == REFERENCE:
+        return ""
+    record = cache_dir(path_key(path)) / f"selfcheck-{path_key(REFERENCE)}.json"
+    if record.exists():
+        return str(json.loads(record.read_text()).get("why", ""))
+    differences = compare_paths(build(REFERENCE), build(path))
+    why = f"its results differ from {REFERENCE}'s ({'; '.join(differences[:3])})" if differences else ""
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps({"path": path, "why": why}))
+    return why
+
+
+def _choose() -> tuple[str, str]:
+    """(the path to run, "") or ("", why none can run)."""
+    forced = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    if forced != "auto" and forced not in PATH_FLAGS:
+        raise ValueError(f"{ENV}={forced!r} is not a CPU path: auto, {', '.join(PATHS)}")
+    runnable = cpu_paths()
+    if forced != "auto":
+        if forced not in runnable:
+            raise ValueError(f"{ENV}={forced}: this CPU cannot run it (it runs {', '.join(runnable)})")
+        why = self_check(forced)
+        if why:
+            raise ValueError(f"{ENV}={forced}: the path failed its self-check on this machine: {why}")
+        return forced, ""
+    for path in reversed(runnable):
+        try:
+            why = self_check(path)
+        except Exception as exc:  # noqa: BLE001 (a path that does not build is skipped, with the reason)
+            why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc!r}"
+        if not why:
+            return path, ""
+        logger.warning("CPU path %s not used: %s", path, why)
+    return REFERENCE, ""
 
 
 def available() -> bool:
-    """Whether the kernel is loaded, building it on first call (cached on disk)."""
+    """Whether the kernel is loaded, choosing and building its path on first call (cached on disk).
+
+    Raises:
+        ValueError: ``HVD_AGENTS_CPU_ISA`` names a path that is unknown or cannot run here.
+    """
     with _lock:
         if "ok" not in _state:
-            module, why = None, ""
+            module, path, why = None, "", ""
             if not cpu_supports_avx2():
                 why = f"this CPU ({platform.machine()}, {torch.backends.cpu.get_cpu_capability()}) has no AVX2"
             else:
                 try:
-                    module = build_python_module(SOURCE, FLAGS, "hvd_quant")
+                    path, _ = _choose()
+                    module = build(path)
+                except ValueError:
+                    raise
                 except Exception as exc:  # noqa: BLE001 (no compiler, no ninja, no headers: say why, fall back)
                     text = str(exc).strip()
                     why = f"{type(exc).__name__}: {text.splitlines()[-1] if text else exc!r}"
             if module is None:
                 logger.warning("quantized CPU forward unavailable (%s); using the float32 model", why)
-            _state.update(ok=module is not None, why=why, module=module)
+            else:
+                logger.info("native CPU forward: %s path", path)
+            _state.update(ok=module is not None, why=why, module=module, path=path)
         return bool(_state["ok"])
 
 
@@ -60,8 +199,23 @@ def unavailable_reason() -> str:
     return str(_state.get("why", ""))
 
 
+def path() -> str:
+    """The path the forward runs on this machine (``avx2`` or ``avx512-vnni``).
+
+    Raises:
+        RuntimeError: the kernel is unavailable here.
+    """
+    module()
+    return str(_state["path"])
+
+
+def key() -> str:
+    """The build key of the running path's kernel (its cache directory; part of cost-profile keys)."""
+    return path_key(path())
+
+
 def module() -> ModuleType:
-    """The compiled module.
+    """The compiled module of the running path.
 
     Raises:
         RuntimeError: it is unavailable here (the reason is in the message).
@@ -69,3 +223,9 @@ def module() -> ModuleType:
     if not available():
         raise RuntimeError(f"the quantized CPU forward is unavailable: {unavailable_reason()}")
     return _state["module"]  # type: ignore[return-value]
+
+
+def reset() -> None:
+    """Forget the chosen path (the next :func:`available` chooses again, reading ``HVD_AGENTS_CPU_ISA``)."""
+    with _lock:
+        _state.clear()

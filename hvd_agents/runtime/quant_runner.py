@@ -4,14 +4,16 @@
 model whose weights were attached with :func:`attach` (the loader does it for GGUF
 files, and for ``load_model(..., cpu_weights="int8" | "int4")``):
 
-* **Up to 64 new tokens** (a decode step, a draft, a tree, a short prefill) run in
-  ``native/quant_forward.cpp``: the whole forward in one call and one parallel
-  region (its own thread team, ``native/team.h``), linear layers on the weights' own blocks with per-block int8
-  activations, attention over a float16 KV cache. Every output element is summed
-  in one order whatever the number of rows, so a token's logits are bitwise the
-  same decoded alone or verified in a draft or a tree of up to 64 rows.
-* **More tokens** (a long prefill) run dense: float32 products on the model's
-  float32 weights and PyTorch's attention, writing the same float16 cache.
+Every forward, of any number of new tokens (a decode step, a draft, a tree, a prefill
+or a chunk of one, several requests batched), runs in ``native/quant_forward.cpp``:
+the whole forward in one call and one parallel region (its own thread team,
+``native/team.h``), linear layers on the weights' own blocks with per-block int8
+activations, attention over a float16 KV cache, on the instruction-set path this
+CPU runs (:mod:`~hvd_agents.runtime.quant_native`). Every output element is computed
+in one order whatever the number of rows and whatever the path, so a position's
+logits and KV are bitwise the same decoded alone, verified in a draft or a tree,
+prefilled whole or in chunks, resumed from the prefix cache or batched, on any
+x86-64 CPU. A chain longer than :data:`PREFILL_ROWS` runs as several calls.
 
 The KV cache (:class:`QuantKV`) is one float16 buffer per request,
 ``[layers, kv_heads, capacity, head_dim]``, grown geometrically; rollback moves
@@ -28,7 +30,6 @@ import weakref
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 
 from hvd_agents.policy.cost import CostModel
 from hvd_agents.runtime import quant_native
@@ -37,7 +38,8 @@ from hvd_agents.runtime.profile import cached_cost_model, machine_key_parts, mea
 from hvd_agents.runtime.quant_weights import MATRICES, WeightSet
 from hvd_agents.runtime.runner import BatchCall, add_hidden
 
-MAX_NATIVE_ROWS = 64  # rows per forward on the native path (the invariance guarantee covers these)
+MAX_NATIVE_ROWS = 64  # rows a request may verify in one step (a draft, a tree) and rows of a batched step's calls
+PREFILL_ROWS = 256  # rows per native call of a longer chain (a prefill): any split gives the same bits
 MIN_ROOM = 256  # positions of room a KV buffer gets at least
 
 _attached: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -46,8 +48,9 @@ _attached: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 class NativeModel:
     """A model's weights in the native forward (built once per model, shared by its runners)."""
 
-    def __init__(self, model: torch.nn.Module, weights: WeightSet, context_window: int) -> None:
-        native = quant_native.module()
+    def __init__(self, model: torch.nn.Module, weights: WeightSet, context_window: int, path: str | None = None) -> None:
+        native = quant_native.build(path) if path else quant_native.module()
+        self.path = path or quant_native.path()
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.weights = weights
         self.layers = len(weights.layers)
@@ -58,11 +61,9 @@ class NativeModel:
         self.eps = float(config.rms_norm_eps)
         self.context_window = int(context_window)
         rotary = model.model.rotary_emb
-        positions = torch.arange(self.context_window, dtype=torch.float32)
-        freqs = positions[:, None] * rotary.inv_freq.detach().float().cpu()[None, :]  # [P, head_dim / 2]
         scaling = float(getattr(rotary, "attention_scaling", 1.0))
-        self.cos = (freqs.cos() * scaling).contiguous()
-        self.sin = (freqs.sin() * scaling).contiguous()
+        self.cos, self.sin = native.rope_table(rope_frequencies(config, rotary, self.head_dim), self.context_window,
+                                               scaling)  # [P, head_dim / 2] each
 
         def matrix(w):
             data = torch.from_numpy(w.data.reshape(-1).view("uint8") if w.fmt != quant_native.F32 else w.data.reshape(-1))
@@ -87,13 +88,31 @@ class NativeModel:
         return f"{self.weights.scheme} weights ({formats}; {self.weights.nbytes / 2**20:.0f} MiB)"
 
 
-def attach(model: torch.nn.Module, weights: WeightSet, context_window: int) -> NativeModel:
+def rope_frequencies(config, rotary: torch.nn.Module, head_dim: int) -> torch.Tensor:
+    """The rotary frequencies in float64: ``1 / theta ** (2 i / head_dim)`` for the plain rope, computed here
+    so that no machine-dependent vectorized ``pow`` enters the tables; the model's own for scaled ropes."""
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    theta = getattr(config, "rope_theta", None) or (rope.get("rope_theta") if isinstance(rope, dict) else None)
+    if kind == "default" and theta:
+        return torch.tensor([1.0 / float(theta) ** (2 * i / head_dim) for i in range(head_dim // 2)],
+                            dtype=torch.float64)
+    return rotary.inv_freq.detach().to(torch.float64).cpu()
+
+
+def attach(model: torch.nn.Module, weights: WeightSet, context_window: int, path: str | None = None) -> NativeModel:
     """Give ``model`` a native forward over ``weights``: engines on ``model`` then run :class:`QuantRunner`.
+
+    Args:
+        model: the model (its config, rope and, for engines, its tokenizer-facing parts).
+        weights: the weights the native forward reads.
+        context_window: most positions a request may hold.
+        path: the instruction-set path to run (``quant_native.PATHS``); the one chosen for this machine when None.
 
     Raises:
         RuntimeError: the native kernel is unavailable here.
     """
-    native = NativeModel(model, weights, context_window)
+    native = NativeModel(model, weights, context_window, path)
     _attached[model] = native
     return native
 
@@ -219,7 +238,7 @@ class QuantRunner:
     def profile(self) -> CostModel:
         if self._cost_model is None:
             key = hashlib.sha256("\n".join(
-                ["quant-runner", self.native.key, quant_native.key(), *machine_key_parts()]).encode()).hexdigest()[:24]
+                ["quant-runner", self.native.key, quant_native.path_key(self.native.path), *machine_key_parts()]).encode()).hexdigest()[:24]
             self._cost_model = cached_cost_model(self.model, key=key, measure=lambda: measure_runner_cost(self))
         return self._cost_model
 
@@ -301,51 +320,28 @@ class QuantRunner:
         else:
             positions, visible = torch.arange(past, past + n, dtype=torch.long), self._no_tree
         kv.reserve(past + n)
-        if n <= MAX_NATIVE_ROWS:
-            tokens = torch.tensor(list(token_ids), dtype=torch.long)
+        tokens = torch.tensor(list(token_ids), dtype=torch.long)
+        if parents is not None or n <= PREFILL_ROWS:
             logits, rows = self.native.native.forward(tokens, positions, visible, kv.k, kv.v, past, keep,
                                                       hidden is not None)
         else:
-            logits, rows = self._dense(kv, list(token_ids), positions, keep, hidden is not None)
+            logits, rows = self._chunked(kv, tokens, positions, keep, hidden is not None)
         kv._length = past + n
         add_hidden(hidden, rows)
         return logits
 
-    def _dense(self, kv: QuantKV, token_ids: list[int], positions: torch.Tensor, keep: int,
-               want_hidden: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """A chain of many tokens (a prefill) on the model's float32 weights, writing ``kv``'s float16 cache."""
-        native, model = self.native, self.model
-        n, past = len(token_ids), kv.length
-        nh, nkv, hd = native.heads, native.kv_heads, native.head_dim
-        cos, sin = native.cos[positions], native.sin[positions]  # [n, hd / 2]
-
-        def rope(x: torch.Tensor) -> torch.Tensor:  # [heads, n, hd]
-            a, b = x[..., : hd // 2], x[..., hd // 2 :]
-            return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
-
-        def norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-            return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + native.eps))
-
-        mask = None
-        if past:
-            mask = torch.ones(n, past + n, dtype=torch.bool).tril(diagonal=past)
-        with torch.inference_mode():
-            x = model.get_input_embeddings()(torch.tensor(token_ids, dtype=torch.long))  # [n, H]
-            for i, layer in enumerate(model.model.layers):
-                attn, mlp = layer.self_attn, layer.mlp
-                h = norm(x, layer.input_layernorm.weight)
-                q = rope(F.linear(h, attn.q_proj.weight, attn.q_proj.bias).view(n, nh, hd).transpose(0, 1))
-                k = rope(F.linear(h, attn.k_proj.weight, attn.k_proj.bias).view(n, nkv, hd).transpose(0, 1))
-                v = F.linear(h, attn.v_proj.weight, attn.v_proj.bias).view(n, nkv, hd).transpose(0, 1)
-                kv.k[i, :, past : past + n] = k
-                kv.v[i, :, past : past + n] = v
-                keys, values = kv.k[i, None, :, : past + n].float(), kv.v[i, None, :, : past + n].float()
-                out = F.scaled_dot_product_attention(q[None], keys, values, attn_mask=mask, is_causal=mask is None,
-                                                     enable_gqa=nh != nkv)  # [1, nh, n, hd]
-                x = x + F.linear(out[0].transpose(0, 1).reshape(n, nh * hd), attn.o_proj.weight)
-                h = norm(x, layer.post_attention_layernorm.weight)
-                x = x + F.linear(F.silu(F.linear(h, mlp.gate_proj.weight)) * F.linear(h, mlp.up_proj.weight),
-                                 mlp.down_proj.weight)
-            h = norm(x, model.model.norm.weight)
-            logits = F.linear(h[n - keep :], model.get_output_embeddings().weight)
-        return logits, (h if want_hidden else torch.empty(0))
+    def _chunked(self, kv: QuantKV, tokens: torch.Tensor, positions: torch.Tensor, keep: int,
+                 want_hidden: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """A chain of many tokens (a prefill) as native forwards of :data:`PREFILL_ROWS` rows: each position is
+        computed as it is in one call (the kernel's results do not depend on the rows beside a row)."""
+        n, past = len(tokens), kv.length
+        logits, rows = [], []
+        for s0 in range(0, n, PREFILL_ROWS):
+            s1 = min(n, s0 + PREFILL_ROWS)
+            wanted = max(1, s1 - max(s0, n - keep))  # this chunk's rows among the last `keep`
+            out, hidden = self.native.native.forward(tokens[s0:s1], positions[s0:s1], self._no_tree, kv.k, kv.v,
+                                                     past + s0, wanted, want_hidden)
+            if s1 > n - keep:
+                logits.append(out)
+            rows.append(hidden)
+        return torch.cat(logits), (torch.cat(rows) if want_hidden else torch.empty(0))

@@ -1,0 +1,111 @@
+// hvd_isa: the vector operations of the quantized linear kernel (tile_linear.h), one set per instruction set.
+//
+// The native forward is compiled once per path (hvd_agents/runtime/quant_native.py): AVX2 (every x86-64 CPU
+// it runs on), and AVX-512 with VNNI where the CPU has it. Both paths compute every output element with the
+// same integer block dots (exact, whatever instructions add them up) and the same float operations in the same
+// order: a vector here is NT = 16 lanes, one weight row a lane, held in one 512-bit register or two 256-bit ones,
+// and every float operation is lane-wise. So the two paths' results are bitwise the same; a test checks it on
+// every path the CPU runs, and each path other than AVX2 is enabled on a machine only after the same check.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace hvd_isa {
+
+constexpr int NT = 16;  // lanes of a vector: the weight rows of a tile
+
+inline int32_t word(const int8_t* p) {  // four int8 values as one 32-bit word
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+
+constexpr const char* kName = "avx512-vnni";
+using VI = __m512i;  // 16 int32 lanes
+using VF = __m512;   // 16 float lanes
+
+inline VI i_zero() { return _mm512_setzero_si512(); }
+inline VI i_load(const void* p) { return _mm512_loadu_si512(p); }
+inline void i_store(int32_t* p, VI v) { _mm512_storeu_si512(p, v); }
+// 4-bit weights of 16 rows (a word of 4 bytes each: nibbles of 4 consecutive and 4 later positions)
+inline VI i_lo(VI w) { return _mm512_and_si512(w, _mm512_set1_epi8(0x0F)); }
+inline VI i_hi(VI w) { return _mm512_and_si512(_mm512_srli_epi16(w, 4), _mm512_set1_epi8(0x0F)); }
+// acc + the dot of each lane's 4 unsigned weights with the 4 int8 values of x (exact)
+inline VI i_dot_u(VI acc, VI w, const int8_t* x) { return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(word(x))); }
+// signed weights: (w + 128) as unsigned, the 128 * sum(x) taken back once a block (i_signed_fix)
+inline VI i_prep_s(VI w) { return _mm512_xor_si512(w, _mm512_set1_epi8(static_cast<char>(0x80))); }
+inline VI i_dot_s(VI acc, VI w_prepped, const int8_t* x) { return i_dot_u(acc, w_prepped, x); }
+inline VI i_signed_fix(VI acc, int32_t xsum) { return _mm512_sub_epi32(acc, _mm512_set1_epi32(128 * xsum)); }
+
+inline VF f_zero() { return _mm512_setzero_ps(); }
+inline VF f_set1(float v) { return _mm512_set1_ps(v); }
+inline VF f_add(VF a, VF b) { return _mm512_add_ps(a, b); }
+inline VF f_mul(VF a, VF b) { return _mm512_mul_ps(a, b); }
+inline VF f_cvt(VI v) { return _mm512_cvtepi32_ps(v); }
+inline VF f_load(const float* p) { return _mm512_loadu_ps(p); }
+inline VF f_load_h(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline void f_store(float* p, VF v) { _mm512_storeu_ps(p, v); }
+
+#else
+
+constexpr const char* kName = "avx2";
+struct VI {
+  __m256i a, b;  // lanes 0-7, 8-15
+};
+struct VF {
+  __m256 a, b;
+};
+
+inline VI i_zero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+inline VI i_load(const void* p) {
+  const __m256i* v = reinterpret_cast<const __m256i*>(p);
+  return {_mm256_loadu_si256(v), _mm256_loadu_si256(v + 1)};
+}
+inline void i_store(int32_t* p, VI v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v.a);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + 8), v.b);
+}
+inline __m256i lo8(__m256i w) { return _mm256_and_si256(w, _mm256_set1_epi8(0x0F)); }
+inline __m256i hi8(__m256i w) { return _mm256_and_si256(_mm256_srli_epi16(w, 4), _mm256_set1_epi8(0x0F)); }
+inline VI i_lo(VI w) { return {lo8(w.a), lo8(w.b)}; }
+inline VI i_hi(VI w) { return {hi8(w.a), hi8(w.b)}; }
+// maddubs adds two u8 * s8 products into int16: at most 2 * 128 * 127 here, so never saturated (exact)
+inline __m256i dot_u8(__m256i acc, __m256i w, __m256i x) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
+}
+inline VI i_dot_u(VI acc, VI w, const int8_t* x) {
+  const __m256i xv = _mm256_set1_epi32(word(x));
+  return {dot_u8(acc.a, w.a, xv), dot_u8(acc.b, w.b, xv)};
+}
+// signed weights: |w| times x with w's sign
+inline VI i_prep_s(VI w) { return w; }
+inline VI i_dot_s(VI acc, VI w, const int8_t* x) {
+  const __m256i xv = _mm256_set1_epi32(word(x));
+  return {dot_u8(acc.a, _mm256_sign_epi8(w.a, w.a), _mm256_sign_epi8(xv, w.a)),
+          dot_u8(acc.b, _mm256_sign_epi8(w.b, w.b), _mm256_sign_epi8(xv, w.b))};
+}
+inline VI i_signed_fix(VI acc, int32_t) { return acc; }
+
+inline VF f_zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline VF f_set1(float v) { return {_mm256_set1_ps(v), _mm256_set1_ps(v)}; }
+inline VF f_add(VF x, VF y) { return {_mm256_add_ps(x.a, y.a), _mm256_add_ps(x.b, y.b)}; }
+inline VF f_mul(VF x, VF y) { return {_mm256_mul_ps(x.a, y.a), _mm256_mul_ps(x.b, y.b)}; }
+inline VF f_cvt(VI v) { return {_mm256_cvtepi32_ps(v.a), _mm256_cvtepi32_ps(v.b)}; }
+inline VF f_load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline VF f_load_h(const uint16_t* p) {
+  return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))};
+}
+inline void f_store(float* p, VF v) {
+  _mm256_storeu_ps(p, v.a);
+  _mm256_storeu_ps(p + 8, v.b);
+}
+
+#endif
+
+}  // namespace hvd_isa

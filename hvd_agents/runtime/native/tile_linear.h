@@ -1,0 +1,355 @@
+// hvd_tiles: the native forward's linear layers, y[M, N] = x[M, K] W[N, K]^T, for any number of rows M.
+//
+// Quantized weights are held in tiles of NT = 16 weight rows: per block of 32 columns, the 16 rows'
+// scales, their minimums (Q4 kinds), then their weights as words of 4 bytes, the 16 rows side by side, so one
+// vector holds a word of every row of the tile (isa.h). The inputs are quantized per block of 32 to int8
+// (as llama.cpp's Q8 activations). A tile is computed against the input rows 16 at a time, in two phases per
+// group of 8 blocks: the integer dot of every (row, block) (exact), then the float products and sums.
+//
+// The one order every output element follows, whatever the number of rows, the tile, the thread or the
+// instruction set: per block j, p_j = (d_j * dx_j) * dot_j and q_j = m_j * sx_j; per group of 8 blocks,
+// each summed as ((0+1)+(2+3))+((4+5)+(6+7)) (missing blocks add zero); the groups added in order into acc
+// and macc; y = acc + macc (+ bias). So a row's result is bitwise the same alone or among any number of
+// rows, on AVX2 or AVX-512.
+#pragma once
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "isa.h"
+#include "team.h"
+
+namespace hvd_tiles {
+
+using namespace hvd_isa;
+
+enum Format : int { F32 = 0, Q4_1 = 1, Q8_0 = 2, Q4F = 3 };  // Q4F: Q4_1 with float32 scale and min
+constexpr int64_t QK = 32;                                    // weights per block
+constexpr int RB = 16;                                        // input rows per pass over a tile
+
+// A format's bytes per row and block: scale (float16, or float32 for Q4F), minimum (Q4 kinds), weights.
+template <int FMT>
+struct Layout {
+  static constexpr int SB = FMT == Q4F ? 4 : 2;
+  static constexpr bool MIN = FMT != Q8_0;
+  static constexpr int PB = FMT == Q8_0 ? 32 : 16;
+  static constexpr int BB = SB * (MIN ? 2 : 1) + PB;
+  static constexpr int64_t TBB = NT * BB;  // a tile's block
+  static constexpr int M_OFF = NT * SB, W_OFF = NT * SB * (MIN ? 2 : 1);
+  static constexpr int WORDS = PB / 4;
+};
+
+inline int64_t block_bytes(int fmt) {
+  switch (fmt) {
+    case Q4_1: return Layout<Q4_1>::BB;
+    case Q8_0: return Layout<Q8_0>::BB;
+    case Q4F: return Layout<Q4F>::BB;
+    default: return QK * 4;
+  }
+}
+
+// ---------------------------------------------------------------- weights
+
+struct Matrix {
+  int fmt = F32;
+  int64_t N = 0, K = 0;  // y[N] = W[N, K] x[K]
+  at::Tensor data;       // quantized: tiles of NT rows (the last one padded with zero rows); float32: [N, K]
+  at::Tensor bias;       // float32 [N] or undefined
+  int64_t nb() const { return K / QK; }
+  int64_t source_bytes() const { return N * nb() * block_bytes(fmt); }  // the file's bytes for this weight
+  int64_t tile_bytes() const { return nb() * NT * block_bytes(fmt); }
+  const uint8_t* tile(int64_t t) const { return data.data_ptr<uint8_t>() + t * tile_bytes(); }
+  const float* frow(int64_t n) const { return data.data_ptr<float>() + n * K; }
+  bool quantized() const { return fmt != F32; }
+};
+
+// GGUF-style rows of blocks (scale, minimum, weights per block) into tiles.
+inline at::Tensor pack_tiles(int fmt, int64_t N, int64_t K, const at::Tensor& src) {
+  const int64_t nb = K / QK, bb = block_bytes(fmt), tiles = (N + NT - 1) / NT;
+  const int sb = fmt == Q4F ? 4 : 2, pb = fmt == Q8_0 ? 32 : 16, ns = fmt == Q8_0 ? 1 : 2;
+  at::Tensor out = at::zeros({tiles * nb * NT * bb}, at::kByte);
+  const uint8_t* s = src.data_ptr<uint8_t>();
+  uint8_t* d = out.data_ptr<uint8_t>();
+  at::parallel_for(0, N, 256, [&](int64_t a, int64_t b) {
+    for (int64_t n = a; n < b; ++n) {
+      const int64_t t = n / NT, lane = n % NT;
+      for (int64_t blk = 0; blk < nb; ++blk) {
+        const uint8_t* from = s + (n * nb + blk) * bb;
+        uint8_t* to = d + (t * nb + blk) * NT * bb;
+        std::memcpy(to + lane * sb, from, sb);
+        if (ns == 2) std::memcpy(to + NT * sb + lane * sb, from + sb, sb);
+        const uint8_t* w = from + sb * ns;
+        for (int k = 0; k < pb / 4; ++k) std::memcpy(to + NT * sb * ns + (k * NT + lane) * 4, w + 4 * k, 4);
+      }
+    }
+  });
+  return out;
+}
+
+inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+
+template <int FMT>
+inline float scale_at(const uint8_t* p, int64_t lane) {
+  if (FMT == Q4F) {
+    float f;
+    std::memcpy(&f, p + 4 * lane, 4);
+    return f;
+  }
+  uint16_t h;
+  std::memcpy(&h, p + 2 * lane, 2);
+  return half_to_float(h);
+}
+
+// row n of a tiled weight as float32 (exact: d * q + m in float32, as the format defines it)
+template <int FMT>
+void dequantize_tile_row(const Matrix& W, int64_t n, float* y) {
+  using Lt = Layout<FMT>;
+  const uint8_t* tile = W.tile(n / NT);
+  const int64_t lane = n % NT;
+  for (int64_t b = 0; b < W.nb(); ++b) {
+    const uint8_t* blk = tile + b * Lt::TBB;
+    const float d = scale_at<FMT>(blk, lane);
+    float* out = y + b * QK;
+    for (int t = 0; t < Lt::PB; ++t) {
+      const uint8_t p = blk[Lt::W_OFF + ((t / 4) * NT + lane) * 4 + t % 4];
+      if (FMT == Q8_0) {
+        out[t] = d * static_cast<float>(static_cast<int8_t>(p));
+      } else {
+        const float m = scale_at<FMT>(blk + Lt::M_OFF, lane);
+        out[t] = d * static_cast<float>(p & 0x0F) + m;
+        out[16 + t] = d * static_cast<float>(p >> 4) + m;
+      }
+    }
+  }
+}
+
+inline void dequantize_row(const Matrix& W, int64_t n, float* y) {
+  switch (W.fmt) {
+    case Q4_1: dequantize_tile_row<Q4_1>(W, n, y); break;
+    case Q4F: dequantize_tile_row<Q4F>(W, n, y); break;
+    case Q8_0: dequantize_tile_row<Q8_0>(W, n, y); break;
+    default: std::memcpy(y, W.frow(n), W.K * sizeof(float));
+  }
+}
+
+// ---------------------------------------------------------------- activations
+
+// Rows quantized in blocks of 32: q = round(x / d), d = max|x| / 127, s = d * sum(q).
+struct QRows {
+  std::vector<int8_t> q;     // [rows][K]
+  std::vector<float> d, s;   // [rows][blocks]
+  std::vector<int32_t> sum;  // [rows][blocks]: sum(q)
+  int64_t K = 0, nb = 0;
+  void resize(int64_t M, int64_t K_) {
+    K = K_;
+    nb = K_ / QK;
+    q.resize(M * K_);
+    d.resize(M * nb);
+    s.resize(M * nb);
+    sum.resize(M * nb);
+  }
+  const int8_t* row(int64_t r) const { return q.data() + r * K; }
+};
+
+inline void quantize_block(const float* xb, QRows& dst, int64_t r, int64_t b) {
+  int8_t* q = dst.q.data() + r * dst.K + b * QK;
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 v[4];
+  __m256 amax = _mm256_setzero_ps();
+  for (int j = 0; j < 4; ++j) {
+    v[j] = _mm256_loadu_ps(xb + 8 * j);
+    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j]));
+  }
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  const float am = _mm_cvtss_f32(m);
+  const float db = am / 127.0f;
+  const float id = am != 0.0f ? 127.0f / am : 0.0f;
+  int32_t total = 0;
+  for (int j = 0; j < 4; ++j) {
+    __m256i qi = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[j], _mm256_set1_ps(id)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    alignas(32) int32_t lanes[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), qi);
+    for (int t = 0; t < 8; ++t) {
+      q[8 * j + t] = static_cast<int8_t>(lanes[t]);
+      total += lanes[t];
+    }
+  }
+  const int64_t i = r * dst.nb + b;
+  dst.d[i] = db;
+  dst.s[i] = db * static_cast<float>(total);
+  dst.sum[i] = total;
+}
+
+// row r's values [b0 * 32, b0 * 32 + K) as blocks b0, b0 + 1, ...
+inline void quantize_row(const float* x, int64_t K, QRows& dst, int64_t r, int64_t b0 = 0) {
+  for (int64_t b = 0; b < K / QK; ++b) quantize_block(x + b * QK, dst, r, b0 + b);
+}
+
+// ---------------------------------------------------------------- a tile against input rows
+
+template <int FMT>
+inline VF scales(const uint8_t* p) {
+  if (FMT == Q4F) return f_load(reinterpret_cast<const float*>(p));
+  return f_load_h(reinterpret_cast<const uint16_t*>(p));
+}
+
+inline VF tree8(const VF* p) {  // ((0+1)+(2+3))+((4+5)+(6+7)), lane by lane
+  return f_add(f_add(f_add(p[0], p[1]), f_add(p[2], p[3])), f_add(f_add(p[4], p[5]), f_add(p[6], p[7])));
+}
+
+// out[i][lane] = the tile's row `lane` against input row r0 + i, for i in [0, R), R <= RB
+template <int FMT>
+void tile_rows(const uint8_t* tile, int64_t nb, const QRows& x, int64_t r0, int64_t R, float* out) {
+  using Lt = Layout<FMT>;
+  alignas(64) int32_t dots[RB][8][NT];
+  VF acc[RB], macc[RB];
+  for (int64_t i = 0; i < R; ++i) acc[i] = macc[i] = f_zero();
+  const int64_t groups = (nb + 7) / 8;
+  for (int64_t step = 0; step < groups; ++step) {
+#if defined(HVD_MUTATE_MULTIROW_ORDER)  // for the tests only: calls of several rows add the groups in reverse
+    const int64_t g0 = (R > 1 ? groups - 1 - step : step) * 8;
+#elif defined(HVD_MUTATE_GROUP_ORDER)  // for the tests only: this build adds the groups in reverse
+    const int64_t g0 = (groups - 1 - step) * 8;
+#else
+    const int64_t g0 = step * 8;
+#endif
+    const int64_t ng = std::min<int64_t>(8, nb - g0);
+    // 1. the integer dots (exact): each block's weights unpacked once for all the rows
+    for (int64_t j = 0; j < ng; ++j) {
+      const uint8_t* blk = tile + (g0 + j) * Lt::TBB + Lt::W_OFF;
+      const int64_t b = g0 + j;
+      if (FMT == Q8_0) {
+        VI w[8];
+        for (int k = 0; k < 8; ++k) w[k] = i_prep_s(i_load(blk + k * NT * 4));
+        for (int64_t i = 0; i < R; ++i) {
+          const int8_t* xb = x.row(r0 + i) + b * QK;
+          VI a = i_zero();
+          for (int k = 0; k < 8; ++k) a = i_dot_s(a, w[k], xb + 4 * k);
+          i_store(dots[i][j], i_signed_fix(a, x.sum[(r0 + i) * x.nb + b]));
+        }
+      } else {
+        VI lo[4], hi[4];
+        for (int k = 0; k < 4; ++k) {
+          const VI w = i_load(blk + k * NT * 4);
+          lo[k] = i_lo(w);
+          hi[k] = i_hi(w);
+        }
+        for (int64_t i = 0; i < R; ++i) {
+          const int8_t* xb = x.row(r0 + i) + b * QK;
+          VI a = i_zero();
+          for (int k = 0; k < 4; ++k) {
+            a = i_dot_u(a, lo[k], xb + 4 * k);
+            a = i_dot_u(a, hi[k], xb + 16 + 4 * k);
+          }
+          i_store(dots[i][j], a);
+        }
+      }
+    }
+    // 2. per row: the products and the group's sums, in the one order
+    for (int64_t i = 0; i < R; ++i) {
+      VF P[8], Q[8];
+      for (int64_t j = 0; j < 8; ++j) {
+        if (j >= ng) {
+          P[j] = Q[j] = f_zero();
+          continue;
+        }
+        const uint8_t* blk = tile + (g0 + j) * Lt::TBB;
+        const int64_t xi = (r0 + i) * x.nb + g0 + j;
+        P[j] = f_mul(f_mul(scales<FMT>(blk), f_set1(x.d[xi])), f_cvt(i_load(dots[i][j])));
+        Q[j] = Lt::MIN ? f_mul(scales<FMT>(blk + Lt::M_OFF), f_set1(x.s[xi])) : f_zero();
+      }
+      acc[i] = f_add(acc[i], tree8(P));
+      if (Lt::MIN) macc[i] = f_add(macc[i], tree8(Q));
+    }
+  }
+  for (int64_t i = 0; i < R; ++i) f_store(out + i * NT, f_add(acc[i], macc[i]));
+}
+
+// float32: 8 lanes along k, then the lanes, then the tail.
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  __m128 sh = _mm_movehdup_ps(s);
+  s = _mm_add_ps(s, sh);
+  sh = _mm_movehl_ps(sh, s);
+  return _mm_cvtss_f32(_mm_add_ss(s, sh));
+}
+
+template <int MR>
+inline void dot_f32(const float* w, int64_t K, const float* x, int64_t r0, float* out) {
+  const int64_t K8 = K - K % 8;
+  __m256 acc[MR];
+  for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K8; k += 8) {
+    const __m256 wv = _mm256_loadu_ps(w + k);
+    for (int i = 0; i < MR; ++i) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(x + (r0 + i) * K + k), wv, acc[i]);
+  }
+  for (int i = 0; i < MR; ++i) {
+    float s = hsum(acc[i]);
+    for (int64_t k = K8; k < K; ++k) s = std::fma(x[(r0 + i) * K + k], w[k], s);
+    out[i] = s;
+  }
+}
+
+inline void f32_rows(const Matrix& W, int64_t n0, int64_t n1, const float* xf, int64_t M, const float* bias, float* y,
+                     int64_t ld, int64_t col0) {
+  float out[4];
+  for (int64_t n = n0; n < n1; ++n) {
+    int64_t r = 0;
+    for (; r + 4 <= M; r += 4) {
+      dot_f32<4>(W.frow(n), W.K, xf, r, out);
+      for (int i = 0; i < 4; ++i) y[(r + i) * ld + col0 + n] = bias ? out[i] + bias[n] : out[i];
+    }
+    const int64_t left = M - r;
+    if (left == 3) dot_f32<3>(W.frow(n), W.K, xf, r, out);
+    if (left == 2) dot_f32<2>(W.frow(n), W.K, xf, r, out);
+    if (left == 1) dot_f32<1>(W.frow(n), W.K, xf, r, out);
+    for (int i = 0; i < left; ++i) y[(r + i) * ld + col0 + n] = bias ? out[i] + bias[n] : out[i];
+  }
+}
+
+template <int FMT>
+void quant_rows(const Matrix& W, int64_t n0, int64_t n1, const QRows& xq, int64_t M, const float* bias, float* y,
+                int64_t ld, int64_t col0) {
+  alignas(64) float out[RB * NT];
+  for (int64_t t = n0 / NT; t * NT < n1; ++t) {
+    const int64_t lo = std::max(n0, t * NT), hi = std::min(n1, t * NT + NT);
+    for (int64_t r0 = 0; r0 < M; r0 += RB) {
+      const int64_t R = std::min<int64_t>(RB, M - r0);
+      tile_rows<FMT>(W.tile(t), W.nb(), xq, r0, R, out);
+      for (int64_t i = 0; i < R; ++i)
+        for (int64_t n = lo; n < hi; ++n) {
+          const float v = out[i * NT + n - t * NT];
+          y[(r0 + i) * ld + col0 + n] = bias ? v + bias[n] : v;
+        }
+    }
+  }
+}
+
+// y[r, col0 + n] = W[n] . x[r] (+ bias) for rows [0, M), weight rows [n0, n1).
+inline void rows_block(const Matrix& W, int64_t n0, int64_t n1, const QRows& xq, const float* xf, int64_t M, float* y,
+                       int64_t ld, int64_t col0) {
+  const float* bias = W.bias.defined() ? W.bias.data_ptr<float>() : nullptr;
+  switch (W.fmt) {
+    case Q4_1: quant_rows<Q4_1>(W, n0, n1, xq, M, bias, y, ld, col0); return;
+    case Q4F: quant_rows<Q4F>(W, n0, n1, xq, M, bias, y, ld, col0); return;
+    case Q8_0: quant_rows<Q8_0>(W, n0, n1, xq, M, bias, y, ld, col0); return;
+    default: f32_rows(W, n0, n1, xf, M, bias, y, ld, col0);
+  }
+}
+
+// One weight, y [M, ld]; inside a team's region. Threads split the weight's tiles statically (each output
+// element is computed by one thread).
+inline void multi_linear(hvd_team::Ctx& c, const Matrix& W, const QRows& xq, const float* xf, int64_t M, float* y,
+                         int64_t ld) {
+  const int64_t tiles = (W.N + NT - 1) / NT;
+  c.for_static(tiles, [&](int64_t t) { rows_block(W, t * NT, std::min(W.N, t * NT + NT), xq, xf, M, y, ld, 0); });
+}
+
+}  // namespace hvd_tiles

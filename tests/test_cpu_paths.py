@@ -1,0 +1,116 @@
+"""The native forward's instruction-set paths: every path this CPU runs gives the AVX2 path's bits.
+
+Each path is the same source built with other flags (``runtime/native/isa.h``); the tests
+compare every path this CPU can run against ``avx2`` on the kernel (every weight format, 1 to
+64 rows), on whole forwards of tiny models (prompts whole and chunked, drafts, trees) and, with
+the embedded model, on logits and engine outputs. A build whose groups of blocks are added in
+another order must fail the comparison, so the check can see a change of accumulation order.
+On a CPU with AVX2 only, the comparisons run ``avx2`` against itself and the mutation against it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from hvd_agents import Engine, GenerationParams
+from hvd_agents.runtime import quant_native, quant_runner, quant_weights
+from hvd_agents.runtime.quant_runner import QuantRunner, attach
+from tests.tiny import make_tiny_llama
+
+pytestmark = pytest.mark.skipif(not quant_native.available(), reason="the native kernel needs x86-64 with AVX2")
+
+VOCAB = 96
+PATHS = quant_native.cpu_paths() if quant_native.available() else []
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_every_path_computes_the_reference_bits_on_the_kernel(path) -> None:
+    assert quant_native.compare_paths(quant_native.build(quant_native.REFERENCE), quant_native.build(path)) == []
+
+
+def test_a_path_with_another_accumulation_order_fails_the_comparison() -> None:
+    # the best path this CPU runs, built adding its groups of 8 blocks in reverse (one line under a macro)
+    path = PATHS[-1]
+    mutated = quant_native.build(path, ("-DHVD_MUTATE_GROUP_ORDER",))
+    differences = quant_native.compare_paths(quant_native.build(quant_native.REFERENCE), mutated)
+    assert differences and any("800" in d for d in differences)  # 25 blocks of 32: four groups, the order shows
+    assert not any("96" in d for d in differences)  # one group: nothing to reorder, the same bits
+
+
+def _on_path(model: torch.nn.Module, weights, path: str) -> QuantRunner:
+    attach(model, weights, 512, path)
+    return QuantRunner(model)
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_whole_forwards_are_bitwise_the_same_on_every_path(scheme) -> None:
+    model = make_tiny_llama(VOCAB, seed=4, dtype=torch.float32)
+    weights = quant_weights.from_model(model, scheme)
+    ids = torch.randint(0, VOCAB, (290,), generator=torch.Generator().manual_seed(2)).tolist()
+    outputs = {}
+    for path in PATHS:
+        runner = _on_path(model, weights, path)
+        kv = runner.new_kv()
+        whole = runner.forward(kv, ids[:280])  # a prompt longer than one native call
+        draft = runner.forward(kv, ids[280:])  # a draft of 10 rows
+        kv.rollback(280)
+        tree = runner.forward(kv, ids[280:285], parents=[-1, 0, 0, 2])
+        outputs[path] = (whole, draft, tree, kv.k[:, :, :285].clone())
+    reference = outputs[quant_native.REFERENCE]
+    for path, got in outputs.items():
+        assert all(torch.equal(a, b) for a, b in zip(got, reference)), path
+
+
+def test_a_forced_path_is_refused_with_its_cause(monkeypatch) -> None:
+    monkeypatch.setattr(quant_native, "_state", {})
+    monkeypatch.setenv(quant_native.ENV, "sse2")
+    with pytest.raises(ValueError, match="HVD_AGENTS_CPU_ISA='sse2' is not a CPU path"):
+        quant_native.available()
+    monkeypatch.setattr(quant_native, "_state", {})
+    monkeypatch.setenv(quant_native.ENV, "avx512-vnni")
+    monkeypatch.setattr(quant_native, "cpu_paths", lambda: ["avx2"])
+    with pytest.raises(ValueError, match="this CPU cannot run it"):
+        quant_native.available()
+
+
+def test_a_path_that_fails_its_self_check_is_not_used(monkeypatch, tmp_path, caplog) -> None:
+    monkeypatch.setenv("HVD_AGENTS_CACHE", str(tmp_path))  # a fresh machine: no recorded verdicts
+    monkeypatch.setattr(quant_native, "_state", {})
+    monkeypatch.delenv(quant_native.ENV, raising=False)
+    monkeypatch.setattr(quant_native, "cpu_paths", lambda: ["avx2", "avx512-vnni"])
+    monkeypatch.setattr(quant_native, "build", lambda path, extra=(): path)
+    monkeypatch.setattr(quant_native, "compare_paths", lambda a, b: ["q4_1 37x800, 16 rows"])
+    with caplog.at_level(logging.WARNING, logger="hvd_agents.runtime.quant_native"):
+        assert quant_native.available() and quant_native.path() == "avx2"
+    assert "avx512-vnni not used: its results differ from avx2's (q4_1 37x800, 16 rows)" in caplog.text
+    # the verdict is recorded beside the build: the next process does not compare again
+    monkeypatch.setattr(quant_native, "compare_paths", lambda a, b: pytest.fail("compared again"))
+    assert quant_native.self_check("avx512-vnni").startswith("its results differ")
+    monkeypatch.setenv(quant_native.ENV, "avx512-vnni")
+    monkeypatch.setattr(quant_native, "_state", {})
+    with pytest.raises(ValueError, match="failed its self-check"):
+        quant_native.available()
+
+
+@pytest.mark.real_model
+def test_the_embedded_model_gives_the_same_bits_and_tokens_on_every_path(real_engine) -> None:
+    model = real_engine.model
+    native = quant_runner.attached(model)
+    ids = real_engine.tokenizer("The capital of France is Paris. " * 40)["input_ids"]  # a prompt of 2 native calls
+    try:
+        results = {}
+        for path in PATHS:
+            attach(model, native.weights, native.context_window, path)
+            engine = Engine(model, real_engine.tokenizer, cost_model=real_engine.runner.profile())
+            runner = engine.runner
+            logits = runner.forward(runner.new_kv(), ids, logits_to_keep=4)
+            tokens = engine.generate(ids, GenerationParams(method="hvd", max_new_tokens=24)).token_ids
+            results[path] = (logits, tokens)
+        reference = results[quant_native.REFERENCE]
+        for path, (logits, tokens) in results.items():
+            assert torch.equal(logits, reference[0]) and tokens == reference[1], path
+    finally:
+        attach(model, native.weights, native.context_window, native.path)

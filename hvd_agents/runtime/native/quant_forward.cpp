@@ -24,33 +24,29 @@
 #include <cstring>
 #include <vector>
 
+#include "attention.h"
 #include "isa.h"
+#include "lanes.h"
 #include "team.h"
 #include "tile_linear.h"
 
 namespace {
 
 using namespace hvd_tiles;
+using namespace hvd_attention;
+using hvd_lanes::exp8;
+using hvd_lanes::hsum;
 
 constexpr int64_t kMaxRows = 1024;  // rows per call (a longer prefill is several calls)
+constexpr int64_t kBlockRows = 8;      // chain rows per attention job in a long chain
+constexpr int64_t kBlockMinRows = 16;  // a sequence's rows from which its attention runs in blocks
+constexpr int64_t kMaxGroup = 16;      // query heads per kv head for which it does
 
-// exp on 8 lanes (Cephes' polynomial, as in avx_mathfun); inputs clamped to [-88.37, 88.37].
-inline __m256 exp8(__m256 x) {
-  x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
-  x = _mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f));
-  __m256 fx = _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _mm256_set1_ps(0.5f)));
-  x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(0.693359375f)));
-  x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(-2.12194440e-4f)));
-  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-  __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
-}
+struct AttentionJob {
+  bool block;      // a block of chain rows [r0, r1) against kv head `head`; else row r0 against query head `head`
+  int64_t r0, r1;  // rows
+  int64_t head;
+};
 
 // ---------------------------------------------------------------- weights
 
@@ -115,67 +111,6 @@ void silu_mul(const float* g, const float* u, int64_t n, float* out) {
     _mm256_storeu_ps(out + k, _mm256_mul_ps(_mm256_mul_ps(gv, sig), _mm256_loadu_ps(u + k)));
   }
   for (; k < n; ++k) out[k] = g[k] / (1.0f + std::exp(-g[k])) * u[k];
-}
-
-// ---------------------------------------------------------------- attention
-
-// One query row of one head over the visible positions `slots` (in cache order) of one kv head.
-// Keys and values are float16 [cap, hd]. scores: scratch of at least len(slots) rounded up to 8.
-void attend(const float* q, const at::Half* K, const at::Half* V, int64_t hd, const int32_t* slots, int64_t T,
-            float scale, float* scores, float* out) {
-  const int64_t T8 = (T + 7) / 8 * 8;
-  // a key's score: the fmadd chain over its 8-lane chunks, then hsum; eight keys' chains interleaved
-  int64_t t = 0;
-  for (; t + 8 <= T; t += 8) {
-    const uint16_t* k[8];
-    __m256 acc[8];
-    for (int u = 0; u < 8; ++u) {
-      k[u] = reinterpret_cast<const uint16_t*>(K + static_cast<int64_t>(slots[t + u]) * hd);
-      acc[u] = _mm256_setzero_ps();
-    }
-    for (int64_t i = 0; i < hd; i += 8) {
-      const __m256 qv = _mm256_loadu_ps(q + i);
-      for (int u = 0; u < 8; ++u)
-        acc[u] = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k[u] + i))), acc[u]);
-    }
-    for (int u = 0; u < 8; ++u) scores[t + u] = hsum(acc[u]) * scale;
-  }
-  for (; t < T; ++t) {
-    const uint16_t* k = reinterpret_cast<const uint16_t*>(K + static_cast<int64_t>(slots[t]) * hd);
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < hd; i += 8) {
-      const __m256 kv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k + i)));
-      acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), kv, acc);
-    }
-    scores[t] = hsum(acc) * scale;
-  }
-  float mx = -INFINITY;
-  for (int64_t t = 0; t < T; ++t) mx = std::max(mx, scores[t]);
-  for (int64_t t = T; t < T8; ++t) scores[t] = mx;
-  __m256 sum = _mm256_setzero_ps();
-  const __m256 mv = _mm256_set1_ps(mx);
-  for (int64_t t = 0; t < T8; t += 8) {
-    __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + t), mv));
-    if (t + 8 > T) {  // the padding lanes count for nothing
-      alignas(32) float keep[8];
-      for (int j = 0; j < 8; ++j) keep[j] = t + j < T ? 1.0f : 0.0f;
-      e = _mm256_mul_ps(e, _mm256_load_ps(keep));
-    }
-    _mm256_storeu_ps(scores + t, e);
-    sum = _mm256_add_ps(sum, e);
-  }
-  const float inv = 1.0f / hsum(sum);
-  __m256 acc[16];  // head_dim up to 128
-  const int64_t lanes = hd / 8;
-  for (int64_t i = 0; i < lanes; ++i) acc[i] = _mm256_setzero_ps();
-  for (int64_t t = 0; t < T; ++t) {
-    const uint16_t* v = reinterpret_cast<const uint16_t*>(V + static_cast<int64_t>(slots[t]) * hd);
-    const __m256 p = _mm256_set1_ps(scores[t]);
-    for (int64_t i = 0; i < lanes; ++i)
-      acc[i] = _mm256_fmadd_ps(p, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v + 8 * i))), acc[i]);
-  }
-  const __m256 iv = _mm256_set1_ps(inv);
-  for (int64_t i = 0; i < lanes; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(acc[i], iv));
 }
 
 // ---------------------------------------------------------------- the model
@@ -293,6 +228,25 @@ class QuantModel {
     const bool attn_blocks = hd_ % QK == 0;  // an attention head's output is whole blocks: its job quantizes them
     const int64_t qkv_ld = qd + 2 * kd;
 
+    // attention jobs: rows of a tree or of a short chain one (row, head) at a time; a long chain's rows in blocks
+    // of kBlockRows per kv head (the same operations per element either way)
+    std::vector<AttentionJob> jobs;
+    bool any_block = false;
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t s0 = starts[b], s1 = starts[b + 1];
+      if (!tree && s1 - s0 >= kBlockMinRows && group <= kMaxGroup) {
+        any_block = true;
+        for (int64_t r0 = s0; r0 < s1; r0 += kBlockRows)
+          for (int64_t g = 0; g < nkv_; ++g) jobs.push_back({true, r0, std::min(s1, r0 + kBlockRows), g});
+      } else {
+        for (int64_t r = s0; r < s1; ++r)
+          for (int64_t h = 0; h < nh_; ++h) jobs.push_back({false, r, r + 1, h});
+      }
+    }
+    const int64_t Qmax = kBlockRows * group;
+    const int64_t block_scratch_size = any_block ? Qmax * smax + kChunk * hd_ + Qmax * hd_ : 0;
+    std::vector<float> block_scratch(static_cast<size_t>(nt) * block_scratch_size);
+
     // Seven phases a layer, one barrier each; every output element is computed by one thread.
     hvd_team::team().run(nt, [&](hvd_team::Ctx& c) {
       c.for_static(M, [&](int64_t r) { embed_row(tp[r], x.data() + r * H); });
@@ -322,18 +276,38 @@ class QuantModel {
             }
           }
         });
-        // 3. attention, one (row, head) a job, each quantizing its own output blocks
-        c.for_dynamic(M * nh_, [&](int64_t job) {
-          const int64_t r = job / nh_, h = job % nh_, g = h / group;
-          const int64_t b = seq_of[r], cap = caps[b];
+        // 3. attention, a job per (row, head) or per (block of chain rows, kv head), each quantizing its own
+        // output blocks
+        c.for_dynamic(static_cast<int64_t>(jobs.size()), [&](int64_t j) {
+          const AttentionJob& job = jobs[j];
+          const int64_t b = seq_of[job.r0], cap = caps[b];
           const int64_t lbase = static_cast<int64_t>(l) * nkv_ * cap * hd_;
-          float* o = att.data() + r * qd + h * hd_;
-          attend(qkv.data() + r * qkv_ld + h * hd_, kbases[b] + lbase + g * cap * hd_, vbases[b] + lbase + g * cap * hd_, hd_,
-                 slots[r].data(), static_cast<int64_t>(slots[r].size()), scale, scores.data() + c.tid * smax, o);
-          if (L.o.quantized() && attn_blocks) {
-            const int64_t b0 = h * hd_ / QK;
-            quantize_row(o, hd_, qa, r, b0);
+          const int64_t g = job.block ? job.head : job.head / group;
+          const at::Half* kh = kbases[b] + lbase + g * cap * hd_;
+          const at::Half* vh = vbases[b] + lbase + g * cap * hd_;
+          if (!job.block) {
+            const int64_t r = job.r0, h = job.head;
+            attend(qkv.data() + r * qkv_ld + h * hd_, kh, vh, hd_, slots[r].data(), static_cast<int64_t>(slots[r].size()),
+                   scale, scores.data() + c.tid * smax, att.data() + r * qd + h * hd_);
+          } else {
+            const float* qs[kBlockRows * kMaxGroup];
+            float* outs[kBlockRows * kMaxGroup];
+            int64_t T[kBlockRows * kMaxGroup];
+            int64_t Q = 0;
+            for (int64_t r = job.r0; r < job.r1; ++r)
+              for (int64_t h = g * group; h < (g + 1) * group; ++h, ++Q) {
+                qs[Q] = qkv.data() + r * qkv_ld + h * hd_;
+                outs[Q] = att.data() + r * qd + h * hd_;
+                T[Q] = static_cast<int64_t>(slots[r].size());
+              }
+            float* scratch = block_scratch.data() + c.tid * block_scratch_size;
+            attend_block(qs, T, Q, kh, vh, hd_, scale, scratch, smax, scratch + Qmax * smax,
+                         scratch + Qmax * smax + kChunk * hd_, outs);
           }
+          if (L.o.quantized() && attn_blocks)
+            for (int64_t r = job.r0; r < job.r1; ++r)
+              for (int64_t h = job.block ? g * group : job.head; h < (job.block ? (g + 1) * group : job.head + 1); ++h)
+                quantize_row(att.data() + r * qd + h * hd_, hd_, qa, r, h * hd_ / QK);
         });
         if (L.o.quantized() && !attn_blocks)
           c.for_static(M, [&](int64_t r) { quantize_row(att.data() + r * qd, qd, qa, r); });

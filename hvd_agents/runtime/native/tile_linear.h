@@ -22,11 +22,13 @@
 #include <vector>
 
 #include "isa.h"
+#include "lanes.h"
 #include "team.h"
 
 namespace hvd_tiles {
 
 using namespace hvd_isa;
+using hvd_lanes::hsum;
 
 enum Format : int { F32 = 0, Q4_1 = 1, Q8_0 = 2, Q4F = 3 };  // Q4F: Q4_1 with float32 scale and min
 constexpr int64_t QK = 32;                                    // weights per block
@@ -273,14 +275,6 @@ void tile_rows(const uint8_t* tile, int64_t nb, const QRows& x, int64_t r0, int6
 }
 
 // float32: 8 lanes along k, then the lanes, then the tail.
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  __m128 sh = _mm_movehdup_ps(s);
-  s = _mm_add_ps(s, sh);
-  sh = _mm_movehl_ps(sh, s);
-  return _mm_cvtss_f32(_mm_add_ss(s, sh));
-}
-
 template <int MR>
 inline void dot_f32(const float* w, int64_t K, const float* x, int64_t r0, float* out) {
   const int64_t K8 = K - K % 8;

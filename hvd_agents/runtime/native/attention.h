@@ -1,0 +1,153 @@
+// hvd_attention: a query row's attention over a float16 KV cache, one row at a time or a block of chain rows.
+//
+// The operations for one (query, key) and one query are fixed: a key's score is the fused multiply-add chain
+// over the head's 8-lane chunks, then hsum, times the scale; then the row's max, exp, sum and the weighted values
+// in cache order. attend() computes one row over any visible positions (a tree's); attend_block() computes a
+// block of rows of a chain, sharing each key's and value's conversion from float16 among the block's queries
+// and summing eight scores at once (hsum8): the same operations per element, so the same bits.
+#pragma once
+
+#include <torch/extension.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "lanes.h"
+
+namespace hvd_attention {
+
+using hvd_lanes::exp8;
+using hvd_lanes::hsum;
+
+// scores[0, T) -> exp(score - max), in place (scores padded to a multiple of 8); returns 1 / their sum.
+inline float softmax(float* scores, int64_t T) {
+  const int64_t T8 = (T + 7) / 8 * 8;
+  float mx = -INFINITY;
+  for (int64_t t = 0; t < T; ++t) mx = std::max(mx, scores[t]);
+  for (int64_t t = T; t < T8; ++t) scores[t] = mx;
+  __m256 sum = _mm256_setzero_ps();
+  const __m256 mv = _mm256_set1_ps(mx);
+  for (int64_t t = 0; t < T8; t += 8) {
+    __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + t), mv));
+    if (t + 8 > T) {  // the padding lanes count for nothing
+      alignas(32) float keep[8];
+      for (int j = 0; j < 8; ++j) keep[j] = t + j < T ? 1.0f : 0.0f;
+      e = _mm256_mul_ps(e, _mm256_load_ps(keep));
+    }
+    _mm256_storeu_ps(scores + t, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  return 1.0f / hsum(sum);
+}
+
+// One query row of one head over the visible positions `slots` (in cache order) of one kv head.
+// Keys and values are float16 [cap, hd]. scores: scratch of at least len(slots) rounded up to 8.
+inline void attend(const float* q, const at::Half* K, const at::Half* V, int64_t hd, const int32_t* slots, int64_t T,
+            float scale, float* scores, float* out) {
+  const int64_t T8 = (T + 7) / 8 * 8;
+  // a key's score: the fmadd chain over its 8-lane chunks, then hsum; eight keys' chains interleaved
+  int64_t t = 0;
+  for (; t + 8 <= T; t += 8) {
+    const uint16_t* k[8];
+    __m256 acc[8];
+    for (int u = 0; u < 8; ++u) {
+      k[u] = reinterpret_cast<const uint16_t*>(K + static_cast<int64_t>(slots[t + u]) * hd);
+      acc[u] = _mm256_setzero_ps();
+    }
+    for (int64_t i = 0; i < hd; i += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + i);
+      for (int u = 0; u < 8; ++u)
+        acc[u] = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k[u] + i))), acc[u]);
+    }
+    for (int u = 0; u < 8; ++u) scores[t + u] = hsum(acc[u]) * scale;
+  }
+  for (; t < T; ++t) {
+    const uint16_t* k = reinterpret_cast<const uint16_t*>(K + static_cast<int64_t>(slots[t]) * hd);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < hd; i += 8) {
+      const __m256 kv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k + i)));
+      acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), kv, acc);
+    }
+    scores[t] = hsum(acc) * scale;
+  }
+  const float inv = softmax(scores, T);
+  __m256 acc[16];  // head_dim up to 128
+  const int64_t lanes = hd / 8;
+  for (int64_t i = 0; i < lanes; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t t = 0; t < T; ++t) {
+    const uint16_t* v = reinterpret_cast<const uint16_t*>(V + static_cast<int64_t>(slots[t]) * hd);
+    const __m256 p = _mm256_set1_ps(scores[t]);
+    for (int64_t i = 0; i < lanes; ++i)
+      acc[i] = _mm256_fmadd_ps(p, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v + 8 * i))), acc[i]);
+  }
+  const __m256 iv = _mm256_set1_ps(inv);
+  for (int64_t i = 0; i < lanes; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(acc[i], iv));
+}
+
+constexpr int64_t kChunk = 64;  // keys converted from float16 at a time
+
+// Attention of Q queries of one kv head whose rows form a chain: query u sees positions [0, T[u]) of K and V
+// (float16 [cap, hd]); q[u] its query, out[u] its output. Scratch: scores [Q][ld] (ld >= max T rounded up to 8),
+// kv [kChunk * hd], acc [Q * hd]. The same operations per (query, key) and per query as attend().
+inline void attend_block(const float* const* q, const int64_t* T, int64_t Q, const at::Half* K, const at::Half* V,
+                         int64_t hd, float scale, float* scores, int64_t ld, float* kv, float* acc, float* const* out) {
+  int64_t Tmax = 0;
+  for (int64_t u = 0; u < Q; ++u) Tmax = std::max(Tmax, T[u]);
+  const int64_t lanes = hd / 8;
+  const __m256 sv = _mm256_set1_ps(scale);
+  // 1. scores, eight queries' chains at a time against each converted key
+  for (int64_t t0 = 0; t0 < Tmax; t0 += kChunk) {
+    const int64_t t1 = std::min(Tmax, t0 + kChunk);
+    for (int64_t i = 0; i < (t1 - t0) * hd; i += 8)
+      _mm256_storeu_ps(kv + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(K + t0 * hd + i))));
+    for (int64_t u0 = 0; u0 < Q; u0 += 8) {
+      const int64_t n = std::min<int64_t>(8, Q - u0);
+      const float* qs[8];
+      for (int64_t u = 0; u < 8; ++u) qs[u] = q[u0 + std::min(u, n - 1)];
+      for (int64_t t = t0; t < t1; ++t) {
+        const float* k = kv + (t - t0) * hd;
+        __m256 a[8];
+        for (int u = 0; u < 8; ++u) a[u] = _mm256_setzero_ps();
+        for (int64_t i = 0; i < hd; i += 8) {
+          const __m256 kk = _mm256_loadu_ps(k + i);
+          for (int u = 0; u < 8; ++u) a[u] = _mm256_fmadd_ps(_mm256_loadu_ps(qs[u] + i), kk, a[u]);
+        }
+        alignas(32) float s[8];
+        _mm256_store_ps(s, _mm256_mul_ps(hvd_lanes::hsum8(a), sv));
+        for (int64_t u = 0; u < n; ++u) scores[(u0 + u) * ld + t] = s[u];
+      }
+    }
+  }
+  // 2. each query's softmax
+  std::vector<float> inv(Q);
+  for (int64_t u = 0; u < Q; ++u) inv[u] = softmax(scores + u * ld, T[u]);
+  // 3. the weighted values, each query's sums in cache order, carried across chunks of converted values
+  std::fill(acc, acc + Q * hd, 0.0f);
+  for (int64_t t0 = 0; t0 < Tmax; t0 += kChunk) {
+    const int64_t t1 = std::min(Tmax, t0 + kChunk);
+    for (int64_t i = 0; i < (t1 - t0) * hd; i += 8)
+      _mm256_storeu_ps(kv + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(V + t0 * hd + i))));
+    for (int64_t u = 0; u < Q; ++u) {
+      const int64_t end = std::min(t1, T[u]);
+      if (end <= t0) continue;
+      __m256 a[16];  // head_dim up to 128
+      for (int64_t i = 0; i < lanes; ++i) a[i] = _mm256_loadu_ps(acc + u * hd + 8 * i);
+      const float* p = scores + u * ld;
+      for (int64_t t = t0; t < end; ++t) {
+        const __m256 pv = _mm256_set1_ps(p[t]);
+        const float* v = kv + (t - t0) * hd;
+        for (int64_t i = 0; i < lanes; ++i) a[i] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + 8 * i), a[i]);
+      }
+      for (int64_t i = 0; i < lanes; ++i) _mm256_storeu_ps(acc + u * hd + 8 * i, a[i]);
+    }
+  }
+  for (int64_t u = 0; u < Q; ++u) {
+    const __m256 iv = _mm256_set1_ps(inv[u]);
+    for (int64_t i = 0; i < lanes; ++i) _mm256_storeu_ps(out[u] + 8 * i, _mm256_mul_ps(_mm256_loadu_ps(acc + u * hd + 8 * i), iv));
+  }
+}
+
+}  // namespace hvd_attention

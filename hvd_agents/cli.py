@@ -7,6 +7,7 @@ Subcommands:
 * ``bench``: the live engine benchmark against HF ``generate`` (same run, same prompts; llama.cpp with ``--peers``).
 * ``bench-model``: the model drafter against ``ar``, ``hvd-cache`` and ``hvd`` (chat and agent prompts).
 * ``bench-kernels``: the CPU linear-layer kernels (dense, packed, row): forward cost per draft length, tok/s.
+* ``bench-paths``: the native forward on each CPU path (avx2, avx512-vnni): step, verify(d), prefill, same bits.
 * ``bench-drafter``: propose / update cost of the cache drafter at scale (no model).
 * ``bench-prefix``: a multi-turn agent conversation with and without prefix KV reuse (llama.cpp with ``--peers``).
 * ``bench-batch``: concurrent ``ChatHVD.ainvoke`` calls on a serial and a batching engine: throughput, p95.
@@ -147,6 +148,13 @@ def cmd_bench_kernels(args: argparse.Namespace) -> int:
     from hvd_agents.bench.kernels import run_kernel_benchmark
 
     run_kernel_benchmark(model=args.model, max_new_tokens=args.max_new_tokens, rounds=args.rounds)
+    return 0
+
+
+def cmd_bench_paths(args: argparse.Namespace) -> int:
+    from hvd_agents.bench.cpu_paths import run_path_benchmark
+
+    run_path_benchmark(model=args.model, rounds=args.rounds)
     return 0
 
 
@@ -414,6 +422,12 @@ def build_parser() -> argparse.ArgumentParser:
     kernels.add_argument("--max-new-tokens", type=int, default=96)
     kernels.add_argument("--rounds", type=int, default=2)
     kernels.set_defaults(func=cmd_bench_kernels)
+
+    paths = sub.add_parser("bench-paths", help="the native forward on every CPU path this machine runs: step, "
+                           "verify(d), prefill, same bits")
+    paths.add_argument("--model", default=None)
+    paths.add_argument("--rounds", type=int, default=2)
+    paths.set_defaults(func=cmd_bench_paths)
 
     batch = sub.add_parser("bench-batch", help="concurrent ChatHVD.ainvoke calls: serial vs batching engine, one run")
     batch.add_argument("--model", default=None)

@@ -38,7 +38,23 @@ def _weights(fmt: int, rows: int, cols: int, seed: int) -> quant_weights.Weight:
         return quant_weights.Weight(fmt, rows, cols, quant_weights.quantize_q4_1(w))
     if fmt == quant_native.Q4F:  # Q4_K blocks as the loader converts them
         return quant_weights.Weight(fmt, rows, cols, quant_weights._q4_k_as_q4f(_random_q4_k(rows, cols, seed)))
+    if fmt == quant_native.Q5F:  # Q5_K blocks
+        return quant_weights.Weight(fmt, rows, cols, quant_weights._q5_k_as_q5f(_random_k(rows, cols, seed, 176)))
+    if fmt == quant_native.Q6S:  # Q6_K blocks
+        return quant_weights.Weight(fmt, rows, cols, quant_weights._q6_k_as_q6s(_random_k(rows, cols, seed, 210)))
     return quant_weights.Weight(fmt, rows, cols, w)
+
+
+def _random_k(rows: int, cols: int, seed: int, size: int) -> np.ndarray:
+    """Random K-quant blocks of ``size`` bytes per 256 weights (Q5_K: 176, Q6_K: 210) with small finite scales."""
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(rows * cols // 256, size), dtype=np.uint8)
+    if size == 176:
+        blocks[:, 0:2] = np.float16(0.01).reshape(1).view(np.uint8)  # d
+        blocks[:, 2:4] = np.float16(0.003).reshape(1).view(np.uint8)  # dmin
+    else:
+        blocks[:, 208:210] = np.float16(0.002).reshape(1).view(np.uint8)  # d
+    return blocks.reshape(rows, -1)
 
 
 def _random_q4_k(rows: int, cols: int, seed: int) -> np.ndarray:
@@ -66,13 +82,13 @@ def invariance_failures(module, w: quant_weights.Weight, seed: int = 0) -> int:
     return failures
 
 
-FORMATS = [quant_native.Q4_1, quant_native.Q8_0, quant_native.Q4F, quant_native.F32]
+FORMATS = [*quant_native.QUANTIZED, quant_native.F32]
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: quant_native.FORMAT_NAMES[f])
 def test_kernel_rows_are_bitwise_the_same_alone_and_in_1_to_130_rows(fmt) -> None:
     # a float32 tail past the 8-lane loop; quantized rows of several groups of 8 blocks and a partial one
-    cols = {quant_native.F32: 100, quant_native.Q4F: 1280}.get(fmt, 800)
+    cols = {quant_native.F32: 100, quant_native.Q4F: 1280, quant_native.Q5F: 1280, quant_native.Q6S: 1280}.get(fmt, 800)
     w = _weights(fmt, 45, cols, seed=fmt)
     assert invariance_failures(quant_native.module(), w) == 0
     # and the products are the products: against the dequantized weight, to int8 activation precision
@@ -108,6 +124,22 @@ def test_gguf_block_conversions_are_exact() -> None:
     converted = quant_weights.Weight(quant_native.Q4_1, 8, 512, quant_weights._q4_0_as_q4_1(q4_0))
     expected = dequantize(q4_0.reshape(-1), T.Q4_0).reshape(8, 512)
     assert np.array_equal(module.dequantize(_matrix(module, converted)).numpy(), expected)
+    # the K-quants of Q4_K_M / Q5_K_M files and the legacy 5-bit blocks
+    for kind, fmt, size, convert in ((T.Q5_K, quant_native.Q5F, 176, quant_weights._q5_k_as_q5f),
+                                     (T.Q6_K, quant_native.Q6S, 210, quant_weights._q6_k_as_q6s)):
+        raw = _random_k(8, 512, 5, size)
+        converted = quant_weights.Weight(fmt, 8, 512, convert(raw))
+        expected = dequantize(raw.reshape(-1), kind).reshape(8, 512)
+        assert np.array_equal(module.dequantize(_matrix(module, converted)).numpy(), expected), kind.name
+    for kind, size, with_min in ((T.Q5_0, 22, False), (T.Q5_1, 24, True)):
+        raw = rng.integers(0, 256, size=(8, 512 // 32, size), dtype=np.uint8)
+        raw[..., 0:2] = np.float16(0.02).reshape(1).view(np.uint8)
+        if with_min:
+            raw[..., 2:4] = np.float16(-0.1).reshape(1).view(np.uint8)
+        raw = raw.reshape(8, -1)
+        converted = quant_weights.Weight(quant_native.Q5F, 8, 512, quant_weights._q5_legacy_as_q5f(raw, with_min))
+        expected = dequantize(raw.reshape(-1), kind).reshape(8, 512)
+        assert np.array_equal(module.dequantize(_matrix(module, converted)).numpy(), expected), kind.name
 
 
 # ---------------------------------------------------------------- whole forwards on a tiny llama

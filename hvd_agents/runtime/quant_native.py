@@ -45,9 +45,13 @@ PATHS = tuple(PATH_FLAGS)  # best last
 REFERENCE = "avx2"
 FLAGS = PATH_FLAGS[REFERENCE]
 
-# weight formats of native Matrix objects
-F32, Q4_1, Q8_0, Q4F = 0, 1, 2, 3
-FORMAT_NAMES = {F32: "f32", Q4_1: "q4_1", Q8_0: "q8_0", Q4F: "q4f"}
+# weight formats of native Matrix objects (native/tile_linear.h): q4f is Q4_1 with float32 scale and minimum,
+# q5f the same with 5-bit weights a byte each, q6s int8 weights with a float32 scale per 16
+F32, Q4_1, Q8_0, Q4F, Q5F, Q6S = 0, 1, 2, 3, 4, 5
+FORMAT_NAMES = {F32: "f32", Q4_1: "q4_1", Q8_0: "q8_0", Q4F: "q4f", Q5F: "q5f", Q6S: "q6s"}
+QUANTIZED = (Q4_1, Q8_0, Q4F, Q5F, Q6S)
+# bytes per block of 32 weights: (scale bytes, fields of that size, weight bytes)
+BLOCK_LAYOUT = {Q4_1: (2, 2, 16), Q8_0: (2, 1, 32), Q4F: (4, 2, 16), Q5F: (4, 2, 32), Q6S: (4, 2, 32)}
 
 _lock = threading.RLock()
 _state: dict[str, object] = {}
@@ -90,18 +94,22 @@ def cpu_paths() -> list[str]:
 
 
 def _random_weight(module: ModuleType, fmt: int, rows: int, cols: int, rng: np.random.Generator):
-    """A weight of random blocks in ``fmt`` (scales kept small and finite)."""
+    """A weight of random blocks in ``fmt`` (scales kept small and finite, weights in the format's range)."""
     if fmt == F32:
         return module.Matrix(F32, rows, cols, torch.from_numpy(rng.standard_normal((rows, cols)).astype(np.float32)))
     blocks = rows * cols // 32
-    scale = 4 if fmt == Q4F else 2
-    payload = 32 if fmt == Q8_0 else 16
-    head = scale * (1 if fmt == Q8_0 else 2)
-    data = rng.integers(0, 256, size=(blocks, head + payload), dtype=np.uint8)
-    kind = np.float32 if fmt == Q4F else np.float16
-    data[:, :scale] = rng.uniform(0.001, 0.05, blocks).astype(kind).view(np.uint8).reshape(blocks, scale)
-    if fmt != Q8_0:
-        data[:, scale:head] = rng.uniform(-0.1, 0.1, blocks).astype(kind).view(np.uint8).reshape(blocks, scale)
+    size, fields, payload = BLOCK_LAYOUT[fmt]
+    kind = np.float32 if size == 4 else np.float16
+    data = rng.integers(0, 256, size=(blocks, size * fields + payload), dtype=np.uint8)
+    data[:, :size] = rng.uniform(0.001, 0.05, blocks).astype(kind).view(np.uint8).reshape(blocks, size)
+    if fields == 2:
+        low = 0.001 if fmt == Q6S else -0.1
+        data[:, size : 2 * size] = rng.uniform(low, 0.1, blocks).astype(kind).view(np.uint8).reshape(blocks, size)
+    weights = data[:, size * fields :]
+    if fmt == Q5F:
+        weights &= 0x1F
+    elif fmt == Q6S:
+        weights[:] = (weights.view(np.int8) // 4).view(np.uint8)  # -32..31
     return module.Matrix(fmt, rows, cols, torch.from_numpy(data.reshape(-1)))
 
 
@@ -110,7 +118,7 @@ def compare_paths(a: ModuleType, b: ModuleType, seed: int = 0) -> list[str]:
     rows (whole and partial groups of blocks, partial tiles); an empty list when they agree everywhere."""
     rng = np.random.default_rng(seed)
     differences = []
-    for fmt in (Q4_1, Q8_0, Q4F, F32):
+    for fmt in (*QUANTIZED, F32):
         for rows, cols in ((37, 800), (16, 256), (5, 96)):
             state = rng.bit_generator.state
             wa = _random_weight(a, fmt, rows, cols, rng)

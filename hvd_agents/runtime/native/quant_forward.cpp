@@ -51,7 +51,7 @@ struct AttentionJob {
 // ---------------------------------------------------------------- weights
 
 Matrix make_matrix(int64_t fmt, int64_t N, int64_t K, at::Tensor data, c10::optional<at::Tensor> bias) {
-  TORCH_CHECK(fmt >= F32 && fmt <= Q4F, "unknown weight format ", fmt);
+  TORCH_CHECK(fmt >= F32 && fmt <= Q6S, "unknown weight format ", fmt);
   Matrix m;
   m.fmt = static_cast<int>(fmt);
   m.N = N;

@@ -30,20 +30,26 @@ namespace hvd_tiles {
 using namespace hvd_isa;
 using hvd_lanes::hsum;
 
-enum Format : int { F32 = 0, Q4_1 = 1, Q8_0 = 2, Q4F = 3 };  // Q4F: Q4_1 with float32 scale and min
+// Q4F: Q4_1 with float32 scale and min (Q4_K); Q5F: the same with 5-bit weights a byte each (Q5_K, Q5_0, Q5_1);
+// Q6S: int8 weights with a float32 scale per 16 (Q6_K)
+enum Format : int { F32 = 0, Q4_1 = 1, Q8_0 = 2, Q4F = 3, Q5F = 4, Q6S = 5 };
 constexpr int64_t QK = 32;                                    // weights per block
 constexpr int RB = 16;                                        // input rows per pass over a tile
 
-// A format's bytes per row and block: scale (float16, or float32 for Q4F), minimum (Q4 kinds), weights.
+// A format's bytes per row and block: a scale (float16, or float32 for Q4F, Q5F, Q6S), a second field (the minimum
+// of the Q4 and Q5 kinds, the second half's scale of Q6S), then the weights (nibbles, or a byte each).
 template <int FMT>
 struct Layout {
-  static constexpr int SB = FMT == Q4F ? 4 : 2;
-  static constexpr bool MIN = FMT != Q8_0;
-  static constexpr int PB = FMT == Q8_0 ? 32 : 16;
-  static constexpr int BB = SB * (MIN ? 2 : 1) + PB;
+  static constexpr bool WIDE = FMT == Q4F || FMT == Q5F || FMT == Q6S;  // float32 scales
+  static constexpr int SB = WIDE ? 4 : 2;
+  static constexpr bool MIN = FMT == Q4_1 || FMT == Q4F || FMT == Q5F;
+  static constexpr bool TWO = MIN || FMT == Q6S;  // a second field
+  static constexpr bool NIBBLES = FMT == Q4_1 || FMT == Q4F;
+  static constexpr bool SIGNED = FMT == Q8_0 || FMT == Q6S;
+  static constexpr int PB = NIBBLES ? 16 : 32;
+  static constexpr int BB = SB * (TWO ? 2 : 1) + PB;
   static constexpr int64_t TBB = NT * BB;  // a tile's block
-  static constexpr int M_OFF = NT * SB, W_OFF = NT * SB * (MIN ? 2 : 1);
-  static constexpr int WORDS = PB / 4;
+  static constexpr int M_OFF = NT * SB, W_OFF = NT * SB * (TWO ? 2 : 1);
 };
 
 inline int64_t block_bytes(int fmt) {
@@ -51,9 +57,15 @@ inline int64_t block_bytes(int fmt) {
     case Q4_1: return Layout<Q4_1>::BB;
     case Q8_0: return Layout<Q8_0>::BB;
     case Q4F: return Layout<Q4F>::BB;
+    case Q5F: return Layout<Q5F>::BB;
+    case Q6S: return Layout<Q6S>::BB;
     default: return QK * 4;
   }
 }
+
+inline int scale_bytes(int fmt) { return fmt == Q4_1 || fmt == Q8_0 ? 2 : 4; }
+inline int fields(int fmt) { return fmt == Q8_0 ? 1 : 2; }
+inline int payload_bytes(int fmt) { return fmt == Q4_1 || fmt == Q4F ? 16 : 32; }
 
 // ---------------------------------------------------------------- weights
 
@@ -73,7 +85,7 @@ struct Matrix {
 // GGUF-style rows of blocks (scale, minimum, weights per block) into tiles.
 inline at::Tensor pack_tiles(int fmt, int64_t N, int64_t K, const at::Tensor& src) {
   const int64_t nb = K / QK, bb = block_bytes(fmt), tiles = (N + NT - 1) / NT;
-  const int sb = fmt == Q4F ? 4 : 2, pb = fmt == Q8_0 ? 32 : 16, ns = fmt == Q8_0 ? 1 : 2;
+  const int sb = scale_bytes(fmt), pb = payload_bytes(fmt), ns = fields(fmt);
   at::Tensor out = at::zeros({tiles * nb * NT * bb}, at::kByte);
   const uint8_t* s = src.data_ptr<uint8_t>();
   uint8_t* d = out.data_ptr<uint8_t>();
@@ -97,7 +109,7 @@ inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
 
 template <int FMT>
 inline float scale_at(const uint8_t* p, int64_t lane) {
-  if (FMT == Q4F) {
+  if (Layout<FMT>::WIDE) {
     float f;
     std::memcpy(&f, p + 4 * lane, 4);
     return f;
@@ -121,6 +133,10 @@ void dequantize_tile_row(const Matrix& W, int64_t n, float* y) {
       const uint8_t p = blk[Lt::W_OFF + ((t / 4) * NT + lane) * 4 + t % 4];
       if (FMT == Q8_0) {
         out[t] = d * static_cast<float>(static_cast<int8_t>(p));
+      } else if (FMT == Q6S) {
+        out[t] = (t < 16 ? d : scale_at<FMT>(blk + Lt::M_OFF, lane)) * static_cast<float>(static_cast<int8_t>(p));
+      } else if (FMT == Q5F) {
+        out[t] = d * static_cast<float>(p) + scale_at<FMT>(blk + Lt::M_OFF, lane);
       } else {
         const float m = scale_at<FMT>(blk + Lt::M_OFF, lane);
         out[t] = d * static_cast<float>(p & 0x0F) + m;
@@ -135,6 +151,8 @@ inline void dequantize_row(const Matrix& W, int64_t n, float* y) {
     case Q4_1: dequantize_tile_row<Q4_1>(W, n, y); break;
     case Q4F: dequantize_tile_row<Q4F>(W, n, y); break;
     case Q8_0: dequantize_tile_row<Q8_0>(W, n, y); break;
+    case Q5F: dequantize_tile_row<Q5F>(W, n, y); break;
+    case Q6S: dequantize_tile_row<Q6S>(W, n, y); break;
     default: std::memcpy(y, W.frow(n), W.K * sizeof(float));
   }
 }
@@ -145,7 +163,7 @@ inline void dequantize_row(const Matrix& W, int64_t n, float* y) {
 struct QRows {
   std::vector<int8_t> q;     // [rows][K]
   std::vector<float> d, s;   // [rows][blocks]
-  std::vector<int32_t> sum;  // [rows][blocks]: sum(q)
+  std::vector<int32_t> sum;  // [rows][blocks][2]: sum(q) of each half block
   int64_t K = 0, nb = 0;
   void resize(int64_t M, int64_t K_) {
     K = K_;
@@ -153,7 +171,7 @@ struct QRows {
     q.resize(M * K_);
     d.resize(M * nb);
     s.resize(M * nb);
-    sum.resize(M * nb);
+    sum.resize(M * nb * 2);
   }
   const int8_t* row(int64_t r) const { return q.data() + r * K; }
 };
@@ -173,8 +191,9 @@ inline void quantize_block(const float* xb, QRows& dst, int64_t r, int64_t b) {
   const float am = _mm_cvtss_f32(m);
   const float db = am / 127.0f;
   const float id = am != 0.0f ? 127.0f / am : 0.0f;
-  int32_t total = 0;
+  int32_t total = 0, first = 0;
   for (int j = 0; j < 4; ++j) {
+    if (j == 2) first = total;
     __m256i qi = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[j], _mm256_set1_ps(id)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     alignas(32) int32_t lanes[8];
     _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), qi);
@@ -186,7 +205,8 @@ inline void quantize_block(const float* xb, QRows& dst, int64_t r, int64_t b) {
   const int64_t i = r * dst.nb + b;
   dst.d[i] = db;
   dst.s[i] = db * static_cast<float>(total);
-  dst.sum[i] = total;
+  dst.sum[2 * i] = first;
+  dst.sum[2 * i + 1] = total - first;
 }
 
 // row r's values [b0 * 32, b0 * 32 + K) as blocks b0, b0 + 1, ...
@@ -198,7 +218,7 @@ inline void quantize_row(const float* x, int64_t K, QRows& dst, int64_t r, int64
 
 template <int FMT>
 inline VF scales(const uint8_t* p) {
-  if (FMT == Q4F) return f_load(reinterpret_cast<const float*>(p));
+  if (Layout<FMT>::WIDE) return f_load(reinterpret_cast<const float*>(p));
   return f_load_h(reinterpret_cast<const uint16_t*>(p));
 }
 
@@ -211,6 +231,7 @@ template <int FMT>
 void tile_rows(const uint8_t* tile, int64_t nb, const QRows& x, int64_t r0, int64_t R, float* out) {
   using Lt = Layout<FMT>;
   alignas(64) int32_t dots[RB][8][NT];
+  alignas(64) int32_t dots2[FMT == Q6S ? RB : 1][8][NT];
   VF acc[RB], macc[RB];
   for (int64_t i = 0; i < R; ++i) acc[i] = macc[i] = f_zero();
   const int64_t groups = (nb + 7) / 8;
@@ -223,20 +244,11 @@ void tile_rows(const uint8_t* tile, int64_t nb, const QRows& x, int64_t r0, int6
     const int64_t g0 = step * 8;
 #endif
     const int64_t ng = std::min<int64_t>(8, nb - g0);
-    // 1. the integer dots (exact): each block's weights unpacked once for all the rows
+    // 1. the integer dots (exact): each block's weights unpacked once for all the rows (Q6S: one per half block)
     for (int64_t j = 0; j < ng; ++j) {
       const uint8_t* blk = tile + (g0 + j) * Lt::TBB + Lt::W_OFF;
       const int64_t b = g0 + j;
-      if (FMT == Q8_0) {
-        VI w[8];
-        for (int k = 0; k < 8; ++k) w[k] = i_prep_s(i_load(blk + k * NT * 4));
-        for (int64_t i = 0; i < R; ++i) {
-          const int8_t* xb = x.row(r0 + i) + b * QK;
-          VI a = i_zero();
-          for (int k = 0; k < 8; ++k) a = i_dot_s(a, w[k], xb + 4 * k);
-          i_store(dots[i][j], i_signed_fix(a, x.sum[(r0 + i) * x.nb + b]));
-        }
-      } else {
+      if (Lt::NIBBLES) {
         VI lo[4], hi[4];
         for (int k = 0; k < 4; ++k) {
           const VI w = i_load(blk + k * NT * 4);
@@ -252,6 +264,31 @@ void tile_rows(const uint8_t* tile, int64_t nb, const QRows& x, int64_t r0, int6
           }
           i_store(dots[i][j], a);
         }
+      } else if (!Lt::SIGNED) {
+        VI w[8];
+        for (int k = 0; k < 8; ++k) w[k] = i_load(blk + k * NT * 4);
+        for (int64_t i = 0; i < R; ++i) {
+          const int8_t* xb = x.row(r0 + i) + b * QK;
+          VI a = i_zero();
+          for (int k = 0; k < 8; ++k) a = i_dot_u(a, w[k], xb + 4 * k);
+          i_store(dots[i][j], a);
+        }
+      } else {
+        VI w[8];
+        for (int k = 0; k < 8; ++k) w[k] = i_prep_s(i_load(blk + k * NT * 4));
+        for (int64_t i = 0; i < R; ++i) {
+          const int8_t* xb = x.row(r0 + i) + b * QK;
+          const int32_t* sums = x.sum.data() + 2 * ((r0 + i) * x.nb + b);
+          VI a = i_zero(), a2 = i_zero();
+          for (int k = 0; k < 4; ++k) a = i_dot_s(a, w[k], xb + 4 * k);
+          for (int k = 4; k < 8; ++k) (FMT == Q6S ? a2 : a) = i_dot_s(FMT == Q6S ? a2 : a, w[k], xb + 4 * k);
+          if (FMT == Q6S) {
+            i_store(dots[i][j], i_signed_fix(a, sums[0]));
+            i_store(dots2[i][j], i_signed_fix(a2, sums[1]));
+          } else {
+            i_store(dots[i][j], i_signed_fix(a, sums[0] + sums[1]));
+          }
+        }
       }
     }
     // 2. per row: the products and the group's sums, in the one order
@@ -264,7 +301,10 @@ void tile_rows(const uint8_t* tile, int64_t nb, const QRows& x, int64_t r0, int6
         }
         const uint8_t* blk = tile + (g0 + j) * Lt::TBB;
         const int64_t xi = (r0 + i) * x.nb + g0 + j;
-        P[j] = f_mul(f_mul(scales<FMT>(blk), f_set1(x.d[xi])), f_cvt(i_load(dots[i][j])));
+        const VF dx = f_set1(x.d[xi]);
+        P[j] = f_mul(f_mul(scales<FMT>(blk), dx), f_cvt(i_load(dots[i][j])));
+        if (FMT == Q6S)  // the two halves' products, first half first
+          P[j] = f_add(P[j], f_mul(f_mul(scales<FMT>(blk + Lt::M_OFF), dx), f_cvt(i_load(dots2[i][j]))));
         Q[j] = Lt::MIN ? f_mul(scales<FMT>(blk + Lt::M_OFF), f_set1(x.s[xi])) : f_zero();
       }
       acc[i] = f_add(acc[i], tree8(P));
@@ -334,6 +374,8 @@ inline void rows_block(const Matrix& W, int64_t n0, int64_t n1, const QRows& xq,
     case Q4_1: quant_rows<Q4_1>(W, n0, n1, xq, M, bias, y, ld, col0); return;
     case Q4F: quant_rows<Q4F>(W, n0, n1, xq, M, bias, y, ld, col0); return;
     case Q8_0: quant_rows<Q8_0>(W, n0, n1, xq, M, bias, y, ld, col0); return;
+    case Q5F: quant_rows<Q5F>(W, n0, n1, xq, M, bias, y, ld, col0); return;
+    case Q6S: quant_rows<Q6S>(W, n0, n1, xq, M, bias, y, ld, col0); return;
     default: f32_rows(W, n0, n1, xf, M, bias, y, ld, col0);
   }
 }

@@ -114,3 +114,15 @@ def test_the_embedded_model_gives_the_same_bits_and_tokens_on_every_path(real_en
             assert torch.equal(logits, reference[0]) and tokens == reference[1], path
     finally:
         attach(model, native.weights, native.context_window, native.path)
+
+
+@pytest.mark.real_model
+def test_bench_paths_prints_every_path_and_their_bits(real_engine, capsys) -> None:
+    from hvd_agents.bench.cpu_paths import run_path_benchmark
+
+    figures = run_path_benchmark(loaded=real_engine, rounds=1, repeats=1, context=32, drafts=(1, 4), prefills=(40,))
+    assert list(figures) == PATHS
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.split()[:1] and line.split()[0] in PATHS]
+    assert [row[0] for row in rows] == PATHS and all(row[-1] == "yes" for row in rows)
+    assert all(float(v) > 0 for row in rows for v in row[1:-1])
+    assert quant_runner.attached(real_engine.model).path == quant_native.path()  # the engine's path is put back

@@ -10,6 +10,8 @@ The instruction-set paths are checked against each other in test_cpu_paths.py.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -382,6 +384,46 @@ def test_the_embedded_model_runs_its_gguf_blocks(real_engine) -> None:
     got = runner.forward(runner.new_kv(), ids, logits_to_keep=1)[0]
     assert got.argmax() == expected.argmax()
     assert torch.nn.functional.cosine_similarity(got, expected, dim=0) > 0.99
+
+
+@pytest.mark.real_model
+def test_recorded_agent_prompts_are_bitwise_the_same_whole_chunked_and_resumed(real_engine) -> None:
+    # the examples' recorded calls (one conversation; HVD_REPLAY_ALL=1: all four, 16 calls): each prompt's KV
+    # and last logits computed whole, in chunks of 64 and of 333, and resumed from the previous call's cached
+    # prefix (what prefix reuse does) are the same bits, so every way of reaching the prompt decodes the same
+    from hvd_agents.bench.agents import replay_calls
+    from hvd_agents.bench.recorded import load_conversations, shipped_names
+
+    names = shipped_names() if os.environ.get("HVD_REPLAY_ALL") else shipped_names()[:1]
+    runner = real_engine.runner
+    checked = 0
+    for conversation in load_conversations(names):
+        previous = None
+        for call in replay_calls(real_engine, conversation, max_turns=4):
+            ids = list(call.prompt_ids)
+            whole_kv = runner.new_kv()
+            whole = runner.forward(whole_kv, ids, logits_to_keep=1)
+            ways = {}
+            for size in (64, 333):
+                kv = runner.new_kv()
+                for i in range(0, len(ids), size):
+                    last = runner.forward(kv, ids[i : i + size], logits_to_keep=1)
+                ways[f"chunks of {size}"] = (kv, last)
+            if previous is not None:
+                prev_kv, prev_ids = previous
+                common = next((i for i, (a, b) in enumerate(zip(prev_ids, ids)) if a != b), min(len(prev_ids), len(ids)))
+                common = min(common, len(ids) - 1)
+                kv = runner.new_kv()
+                kv.import_prefix(prev_kv.export_prefix(common), common)
+                ways[f"resumed after {common}"] = (kv, runner.forward(kv, ids[common:], logits_to_keep=1))
+            n = len(ids)
+            for way, (kv, last) in ways.items():
+                assert torch.equal(last, whole), (conversation.name, call.index, way)
+                assert torch.equal(kv.k[:, :, :n], whole_kv.k[:, :, :n]) and torch.equal(kv.v[:, :, :n],
+                                                                                         whole_kv.v[:, :, :n])
+            previous = (whole_kv, ids)
+            checked += 1
+    assert checked == 4 * len(names)
 
 
 def test_the_layer_table_of_bench_kernels(capsys) -> None:

@@ -41,7 +41,8 @@ def _timed(fn) -> tuple[float, torch.Tensor]:
     return time.perf_counter() - start, out
 
 
-def _round(runner, ids: list[int], context: int, repeats: int, figures: PathFigures) -> None:
+def _round(runner, ids: list[int], context: int, repeats: int, figures: PathFigures, drafts: tuple[int, ...],
+           prefills: tuple[int, ...]) -> None:
     """One round of every measurement on ``runner``; outputs kept on the first round."""
     first = not figures.logits
     kv = runner.new_kv()
@@ -50,29 +51,40 @@ def _round(runner, ids: list[int], context: int, repeats: int, figures: PathFigu
         seconds, out = _timed(lambda: runner.forward(kv, ids[context : context + 1]))
         figures.step = min(figures.step, seconds)
         kv.rollback(context)
-    for d in DRAFT_LENGTHS:
+    for d in drafts:
         seconds, out = _timed(lambda d=d: runner.forward(kv, ids[context : context + 1 + d]))
         figures.verify[d] = min(figures.verify.get(d, float("inf")), seconds)
         kv.rollback(context)
         if first:
             figures.logits.append(out)
-    for n in PREFILL_LENGTHS:
+    for n in prefills:
         seconds, out = _timed(lambda n=n: runner.forward(runner.new_kv(), ids[:n], logits_to_keep=1))
         figures.prefill[n] = min(figures.prefill.get(n, float("inf")), seconds)
         if first:
             figures.logits.append(out)
 
 
-def run_path_benchmark(model: str | None = None, *, rounds: int = 2, repeats: int = 10,
-                       context: int = 512) -> dict[str, PathFigures]:
-    """Print the table described in the module docstring; returns each path's figures."""
-    loaded = load_model(model, device="cpu", cpu_weights="gguf")
+def run_path_benchmark(model: str | None = None, *, rounds: int = 2, repeats: int = 10, context: int = 512,
+                       drafts: tuple[int, ...] = DRAFT_LENGTHS, prefills: tuple[int, ...] = PREFILL_LENGTHS,
+                       loaded=None) -> dict[str, PathFigures]:
+    """Print the table described in the module docstring; returns each path's figures.
+
+    Args:
+        model: what to load (the embedded model when None), unless ``loaded`` (anything with ``model`` and
+            ``tokenizer``, e.g. an engine) is given.
+        rounds: rounds over all paths (minima are kept).
+        repeats: plain steps timed per round.
+        context: cached tokens before the step and the drafts.
+        drafts: the draft lengths d of verify(d).
+        prefills: the prompt lengths of the prefill rates.
+    """
+    loaded = loaded if loaded is not None else load_model(model, device="cpu", cpu_weights="gguf")
     native = quant_runner.attached(loaded.model)
     if native is None:
         raise ValueError("bench-paths needs a model on the native forward (a GGUF file of a supported architecture)")
     text = "The assistant calls get_weather(city) for each city the user names, then answers briefly. " * 200
     ids = loaded.tokenizer(text)["input_ids"]
-    need = max(max(PREFILL_LENGTHS), context + 1 + max(DRAFT_LENGTHS))
+    need = max(max(prefills), context + 1 + max(drafts))
     ids = (ids * (need // max(1, len(ids)) + 1))[:need]
     paths = quant_native.cpu_paths()
     runners = {}
@@ -84,17 +96,17 @@ def run_path_benchmark(model: str | None = None, *, rounds: int = 2, repeats: in
     with torch.inference_mode():
         for _ in range(rounds):
             for path in paths:
-                _round(runners[path], ids, context, repeats, figures[path])
+                _round(runners[path], ids, context, repeats, figures[path], drafts, prefills)
     threads = torch.get_num_threads()
     print(f"native forward by CPU path ({', '.join(paths)}; running: {native.path}), {threads} threads, "
           f"{rounds} rounds, context {context}")
-    header = "path           step ms  " + "  ".join(f"v({d})" for d in DRAFT_LENGTHS)
-    header += "  " + "  ".join(f"prefill {n} tok/s" for n in PREFILL_LENGTHS) + "  same bits as avx2"
+    header = "path           step ms  " + "  ".join(f"v({d})" for d in drafts)
+    header += "  " + "  ".join(f"prefill {n} tok/s" for n in prefills) + "  same bits as avx2"
     print(header)
     reference = figures[quant_native.REFERENCE].logits
     for path, f in figures.items():
         same = all(torch.equal(a, b) for a, b in zip(f.logits, reference))
-        row = f"{path:<14} {f.step * 1e3:7.2f}  " + "  ".join(f"{f.verify[d] / f.step:5.2f}" for d in DRAFT_LENGTHS)
-        row += "  " + "  ".join(f"{n / f.prefill[n]:17.0f}" for n in PREFILL_LENGTHS) + f"  {'yes' if same else 'NO'}"
+        row = f"{path:<14} {f.step * 1e3:7.2f}  " + "  ".join(f"{f.verify[d] / f.step:5.2f}" for d in drafts)
+        row += "  " + "  ".join(f"{n / f.prefill[n]:17.0f}" for n in prefills) + f"  {'yes' if same else 'NO'}"
         print(row)
     return figures

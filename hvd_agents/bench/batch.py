@@ -113,7 +113,7 @@ async def _burst(llm, prompts, name: str) -> BurstResult:
 
 async def _cancel_delay(llm, messages) -> float:
     """Seconds from cancelling a streaming request (after its first chunk) until the engine holds no request."""
-    batcher = llm.engine._batcher
+    batcher = llm.engine.batcher
 
     first = asyncio.Event()
 

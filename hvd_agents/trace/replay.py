@@ -8,7 +8,7 @@ so each assistant message is replayed as a generation target:
 * Assistant message ``i`` of a conversation: the prompt is
   ``analyze(tokenizer, messages[:i], tools, session_id=<conversation id>)``; the
   target is the reply as the model would emit it (:func:`reply_tokens`).
-* The loop is the engine's (``Engine._run``): ``start``; per step
+* The loop is the engine's (:class:`~hvd_agents.engine.request.Request`'s step): ``start``; per step
   ``k' = min(k, remaining - 1)``, a draft of at most ``k'`` tokens (none when
   ``k' = 0``), ``accepted`` = its common prefix with the rest of the target (for
   a tree draft: its longest path that the target follows), the

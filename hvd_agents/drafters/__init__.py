@@ -38,7 +38,7 @@ class DrafterResources:
     """
 
     store: CacheStore
-    cost: Callable[[], CostModel] = lambda: CostModel.linear(0.02)
+    cost: Callable[[], CostModel] = CostModel.fallback
     model_drafter: Callable[[], ModelDrafter | None] = lambda: None
 
 

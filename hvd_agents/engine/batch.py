@@ -38,7 +38,6 @@ request still waiting at its deadline fails with
 
 from __future__ import annotations
 
-import functools
 import logging
 import queue
 import threading
@@ -52,7 +51,7 @@ from hvd_agents.drafters import Draft, never_drafts
 from hvd_agents.engine.request import DEFAULT_PREFILL_CHUNK, Request, StepCall
 from hvd_agents.engine.stats import TokenEvent
 from hvd_agents.errors import InvalidRequestError, QueueFullError
-from hvd_agents.policy.cost import CostModel
+from hvd_agents.policy.cost import CostModel, request_cost
 from hvd_agents.runtime.runner import Runner
 
 logger = logging.getLogger(__name__)
@@ -127,28 +126,6 @@ def allocate(drafts: Sequence[Draft], rates: Sequence[float], max_rows: int, cos
             d = d.main_branch()
         out.append(d.truncated(n))
     return out
-
-
-@functools.lru_cache(maxsize=256)  # one per (profile, batch size): its curve is then interpolated once, not per step
-def request_cost(cost: CostModel, n: int, window: int = 32) -> tuple[CostModel, float]:
-    """What draft tokens cost one request of a step of ``n``, in units of its share of the step; and the share.
-
-    The step's cost over ``n`` root rows, ``cost.verify(n - 1)`` plain steps, is shared
-    evenly: each request's share is ``verify(n - 1) / n``. Its ``d`` draft tokens add the
-    step's cost over ``d`` more rows, ``verify(n - 1 + d) - verify(n - 1)``, which is
-    ``(that) / share`` of its share. A drafter priced with this spends rows only where
-    they pay at this batch size: about free on a GPU, close to a whole share each for 16
-    requests on a 2-core CPU.
-
-    >>> c, share = request_cost(CostModel.linear(0.25), 4)  # a step of 4 rows costs 1.75 steps
-    >>> round(share, 4), round(c.verify(2), 4)  # 2 more rows: 0.5 / 0.4375
-    (0.4375, 2.1429)
-    """
-    curve = cost.verify_curve(n + window)
-    base = float(curve[n - 1])
-    share = base / n
-    points = tuple((d, 1.0 + (float(curve[n - 1 + d]) - base) / share) for d in range(window + 1))
-    return CostModel(points, source=f"{cost.source}, a request's share of a step of {n}"), share
 
 
 def _expected(draft: Draft, rate: float) -> float:

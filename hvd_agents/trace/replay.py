@@ -35,6 +35,7 @@ from hvd_agents.chat.template import render_prompt, to_template_messages
 from hvd_agents.chat.templates import Template, apply_system_template, canonicalize_tools
 from hvd_agents.drafters import Draft, DraftContext, Outcome
 from hvd_agents.errors import InvalidRequestError
+from hvd_agents.policy.cost import FALLBACK_VERIFY_COST
 from hvd_agents.structure import PromptStructure
 from hvd_agents.trace.loader import Conversation, TraceFile
 from hvd_agents.trace.stats import TARGET_KIND, PolicyStats, StepRecord, source_kind
@@ -66,7 +67,7 @@ class ReplayConfig:
 
     policies: tuple[str, ...]
     k: int = 16
-    verify_cost: float = 0.02
+    verify_cost: float = FALLBACK_VERIFY_COST
     threshold: float | None = None
     canonical_tools: bool = False
     system_template: Template | None = None

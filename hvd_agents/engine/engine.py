@@ -66,7 +66,7 @@ from hvd_agents.engine.request import DEFAULT_PREFILL_CHUNK, Request, RequestHos
 from hvd_agents.engine.stats import RequestStats, TokenEvent
 from hvd_agents.errors import ContextLengthError, InvalidRequestError, RequestTimeoutError
 from hvd_agents.policy.cost import CostModel
-from hvd_agents.runtime.loading import load_model
+from hvd_agents.runtime.loading import LoadedModel, load_model
 from hvd_agents.runtime.runner import Runner
 from hvd_agents.runtime.selection import runner_for
 from hvd_agents.structure import PromptStructure
@@ -205,17 +205,32 @@ class Engine:
         drafter_lm = None
         if draft_model is not None:
             drafter_lm = load_model(draft_model, device=str(next(loaded.model.parameters()).device)).model
-        return cls(
-            loaded.model,
-            loaded.tokenizer,
-            eos_token_ids=loaded.eos_token_ids,
-            context_window=loaded.context_window,
-            prefix_cache_bytes=prefix_cache_bytes,
-            draft_model=drafter_lm,
-            draft_head=draft_head,
-            max_batch=max_batch,
-            max_queue=max_queue,
-        )
+        return cls.from_loaded(loaded, prefix_cache_bytes=prefix_cache_bytes, draft_model=drafter_lm,
+                               draft_head=draft_head, max_batch=max_batch, max_queue=max_queue)
+
+    @classmethod
+    def from_loaded(cls, loaded: LoadedModel, **options) -> Engine:
+        """A new engine over a loaded target (its model, tokenizer, EOS ids and context window).
+
+        Args:
+            loaded: what :func:`~hvd_agents.runtime.loading.load_model` returned.
+            **options: the constructor's keyword arguments (``prefix_cache_bytes``,
+                ``draft_head``, ``max_batch``, ...).
+        """
+        return cls(loaded.model, loaded.tokenizer, eos_token_ids=loaded.eos_token_ids,
+                   context_window=loaded.context_window, **options)
+
+    def sibling(self, **options) -> Engine:
+        """A new engine over this engine's target: the same model, tokenizer, EOS ids, context window and
+        measured cost profile; its own runner, empty cache store and prefix cache, no drafters added.
+
+        Args:
+            **options: the constructor's keyword arguments for the new engine (``prefix_cache_bytes``,
+                ``draft_model``, ``draft_head``, ``max_batch``, ...; ``cost_model`` defaults to this engine's).
+        """
+        options.setdefault("cost_model", self.cost_model())
+        return Engine(self.model, self.tokenizer, eos_token_ids=self.eos_token_ids,
+                      context_window=self.context_window, **options)
 
     @property
     def batcher(self) -> Batcher | None:

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from hvd_agents import Engine, GenerationParams
+from hvd_agents.engine.request import Request
 from hvd_agents.engine.sampling import SamplingParams
 from hvd_agents.engine.verify import Verification, verify_step
 from tests.drafters_for_tests import RandomQDrafter, ScriptedDrafter, TreeDrafter
@@ -81,13 +82,13 @@ def test_one_host_read_per_step(engine: Engine, monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(engine, "runner", UncountedForward(engine.runner, reads))
     per_step: list[list[str]] = []
     decoded: list[int] = []
-    original_verify = engine._verify
+    original_verify = Request.verify
     original_from_packed = Verification.from_packed.__func__
 
-    def counted_verify(req, cache, draft):
+    def counted_verify(req, draft):
         reads.active, reads.reads = True, []
         try:
-            return original_verify(req, cache, draft)
+            return original_verify(req, draft)
         finally:
             reads.active = False
             per_step.append(reads.reads)
@@ -96,7 +97,7 @@ def test_one_host_read_per_step(engine: Engine, monkeypatch: pytest.MonkeyPatch,
         decoded.append(len(values))
         return original_from_packed(cls, values)
 
-    monkeypatch.setattr(engine, "_verify", counted_verify)
+    monkeypatch.setattr(Request, "verify", counted_verify)
     monkeypatch.setattr(Verification, "from_packed", classmethod(counted_from_packed))
     params = GenerationParams(max_new_tokens=16, method=method, num_draft_tokens=6, temperature=temperature,
                               seed=5, reuse_prefix=False)

@@ -12,7 +12,10 @@ Layers, bottom to top (a module may import its own layer and those below):
 7. ``cli``, ``demo``, ``bench``, ``trace``, ``distill``, ``server`` and the package's own ``__init__`` (its facade)
 
 Every import counts, at module level or inside a function: a lazy import does not
-make an upward dependency acceptable.
+make an upward dependency acceptable. The core imports no integration (the partner
+packages under ``integrations/`` sit on top of it), and no module of the core or of an
+integration reads another object's private member (``other._name``): what one object
+needs of another is public.
 """
 
 from __future__ import annotations
@@ -40,6 +43,79 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 )
 NUMPY_ONLY = "hvd_agents.policy"
 HEAVY = ("torch", "transformers")
+ROOT = PACKAGE.parent
+INTEGRATION_SOURCES = (ROOT / "integrations" / "langchain-hvd" / "langchain_hvd",
+                       ROOT / "integrations" / "llama-index-llms-hvd" / "llama_index")
+# the partner packages under integrations/, and the agent frameworks they adapt to
+INTEGRATIONS = ("langchain_hvd", "llama_index", "langchain", "langchain_core")
+# Private names of third-party objects read because their libraries offer no public equivalent.
+THIRD_PARTY_PRIVATE = {
+    "_attn_implementation": "transformers' config names its attention backend only so",
+    "_name_or_path": "transformers' config keeps the model's source only so",
+}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _owned(tree: ast.AST) -> set[str]:
+    """Names the module defines itself: its functions and classes, what they assign to ``self`` / ``cls``,
+    and every other name it binds. A module reads its own private members freely (a class's instances, a
+    helper class beside it)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+              and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return names
+
+
+def _foreign_modules(tree: ast.AST, package: str) -> set[str]:
+    """Local names bound to other packages' modules by ``import x`` (their private helpers are theirs to offer)."""
+    return {(alias.asname or alias.name).split(".")[0]
+            for node in ast.walk(tree) if isinstance(node, ast.Import)
+            for alias in node.names if alias.name.split(".")[0] != package}
+
+
+def _root(node: ast.expr) -> ast.expr:
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node
+
+
+def private_reads(source: str, package: str = "hvd_agents") -> list[tuple[str, int]]:
+    """``(expression, line)`` for every read of another object's private member in ``source``.
+
+    ``x._name`` (or ``getattr(x, "_name")``) counts unless ``x`` is ``self``, ``cls`` or
+    ``super()``, ``_name`` is defined in the same module, or ``x`` is reached from another
+    package's module (``torch._C``).
+    """
+    tree = ast.parse(source)
+    mine, modules = _owned(tree), _foreign_modules(tree, package)
+    found: list[tuple[str, int]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            name, base = node.attr, node.value
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in ("getattr", "hasattr", "setattr") and len(node.args) >= 2
+              and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)
+              and _private(node.args[1].value)):
+            name, base = node.args[1].value, node.args[0]
+        else:
+            continue
+        root = _root(base)
+        if ((isinstance(base, ast.Name) and base.id in ("self", "cls"))
+                or (isinstance(base, ast.Call) and isinstance(base.func, ast.Name) and base.func.id == "super")
+                or (isinstance(root, ast.Name) and root.id in modules)
+                or name in mine or name in THIRD_PARTY_PRIVATE):
+            continue
+        found.append((f"{ast.unparse(base)}.{name}", node.lineno))
+    return found
 
 
 def layer_of(module: str) -> int:
@@ -85,6 +161,8 @@ def violations(root: Path) -> list[str]:
             where = f"{path.relative_to(root.parent)}:{line}"
             if name.startswith(NUMPY_ONLY) and target.split(".")[0] in HEAVY:
                 problems.append(f"{where}: {name} imports {target}, but the policy layer is numpy only")
+            if any(target == i or target.startswith(i + ".") for i in INTEGRATIONS):
+                problems.append(f"{where}: {name} imports {target}, an integration or agent framework: the core must not depend on one")
             if target not in modules:
                 continue
             if target != name:
@@ -93,7 +171,15 @@ def violations(root: Path) -> list[str]:
                 problems.append(f"{where}: {name} (layer {layer_of(name)}) imports {target} "
                                 f"(layer {layer_of(target)}), an upward import")
     problems.extend(f"import cycle: {' -> '.join(cycle)}" for cycle in _cycles(graph))
+    problems.extend(private_problems(root))
     return problems
+
+
+def private_problems(root: Path, package: str = "hvd_agents") -> list[str]:
+    """Every read of another object's private member in the modules under ``root``."""
+    return [f"{path.relative_to(root.parent)}:{line}: reads {expression}, another object's private member"
+            for path in sorted(root.rglob("*.py"))
+            for expression, line in private_reads(path.read_text(encoding="utf-8"), package)]
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -119,6 +205,11 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_layers_import_only_downward_and_form_no_cycle() -> None:
     assert violations(PACKAGE) == []
+
+
+def test_the_integrations_read_no_private_member() -> None:
+    problems = [p for source in INTEGRATION_SOURCES for p in private_problems(source, source.name)]
+    assert problems == []
 
 
 def _plant(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -147,11 +238,34 @@ def _plant(tmp_path: Path, files: dict[str, str]) -> Path:
         # two modules of one layer importing each other
         ({"engine/__init__.py": "", "engine/a.py": "from hvd_agents.engine import b\n",
           "engine/b.py": "import hvd_agents.engine.a\n"}, "import cycle"),
+        # a benchmark importing an integration, inside a function
+        ({"bench/__init__.py": "", "bench/burst.py": "def f():\n    from langchain_hvd import ChatHVD\n"},
+         "an integration"),
+        # a scheduler driving another object's step through its private members
+        ({"engine/__init__.py": "", "engine/batch.py": "def step(engine, req):\n    engine._emit(req)\n"},
+         "private member"),
+        # ... or through getattr
+        ({"bench/__init__.py": "", "bench/arms.py": "def f(d):\n    return getattr(d, '_requests', {})\n"},
+         "private member"),
     ],
 )
 def test_the_check_finds_a_planted_violation(tmp_path, files, expected) -> None:
     problems = violations(_plant(tmp_path, files))
     assert any(expected in problem for problem in problems), problems
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "class A:\n    def f(self):\n        return self._x\n",  # its own member
+        ("class A:\n    def __init__(self):\n        self._x = 1\n\n    def same(self, other):\n"
+         "        return other._x\n"),  # another instance of a class of this module
+        "import torch\n\ntorch._C._nn.mkldnn_linear\n",  # another package's module
+        "class B(A):\n    def f(self):\n        return super()._x\n",  # a base class's member
+    ],
+)
+def test_the_private_check_allows_what_is_the_modules_own(source: str) -> None:
+    assert private_reads(source) == []
 
 
 def test_a_module_in_no_layer_is_named() -> None:

@@ -8,7 +8,7 @@ the model's stop ids and the call's stop strings, and returns a :class:`CallFigu
   conversation (fresh cache store, fresh prefix cache: a new agent process) over the
   shared loaded model; with or without prefix KV reuse. The call is rendered through
   ``prepare`` on the arm's engine, which registers its structure as every front end
-  does. Its drafter is wrapped in :class:`TimedDrafter`, which times ``propose`` (drafting
+  does. Its drafter is wrapped in :class:`~hvd_agents.bench.timed.TimedDrafter`, which times ``propose`` (drafting
   and the policy's decision) and ``observe`` (index update and online learning) and
   collects each step's accepted length.
 * :class:`HFArm`: ``model.generate`` of transformers on the same model, no reuse (what a
@@ -33,13 +33,12 @@ from typing import Any
 import torch
 
 from hvd_agents.bench.llama_cpp import LlamaCppPeer
+from hvd_agents.bench.timed import TimedDrafter
 from hvd_agents.chat.conversation import prepare
-from hvd_agents.drafters import CacheStore, Drafter
-from hvd_agents.drafters.base import Draft, DraftContext, Outcome
+from hvd_agents.drafters import Drafter
 from hvd_agents.engine import Engine, GenerationParams
 from hvd_agents.engine.engine import DEFAULT_PREFIX_CACHE_BYTES
 from hvd_agents.errors import HVDError
-from hvd_agents.structure import PromptStructure
 
 
 @dataclass(frozen=True)
@@ -132,44 +131,6 @@ def budget_of(call: ReplayCall, context_window: int) -> int:
 # ------------------------------------------------------------------ engine arms
 
 
-class TimedDrafter:
-    """A drafter wrapped to time its calls and collect each step's accepted length (outputs unchanged)."""
-
-    def __init__(self, inner: Drafter) -> None:
-        self.inner = inner
-        self.reset()
-
-    def reset(self) -> None:
-        self.propose_s = self.observe_s = self.verify_s = self.model_draft_s = 0.0
-        self.accepted_lengths: list[int] = []
-
-    @property
-    def uses_hidden_states(self) -> bool:
-        return bool(getattr(self.inner, "uses_hidden_states", False))
-
-    def start(self, req_id: str, prompt_ids: Sequence[int], structure: PromptStructure | None = None) -> None:
-        self.inner.start(req_id, prompt_ids, structure)
-
-    def propose(self, ctx: DraftContext, k: int) -> Draft:
-        begun = time.perf_counter()
-        draft = self.inner.propose(ctx, k)
-        self.propose_s += time.perf_counter() - begun
-        decision = getattr(getattr(self.inner, "_requests", {}).get(ctx.req_id), "decision", None)  # hvd's step
-        self.model_draft_s += getattr(decision, "draft_s", 0.0)
-        return draft
-
-    def observe(self, outcome: Outcome) -> None:
-        begun = time.perf_counter()
-        self.inner.observe(outcome)
-        self.observe_s += time.perf_counter() - begun
-        self.verify_s += outcome.verify_s
-        if outcome.draft.token_ids:
-            self.accepted_lengths.append(outcome.num_accepted)
-
-    def stop(self, req_id: str) -> None:
-        self.inner.stop(req_id)
-
-
 class EngineArm:
     """The engine with one method, a fresh engine per conversation; ``reuse``: prefix KV reuse on.
 
@@ -191,10 +152,8 @@ class EngineArm:
 
     def start(self) -> None:
         base = self.base
-        self.engine = Engine(base.model, base.tokenizer, eos_token_ids=base.eos_token_ids,
-                             context_window=base.context_window, cache_store=CacheStore(), cost_model=base.cost_model(),
-                             prefix_cache_bytes=DEFAULT_PREFIX_CACHE_BYTES if self.reuse else 0,
-                             draft_model=base.draft_model, draft_head=base.draft_head)
+        self.engine = base.sibling(prefix_cache_bytes=DEFAULT_PREFIX_CACHE_BYTES if self.reuse else 0,
+                                   draft_model=base.draft_model, draft_head=base.draft_head)
         inner = self.make_drafter() if self.make_drafter is not None else self.engine.drafter(self.method)
         self.timed = TimedDrafter(inner)
         self.engine.add_drafter(self.method, self.timed)

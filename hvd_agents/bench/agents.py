@@ -34,7 +34,6 @@ from hvd_agents.bench.agent_arms import CallFigures, EngineArm, HFArm, LlamaCppA
 from hvd_agents.bench.digest import output_digest
 from hvd_agents.bench.recorded import RecordedConversation, load_conversations, prompt_digest
 from hvd_agents.chat.conversation import prepare
-from hvd_agents.drafters import CacheStore
 from hvd_agents.engine import Engine
 from hvd_agents.engine.shared import shared_engine
 from hvd_agents.errors import HVDError, InvalidRequestError
@@ -112,8 +111,7 @@ def _make_arm(name: str, base: Engine, peer: llama_cpp.LlamaCppPeer | None) -> E
 
 def _scratch_engine(base: Engine) -> Engine:
     """An engine over the shared model with its own store, to render prompts without touching any arm."""
-    return Engine(base.model, base.tokenizer, eos_token_ids=base.eos_token_ids, context_window=base.context_window,
-                  cache_store=CacheStore(), cost_model=base.cost_model(), prefix_cache_bytes=0, draft_head=None)
+    return base.sibling(prefix_cache_bytes=0, draft_head=None)
 
 
 def replay_calls(base: Engine, conversation: RecordedConversation, *, max_turns: int | None = None,

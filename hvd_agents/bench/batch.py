@@ -15,7 +15,8 @@ the time until its slot is free is printed (it leaves at the end of the step in 
 and a one-token decode step is timed on the main thread and on a worker thread (where
 async calls, the batcher and the server run their forwards).
 
-Each arm gets a fresh engine, so neither copies replies the other generated; the
+The calls go through the chat integration's driver (``langchain_hvd.bench``, found by
+its entry point: the core imports no integration). Each arm gets a fresh engine, so neither copies replies the other generated; the
 prompts are distinct, so no request can copy another's reply within an arm either.
 By default neither arm reuses prefix KV. With ``--reuse-prefix`` both do, as a default
 engine does: each request's prompt KV is kept once its prefill is done, so requests
@@ -35,6 +36,8 @@ import statistics
 import threading
 import time
 from dataclasses import asdict, dataclass
+from importlib.metadata import entry_points
+from typing import Protocol
 
 import torch
 
@@ -44,6 +47,7 @@ from hvd_agents.engine.engine import DEFAULT_PREFIX_CACHE_BYTES
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.runtime.loading import load_model
 
+DRIVER_GROUP, DRIVER_NAME = "hvd_agents.bench", "chat-burst"  # the entry point of a chat integration's driver
 CITIES = ("Lyon", "Oslo", "Kyoto", "Lima", "Cairo", "Perth", "Quebec", "Turin")
 
 
@@ -76,63 +80,28 @@ class BurstResult:
     replies: list[str]
 
 
-async def _burst(llm, prompts, name: str) -> BurstResult:
-    from langchain_core.messages import convert_to_messages
+class ChatDriver(Protocol):
+    """What drives the burst through a chat integration (``langchain_hvd.bench`` for ``ChatHVD``): found
+    through the ``hvd_agents.bench`` entry point ``chat-burst``, so the core imports no integration."""
 
-    gaps: list[float] = []
-    stop = asyncio.Event()
+    async def burst(self, engine: Engine, prompts: list[tuple[list[dict], list[dict]]], name: str, *,
+                    max_tokens: int, method: str) -> BurstResult:
+        """Send every prompt at once through the integration's async call on ``engine``; the arm's figures."""
 
-    async def heartbeat() -> None:
-        last = time.perf_counter()
-        while not stop.is_set():
-            await asyncio.sleep(0.02)
-            now = time.perf_counter()
-            gaps.append(now - last)
-            last = now
-
-    async def one(messages, tools):
-        start = time.perf_counter()
-        model = llm.bind_tools(tools) if tools else llm
-        reply = await model.ainvoke(convert_to_messages(messages))
-        return time.perf_counter() - start, reply
-
-    beat = asyncio.create_task(heartbeat())
-    start = time.perf_counter()
-    done = await asyncio.gather(*(one(m, t) for m, t in prompts))
-    seconds = time.perf_counter() - start
-    stop.set()
-    await beat
-    latencies = sorted(s for s, _ in done)
-    tokens = sum(reply.usage_metadata["output_tokens"] for _, reply in done)
-    replies = [json.dumps([reply.content, reply.tool_calls], sort_keys=True, default=str) for _, reply in done]
-    p95 = latencies[min(len(latencies) - 1, round(0.95 * (len(latencies) - 1)))]
-    prefill = sum(reply.response_metadata.get("hvd_stats", {}).get("prefill_s", 0.0) for _, reply in done)
-    return BurstResult(name, seconds, tokens, tokens / seconds, statistics.median(latencies), p95,
-                       max(gaps, default=0.0), prefill, replies)
+    async def cancel_delay(self, engine: Engine, messages: list[dict], *, max_tokens: int, method: str) -> float:
+        """Seconds from cancelling a streaming request (after its first chunk) until ``engine`` holds none."""
 
 
-async def _cancel_delay(llm, messages) -> float:
-    """Seconds from cancelling a streaming request (after its first chunk) until the engine holds no request."""
-    batcher = llm.engine._batcher
+def chat_driver() -> ChatDriver:
+    """The installed chat integration's burst driver.
 
-    first = asyncio.Event()
-
-    async def reader() -> None:
-        async for _ in llm.astream(messages):
-            first.set()  # keep reading: the request decodes on
-
-    task = asyncio.create_task(reader())
-    await first.wait()
-    await asyncio.sleep(0.05)  # into a step
-    start = time.perf_counter()
-    task.cancel()
-    try:
-        await task
-    except asyncio.CancelledError:
-        pass
-    while batcher.pending:
-        await asyncio.sleep(0.001)
-    return time.perf_counter() - start
+    Raises:
+        InvalidRequestError: no installed package provides one (langchain-hvd does).
+    """
+    found = entry_points(group=DRIVER_GROUP, name=DRIVER_NAME)
+    if not found:
+        raise InvalidRequestError("bench-batch drives ChatHVD: pip install -e integrations/langchain-hvd")
+    return next(iter(found)).load()
 
 
 def step_ms_by_thread(engine: Engine, context: int = 300, steps: int = 20) -> tuple[float, float]:
@@ -166,28 +135,22 @@ def run_batch_benchmark(model: str | None = None, *, device: str | None = None, 
                         max_tokens: int = 64, method: str = "hvd", json_path: str | None = None,
                         reuse_prefix: bool = False) -> dict:
     """Run the benchmark (see the module docstring) and print its table."""
-    try:
-        from langchain_hvd import ChatHVD
-    except ImportError as exc:
-        raise InvalidRequestError("bench-batch drives ChatHVD: pip install -e integrations/langchain-hvd") from exc
+    driver = chat_driver()
     loaded = load_model(model, device=device)
     prompts = burst_prompts(requests)
 
     def engine(max_batch: int) -> Engine:
-        return Engine(loaded.model, loaded.tokenizer, eos_token_ids=loaded.eos_token_ids,
-                      context_window=loaded.context_window, max_batch=max_batch,
-                      prefix_cache_bytes=DEFAULT_PREFIX_CACHE_BYTES if reuse_prefix else 0)
+        return Engine.from_loaded(loaded, max_batch=max_batch,
+                                  prefix_cache_bytes=DEFAULT_PREFIX_CACHE_BYTES if reuse_prefix else 0)
 
     results, timed = {}, {}
     for name, max_batch in (("serial", 1), ("batched", requests)):
         warm = engine(max_batch)  # kernels, the cost profile, first-use costs; its replies stay in its own store
-        asyncio.run(_burst(ChatHVD(engine=warm, max_tokens=max_tokens, method=method), prompts[:2], name))
+        asyncio.run(driver.burst(warm, prompts[:2], name, max_tokens=max_tokens, method=method))
         timed[name] = engine(max_batch)
-        llm = ChatHVD(engine=timed[name], max_tokens=max_tokens, method=method)
-        results[name] = asyncio.run(_burst(llm, prompts, name))
+        results[name] = asyncio.run(driver.burst(timed[name], prompts, name, max_tokens=max_tokens, method=method))
     step_main, step_worker = step_ms_by_thread(timed["serial"])
-    cancel_llm = ChatHVD(engine=timed["batched"], max_tokens=2000, method=method)
-    cancel_s = asyncio.run(_cancel_delay(cancel_llm, prompts[0][0]))
+    cancel_s = asyncio.run(driver.cancel_delay(timed["batched"], prompts[0][0], max_tokens=2000, method=method))
     serial, batched = results["serial"], results["batched"]
     same = sum(a == b for a, b in zip(serial.replies, batched.replies))
     print(f"{requests} concurrent requests through ChatHVD.ainvoke, method {method}, max_tokens {max_tokens}, "

@@ -51,7 +51,7 @@ def run_drafter_benchmark(
     stream = _agentlike(rng, context_tokens + steps * 4, phrases, vocab).tolist()
     context = stream[:context_tokens]
     drafter.start("bench", context)
-    predictor, cost = PayoffPredictor(), CostModel.linear(0.02)
+    predictor, cost = PayoffPredictor(), CostModel.fallback()
     propose_ms, update_ms, predict_us, learn_us, drafted = [], [], [], [], 0
     position = context_tokens
     for _ in range(steps):

@@ -84,9 +84,7 @@ def run_kernel_benchmark(
     items = [_Item(p, encode_prompt(tokenizer, p.messages, p.tools)) for p in agent_prompts() + chat_prompts()]
     context = list(max((item.ids for item in items), key=len))
 
-    engines = {kernel: Engine(lm.model, lm.tokenizer, eos_token_ids=lm.eos_token_ids,
-                              context_window=lm.context_window, draft_head="auto")
-               for kernel, lm in models.items()}
+    engines = {kernel: Engine.from_loaded(lm, draft_head="auto") for kernel, lm in models.items()}
     ms = {kernel: {d: float("inf") for d in DRAFT_LENGTHS} for kernel in kernels}
     for round_index in range(2):
         for d in DRAFT_LENGTHS:

@@ -46,7 +46,6 @@ from hvd_agents.bench.llama_cpp import PEER_NAME, LlamaCppPeer, check_peers, sam
 from hvd_agents.bench.prompts import AgentPrompt, agent_prompts, chat_prompts
 from hvd_agents.chat.conversation import prepare
 from hvd_agents.chat.template import encode_prompt
-from hvd_agents.drafters import CacheStore
 from hvd_agents.engine import Engine, GenerationParams
 from hvd_agents.engine.shared import shared_engine
 from hvd_agents.engine.stats import RequestStats, SourceStats
@@ -176,9 +175,7 @@ def _cache_runner(
     cost = engine.cost_model()
 
     def run(item: _Item) -> tuple[int, ...]:
-        fresh = Engine(engine.model, engine.tokenizer, eos_token_ids=engine.eos_token_ids,
-                       context_window=engine.context_window, cache_store=CacheStore(), cost_model=cost,
-                       draft_model=engine.draft_model if model_drafter else None,
+        fresh = engine.sibling(cost_model=cost, draft_model=engine.draft_model if model_drafter else None,
                        draft_head=engine.draft_head if model_drafter else None)
         structure = prepare(fresh, item.prompt.messages, item.prompt.tools)
         result = fresh.generate(structure.prompt_ids, params, structure=structure)

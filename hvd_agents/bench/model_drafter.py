@@ -23,15 +23,14 @@ outputs must match ``ar`` token for token.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hvd_agents.bench.digest import output_digest
 from hvd_agents.bench.live import Tally, _cache_runner, _engine_runner, _Item, _timed
 from hvd_agents.bench.prompts import agent_prompts, chat_prompts
+from hvd_agents.bench.timed import TimedDrafter
 from hvd_agents.chat.template import encode_prompt
-from hvd_agents.drafters import DraftContext, Drafter, Outcome
 from hvd_agents.engine import GenerationParams
 from hvd_agents.engine.shared import shared_engine
 from hvd_agents.engine.stats import SourceStats
@@ -39,32 +38,6 @@ from hvd_agents.errors import HVDError
 
 logger = logging.getLogger(__name__)
 ARMS = ("ar", "model", "hvd-cache", "hvd-no-model", "hvd")
-
-
-class TimedDrafter:
-    """Wraps a model drafter and adds up the time its proposals take."""
-
-    def __init__(self, inner: Drafter) -> None:
-        self.inner = inner
-        self.uses_hidden_states = getattr(inner, "uses_hidden_states", False)
-        self.seconds = 0.0
-        self.calls = 0
-
-    def start(self, req_id, prompt_ids, structure=None) -> None:
-        self.inner.start(req_id, prompt_ids, structure)
-
-    def propose(self, ctx: DraftContext, k: int):
-        start = time.perf_counter()
-        draft = self.inner.propose(ctx, k)
-        self.seconds += time.perf_counter() - start
-        self.calls += 1
-        return draft
-
-    def observe(self, outcome: Outcome) -> None:
-        self.inner.observe(outcome)
-
-    def stop(self, req_id: str) -> None:
-        self.inner.stop(req_id)
 
 
 @dataclass
@@ -134,7 +107,7 @@ def run_model_benchmark(
     for by_workload in sources.values():
         for per_source in by_workload.values():
             per_source.clear()
-    timed.seconds, timed.calls = 0.0, 0
+    timed.reset()
     tallies = {w: {arm: Tally() for arm in ARMS} for w in workloads}
     for round_index in range(rounds):
         order = ARMS if round_index % 2 == 0 else tuple(reversed(ARMS))
@@ -174,8 +147,8 @@ def _print(tallies, figures: ModelFigures, timed: TimedDrafter, inner, max_new_t
               + f"{arms['model'].tokens_per_s / ref.tokens_per_s:>9.2f}x"
               + f"{arms['hvd'].tokens_per_s / best_single:>16.2f}x"
               + f"{arms['hvd'].tokens_per_s / arms['hvd-no-model'].tokens_per_s:>17.2f}x{same:>9}/{len(ref.outputs)}")
-    target_step = (figures.decode_s - timed.seconds) / max(figures.steps, 1)
-    draft_step = timed.seconds / max(timed.calls, 1)
+    target_step = (figures.decode_s - timed.propose_s) / max(figures.steps, 1)
+    draft_step = timed.propose_s / max(timed.calls, 1)
     print(f"model drafts: {figures.drafts} drafts, {figures.accepted_per_draft:.2f} accepted tokens per draft "
           f"({figures.accepted}/{figures.drafted} drafted tokens), {figures.steps} steps; drafting "
           f"{draft_step * 1e3:.1f} ms per step = {draft_step / target_step:.2f} of a target step ({target_step * 1e3:.1f} ms)")

@@ -44,7 +44,6 @@ from hvd_agents.bench.digest import output_digest
 from hvd_agents.bench.llama_cpp import PEER_NAME, LlamaCppPeer, check_peers, reply_text
 from hvd_agents.chat.conversation import prepare
 from hvd_agents.chat.template import encode_prompt
-from hvd_agents.drafters import CacheStore
 from hvd_agents.engine import Engine, GenerationParams
 from hvd_agents.engine.engine import DEFAULT_PREFIX_CACHE_BYTES
 from hvd_agents.engine.shared import shared_engine
@@ -113,8 +112,7 @@ class PeerArm:
 
 
 def _fresh_engine(base: Engine, budget: int) -> Engine:
-    return Engine(base.model, base.tokenizer, eos_token_ids=base.eos_token_ids, context_window=base.context_window,
-                  cache_store=CacheStore(), cost_model=base.cost_model(), prefix_cache_bytes=budget)
+    return base.sibling(prefix_cache_bytes=budget)
 
 
 def run_prefix_benchmark(

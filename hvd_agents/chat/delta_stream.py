@@ -22,7 +22,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from hvd_agents.chat.request import ChatRequest, ReplySummary
+from hvd_agents.chat.request import ChatRequest, ReplySummary, request_events
 from hvd_agents.chat.toolcall_deltas import ParsedDelta, ToolCallDelta, ToolCallDeltaParser
 from hvd_agents.chat.toolcall_stream import VisibleReply
 from hvd_agents.chat.toolcalls import TOOL_CALL_CLOSE
@@ -90,9 +90,11 @@ def stream_reply_deltas(request: ChatRequest, cancelled: threading.Event | None 
 
     Args:
         request: the prepared request.
-        cancelled: when set, the request ends after the current step (no last delta).
+        cancelled: when set, the request ends after the current step (no last delta); a
+            :class:`~hvd_agents.chat.async_stream.CancelFlag` (the server's) also ends a batched
+            request at once (:func:`~hvd_agents.chat.request.request_events`).
     """
-    events = request.engine.stream(request.structure.prompt_ids, request.params, structure=request.structure)
+    events = request_events(request, cancelled)
     try:
         if request.parse_tools:
             yield from _tool_deltas(request, events, cancelled)

@@ -437,20 +437,30 @@ def build_chat_request(
     return ChatRequest(engine, structure, params, prefix, bool(tools), forced, json_mode and not forced, model_name)
 
 
-def stream_reply(request: ChatRequest, cancelled: threading.Event | None = None) -> Iterator[ReplyPiece]:
-    """Run a request; yield content deltas, then one last piece with calls and the summary.
+def request_events(request: ChatRequest, cancelled: threading.Event | None = None) -> Iterator[TokenEvent]:
+    """The engine's events for ``request``: where every chat reply's decoding starts, for the adapters
+    (:func:`stream_reply`) and the server (:func:`~hvd_agents.chat.delta_stream.stream_reply_deltas`) alike.
 
-    Closing this generator, or setting ``cancelled`` (checked after every engine
-    event, also while tool-call text is held back), closes the engine's iterator,
-    which ends the request and releases the engine. When ``cancelled`` takes callbacks
-    (:class:`~hvd_agents.chat.async_stream.CancelFlag`) and the engine's iterator can be
-    cancelled from another thread (a batching engine's), setting the flag ends the
-    request at once, at the end of the step in progress.
+    The caller closes the iterator when it is done (closing ends the request and releases the
+    engine). When ``cancelled`` takes callbacks (:class:`~hvd_agents.chat.async_stream.CancelFlag`)
+    and the engine's iterator can be cancelled from another thread (a batching engine's), setting
+    the flag ends the request at once, at the end of the step in progress.
     """
     events = request.engine.stream(request.structure.prompt_ids, request.params, structure=request.structure)
     cancel = getattr(events, "cancel", None)  # a batching engine's stream can be ended from another thread
     if cancel is not None and hasattr(cancelled, "add_callback"):
         cancelled.add_callback(cancel)
+    return events
+
+
+def stream_reply(request: ChatRequest, cancelled: threading.Event | None = None) -> Iterator[ReplyPiece]:
+    """Run a request; yield content deltas, then one last piece with calls and the summary.
+
+    Closing this generator, or setting ``cancelled`` (checked after every engine
+    event, also while tool-call text is held back), closes the engine's iterator,
+    which ends the request and releases the engine (see :func:`request_events`).
+    """
+    events = request_events(request, cancelled)
     try:
         yield from _pieces(request, events, cancelled)
     finally:

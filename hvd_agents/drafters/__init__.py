@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hvd_agents.drafters.base import Draft, DraftContext, Drafter, NoDrafter, Outcome
+from hvd_agents.drafters.base import Draft, DraftContext, Drafter, NoDrafter, Outcome, never_drafts, uses_hidden_states
 from hvd_agents.drafters.cache.prompt_lookup import PromptLookupDrafter
 from hvd_agents.drafters.cache.store import CacheStore
 from hvd_agents.drafters.cache.suffix import SuffixDrafter
@@ -38,7 +38,7 @@ class DrafterResources:
     """
 
     store: CacheStore
-    cost: Callable[[], CostModel] = lambda: CostModel.linear(0.02)
+    cost: Callable[[], CostModel] = CostModel.fallback
     model_drafter: Callable[[], ModelDrafter | None] = lambda: None
 
 
@@ -103,4 +103,6 @@ __all__ = [
     "SuffixDrafter",
     "available_methods",
     "create_drafter",
+    "never_drafts",
+    "uses_hidden_states",
 ]

@@ -14,6 +14,9 @@ Drafters own their own state (indexes, caches, RNG, a model drafter's own KV); t
 engine owns the target model, its KV cache and the token sequence. A drafter that
 drafts from the target's hidden states sets the attribute ``uses_hidden_states =
 True``; the engine then computes them and passes them in :class:`DraftContext`.
+A drafter that never drafts (plain decoding) sets ``never_drafts = True``; a batching
+engine then does not price its requests' draft tokens. Both attributes are optional
+(absent: False) and read through :func:`uses_hidden_states` and :func:`never_drafts`.
 What the ``hvd`` policy needs of a model drafter beyond these calls (its priors,
 its pending context, the thresholds its ``propose`` honours) is declared by
 :class:`~hvd_agents.drafters.model.protocol.ModelDrafter`.
@@ -261,6 +264,16 @@ class Drafter(Protocol):
         """End the request and release its state. Must be safe to call twice."""
 
 
+def uses_hidden_states(drafter: Drafter) -> bool:
+    """Whether ``drafter`` drafts from the target's hidden states (its optional ``uses_hidden_states``)."""
+    return bool(getattr(drafter, "uses_hidden_states", False))
+
+
+def never_drafts(drafter: Drafter) -> bool:
+    """Whether ``drafter`` never proposes a token (its optional ``never_drafts``), so pricing drafts is moot."""
+    return bool(getattr(drafter, "never_drafts", False))
+
+
 class NoDrafter:
     """Plain autoregressive decoding: never drafts.
 
@@ -268,6 +281,8 @@ class NoDrafter:
         >>> NoDrafter().propose(DraftContext("r", [1, 2, 3], 3), k=8) == Draft()
         True
     """
+
+    never_drafts = True
 
     def start(self, req_id: str, prompt_ids: Sequence[int], structure: PromptStructure | None = None) -> None:
         del req_id, prompt_ids, structure

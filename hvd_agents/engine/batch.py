@@ -17,7 +17,8 @@ decoding; a request starts decoding with the step after its last chunk. Each ste
    cost of a forward over that many rows);
 3. runs all of them in one :meth:`~hvd_agents.runtime.runner.Runner.forward_batch`;
 4. verifies, emits and accounts each request exactly as the one-request loop does
-   (the same engine methods), and hands its :class:`TokenEvent` to its consumer.
+   (the same :class:`~hvd_agents.engine.request.Request` step), and hands its
+   :class:`TokenEvent` to its consumer.
 
 A request's output does not depend on its company: each row's logits are its logits
 alone (bitwise on the native CPU runner), drafts only change how many tokens a step
@@ -37,7 +38,6 @@ request still waiting at its deadline fails with
 
 from __future__ import annotations
 
-import functools
 import logging
 import queue
 import threading
@@ -47,30 +47,26 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hvd_agents.drafters import Draft, Drafter, Outcome
+from hvd_agents.drafters import Draft, never_drafts
+from hvd_agents.engine.request import DEFAULT_PREFILL_CHUNK, Request, StepCall
 from hvd_agents.engine.stats import TokenEvent
 from hvd_agents.errors import InvalidRequestError, QueueFullError
-from hvd_agents.policy.cost import CostModel
-from hvd_agents.runtime.runner import BatchCall
+from hvd_agents.policy.cost import CostModel, request_cost
+from hvd_agents.runtime.runner import Runner
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_ROWS = 64  # rows one batched step verifies at most (the native CPU forward's largest call)
-PRIOR_RATE = 0.5  # a request's acceptance rate before it has verified anything
 
 
 @dataclass(eq=False)
 class _Active:
     """A request in the batch (engine-internal)."""
 
-    req: object  # the engine's _Request
-    drafter: Drafter
-    structure: object
+    req: Request
     events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     cancelled: threading.Event = field(default_factory=threading.Event)
-    started: bool = False
     ended: bool = False
-    start_s: float = 0.0
     prefill: Iterator[int] | None = None  # its prefill's remaining chunks, while it has some
 
 
@@ -132,28 +128,6 @@ def allocate(drafts: Sequence[Draft], rates: Sequence[float], max_rows: int, cos
     return out
 
 
-@functools.lru_cache(maxsize=256)  # one per (profile, batch size): its curve is then interpolated once, not per step
-def request_cost(cost: CostModel, n: int, window: int = 32) -> tuple[CostModel, float]:
-    """What draft tokens cost one request of a step of ``n``, in units of its share of the step; and the share.
-
-    The step's cost over ``n`` root rows, ``cost.verify(n - 1)`` plain steps, is shared
-    evenly: each request's share is ``verify(n - 1) / n``. Its ``d`` draft tokens add the
-    step's cost over ``d`` more rows, ``verify(n - 1 + d) - verify(n - 1)``, which is
-    ``(that) / share`` of its share. A drafter priced with this spends rows only where
-    they pay at this batch size: about free on a GPU, close to a whole share each for 16
-    requests on a 2-core CPU.
-
-    >>> c, share = request_cost(CostModel.linear(0.25), 4)  # a step of 4 rows costs 1.75 steps
-    >>> round(share, 4), round(c.verify(2), 4)  # 2 more rows: 0.5 / 0.4375
-    (0.4375, 2.1429)
-    """
-    curve = cost.verify_curve(n + window)
-    base = float(curve[n - 1])
-    share = base / n
-    points = tuple((d, 1.0 + (float(curve[n - 1 + d]) - base) / share) for d in range(window + 1))
-    return CostModel(points, source=f"{cost.source}, a request's share of a step of {n}"), share
-
-
 def _expected(draft: Draft, rate: float) -> float:
     """Expected accepted tokens of a draft kept whole (main branch; by its survival, else ``rate ** position``)."""
     if draft.survival is not None:
@@ -165,25 +139,31 @@ class Batcher:
     """The batching worker of one engine (see the module docstring).
 
     Args:
-        engine: the engine whose runner, prefix cache and request methods it uses.
+        runner: the target's runner; each step is one ``forward_batch`` over it.
+        lock: held while the worker runs prefill chunks and steps (the engine's: its
+            requests and its other users of the runner take turns).
+        cost: returns the runner's cost profile (measured on first call).
         max_batch: requests decoded together at most; more wait in line.
         max_rows: rows one step verifies at most.
         max_queue: requests waiting for a place at most (None: no bound).
-        make_drafter: a fresh drafter for a request of ``method`` (None: the engine's shared one).
+        prefill_chunk: about how many prompt tokens are prefilled between two steps.
     """
 
-    def __init__(self, engine, max_batch: int, max_rows: int = DEFAULT_MAX_ROWS, max_queue: int | None = None,
-                 make_drafter: Callable[[str], Drafter | None] | None = None) -> None:
+    def __init__(self, runner: Runner, lock: threading.Lock, cost: Callable[[], CostModel], max_batch: int,
+                 max_rows: int = DEFAULT_MAX_ROWS, max_queue: int | None = None,
+                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> None:
         if max_batch < 1 or max_rows < max_batch:
             raise InvalidRequestError(f"max_batch must be in 1..{max_rows} (a step verifies at most {max_rows} rows), "
                                       f"got {max_batch}")
         if max_queue is not None and (isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 0):
             raise InvalidRequestError(f"max_queue must be an int >= 0 or None, got {max_queue!r}")
-        self.engine = engine
+        self.runner = runner
+        self.lock = lock
+        self.cost = cost
         self.max_batch = max_batch
         self.max_rows = max_rows
         self.max_queue = max_queue
-        self._make_drafter = make_drafter
+        self.prefill_chunk = prefill_chunk
         self._waiting: list[_Active] = []
         self._active: list[_Active] = []
         self._cv = threading.Condition()
@@ -191,11 +171,9 @@ class Batcher:
         self.steps = 0  # batched steps run (for tests and metrics)
         self.largest_batch = 0
 
-    def submit(self, req, drafter: Drafter, structure) -> Iterator[TokenEvent]:
+    def submit(self, req: Request) -> Iterator[TokenEvent]:
         """Queue ``req`` and return its events (the iterator is :meth:`Engine.stream`'s)."""
-        if self._make_drafter is not None:
-            drafter = self._make_drafter(req.params.method) or drafter
-        item = _Active(req, drafter, structure)
+        item = _Active(req)
         with self._cv:
             queued = len(self._waiting) - max(0, self.max_batch - len(self._active))  # those with no free place
             if self.max_queue is not None and queued >= self.max_queue:
@@ -221,14 +199,14 @@ class Batcher:
                     if not self._cv.wait(timeout=30.0) and not self._waiting:  # idle: the thread ends
                         self._thread = None
                         return
-                expired = [item for item in self._waiting if _overdue(item)]
+                expired = [item for item in self._waiting if item.req.overdue()]
                 self._waiting = [item for item in self._waiting if item not in expired]
                 joining = self._waiting[: self.max_batch - len(self._active)]
                 del self._waiting[: len(joining)]
                 self._active += joining
             for item in expired:
                 item.events.put(item.req.timed_out("waiting for a place in the batch"))
-            with self.engine._lock:
+            with self.lock:
                 active = [item for item in self._active
                           if (item not in joining or self._start(item)) and not self._left(item) and not self._expire(item)]
                 self._prefill_some([item for item in active if item.prefill is not None])
@@ -243,15 +221,12 @@ class Batcher:
 
     def _start(self, item: _Active) -> bool:
         """Start a joining request: its drafter, and its prefill's chunks. False (its error delivered) if it fails."""
-        req = item.req
         if item.cancelled.is_set():
             item.events.put(None)  # a consumer blocked in next() ends
             return False
         try:
-            req.session_id = item.structure.session_id if item.structure is not None else None
-            item.drafter.start(req.req_id, tuple(req.token_ids), item.structure)
-            item.started = True
-            item.prefill = self.engine._prefill_chunks(req)
+            item.req.start()
+            item.prefill = item.req.prefill_chunks()
         except Exception as exc:  # noqa: BLE001 - delivered to the request's consumer
             self._end(item, consistent=False)
             item.events.put(exc)
@@ -262,7 +237,7 @@ class Batcher:
         """Run prefill chunks of ``items``, oldest first, until about one chunk's worth of tokens is computed."""
         spent = 0
         for item in items:
-            while item.prefill is not None and spent < self.engine.prefill_chunk:
+            while item.prefill is not None and spent < self.prefill_chunk:
                 try:
                     spent += max(1, next(item.prefill))
                 except Exception as exc:  # noqa: BLE001 - delivered to the request's consumer
@@ -271,13 +246,12 @@ class Batcher:
                     break
                 if item.req.prefilled:
                     item.prefill = None
-                    item.start_s = time.perf_counter()
-            if spent >= self.engine.prefill_chunk:
+            if spent >= self.prefill_chunk:
                 return
 
     def _expire(self, item: _Active) -> bool:
         """Whether ``item``'s deadline has passed; if so it ends (its KV kept when prefilled) with the error."""
-        if not _overdue(item):
+        if not item.req.overdue():
             return False
         where = "while decoding" if item.req.prefilled else "during its prefill"
         self._end(item, consistent=True)
@@ -292,45 +266,22 @@ class Batcher:
         return True
 
     def _end(self, item: _Active, *, consistent: bool) -> None:
-        """Stop its drafter, keep its KV in the prefix cache (when between steps), free its cache; once."""
+        """End the request (:meth:`Request.end`: drafter, prefix cache when between steps, KV slot); once."""
         if item.ended:
             return
         item.ended = True
-        if item.started:
-            item.drafter.stop(item.req.req_id)
-            item.started = False
-        if consistent:
-            self.engine._keep_prefix(item.req)
-        self.engine._release(item.req)
+        item.req.end(consistent=consistent)
         if item.cancelled.is_set():
             item.events.put(None)  # wakes a consumer blocked in next() after a cancel() from another thread
 
     def _step(self, active: list[_Active]) -> None:
-        engine = self.engine
-        drafts = []
-        priced = len(active) > 1 and any(item.req.sampling.temperature <= 0 and item.req.params.method != "ar"
-                                         for item in active)
-        step_cost, share = request_cost(engine.cost_model(), len(active)) if priced else (None, 1.0)
-        for item in active:
-            req = item.req
-            greedy = req.sampling.temperature <= 0  # a sampled request's drafts must not depend on its company
-            draft = engine._propose(req, item.drafter, req.budget - req.num_output - 1,
-                                    step_cost if greedy else None, share if greedy else 1.0)
-            if draft.is_tree and not req.cache.supports_trees:
-                draft = draft.main_branch()
-            drafts.append(draft)
-        rates = [_rate(item.req) for item in active]
-        cost = self.engine.cost_model() if any(len(d) for d in drafts) else None
-        drafts = allocate(drafts, rates, self.max_rows, cost,
-                          keep_whole=[item.req.sampling.temperature > 0 for item in active])
-        pasts = [item.req.cache.length for item in active]
-        hiddens = [[] if item.req.hidden is not None else None for item in active]
-        calls = [BatchCall(item.req.cache, [item.req.token_ids[-1], *d.token_ids], d.parents if d.is_tree else None,
-                           hidden)
-                 for item, d, hidden in zip(active, drafts, hiddens)]
+        """One batched step: every request's draft, the step's rows allocated, one forward, each request settled."""
+        requests = [item.req for item in active]
+        drafts = self._propose(requests)
+        steps = [req.step_call(draft) for req, draft in zip(requests, drafts)]
         start = time.perf_counter()
         try:
-            logits = engine.runner.forward_batch(calls)
+            logits = self.runner.forward_batch([step.call for step in steps])
         except Exception as exc:  # noqa: BLE001 - every request of the step fails with it
             for item in active:
                 self._end(item, consistent=False)
@@ -338,12 +289,12 @@ class Batcher:
             return
         forward_s = (time.perf_counter() - start) / len(active)
         self.steps += 1
-        for item, draft, rows, hidden, past in zip(active, drafts, logits, hiddens, pasts):
+        for item, step, rows in zip(active, steps, logits):
             if item.cancelled.is_set():
-                item.req.cache.rollback(past)  # nobody reads it: the cache stays consistent
+                item.req.undo(step)  # nobody reads it: the cache stays consistent
                 continue
             try:
-                event = self._settle(item, draft, rows, hidden, past, forward_s)
+                event = self._settle(item.req, step, rows, forward_s)
             except Exception as exc:  # noqa: BLE001 - delivered to the request's consumer
                 self._end(item, consistent=False)
                 item.events.put(exc)
@@ -352,22 +303,23 @@ class Batcher:
                 self._end(item, consistent=True)
             item.events.put(event)
 
-    def _settle(self, item: _Active, draft: Draft, logits, hidden, past: int, forward_s: float) -> TokenEvent:
-        """The one-request loop's step after its forward: verify, emit, account, observe."""
-        engine, req = self.engine, item.req
+    def _propose(self, requests: list[Request]) -> list[Draft]:
+        """Each request's draft (a greedy one priced at its share of this step), then the step's rows allocated."""
+        priced = len(requests) > 1 and any(req.greedy and not never_drafts(req.drafter) for req in requests)
+        step_cost, share = request_cost(self.cost(), len(requests)) if priced else (None, 1.0)
+        # a sampled request's drafts must not depend on its company
+        drafts = [req.propose(step_cost, share) if req.greedy else req.propose() for req in requests]
+        rates = [req.acceptance_rate() for req in requests]
+        cost = self.cost() if any(len(d) for d in drafts) else None
+        return allocate(drafts, rates, self.max_rows, cost, keep_whole=[not req.greedy for req in requests])
+
+    @staticmethod
+    def _settle(req: Request, step: StepCall, logits, forward_s: float) -> TokenEvent:
+        """The one-request loop's step after its forward: verify, then emit, account, observe."""
         start = time.perf_counter()
-        verification = engine._settle(req, req.cache, draft, logits, hidden, past)
+        verification = req.settle(step, logits)
         verify_s = forward_s + time.perf_counter() - start
-        emitted, text, finish = engine._emit(req, verification.token_ids)
-        engine._account(req, draft, verification, len(emitted))
-        item.drafter.observe(Outcome(req.req_id, draft, verification.num_accepted, emitted,
-                                     verification.target_logprob, verification.target_entropy, verify_s=verify_s))
-        if finish is None and req.num_output >= req.budget:
-            finish = "length"
-        if finish is not None:
-            text += engine._flush(req, finish)
-            req.stats.decode_s = time.perf_counter() - item.start_s
-        return TokenEvent(emitted, text, finish, req.stats if finish else None)
+        return req.finish_step(step.draft, verification, verify_s)
 
 
 class _Events(Iterator[TokenEvent]):
@@ -414,15 +366,3 @@ class _Events(Iterator[TokenEvent]):
 
     def __del__(self) -> None:
         self.close()
-
-
-def _overdue(item: _Active) -> bool:
-    left = item.req.remaining_s()
-    return left is not None and left <= 0
-
-
-def _rate(req) -> float:
-    """The request's acceptance rate so far (accepted over drafted tokens), with a prior of one draft token."""
-    drafted = sum(s.drafted for s in req.stats.per_source.values())
-    accepted = sum(s.accepted for s in req.stats.per_source.values())
-    return (accepted + PRIOR_RATE) / (drafted + 1)

@@ -8,7 +8,8 @@ Contract:
 * The engine sees token ids only. Chat templates and tool-call formats live above
   it (:mod:`hvd_agents.chat.template`); a tokenizer, when given, is used only to turn the
   output into text incrementally and to match stop strings.
-* Each step: the method's drafter proposes a draft (possibly empty), the target
+* Each step (written once, in :mod:`hvd_agents.engine.request`, for this loop and the
+  batcher alike): the method's drafter proposes a draft (possibly empty), the target
   verifies ``[last token] + draft`` in ONE forward pass, the accepted prefix plus one
   target token are emitted, and the KV cache is truncated to what was accepted.
   A tree draft (alternative continuations, ``Draft.parents``) is verified the same
@@ -47,37 +48,27 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from hvd_agents.draft_head import DraftHead, load_head, shipped_head_for
 from hvd_agents.drafters import (
     CacheStore,
-    Draft,
-    DraftContext,
     Drafter,
     DrafterResources,
     DraftHeadDrafter,
     DraftModelDrafter,
-    Outcome,
     create_drafter,
 )
 from hvd_agents.engine.batch import Batcher
-from hvd_agents.engine.detok import IncrementalDetokenizer
 from hvd_agents.engine.params import GenerationParams
-from hvd_agents.engine.prefix_cache import PrefixCache, PrefixMatch
-from hvd_agents.engine.sampling import SamplingParams
-from hvd_agents.engine.stats import RequestStats, StepRecord, TokenEvent
-from hvd_agents.engine.stops import StopStringMatcher
-from hvd_agents.engine.verify import Verification, verify_step
+from hvd_agents.engine.prefix_cache import PrefixCache
+from hvd_agents.engine.request import DEFAULT_PREFILL_CHUNK, Request, RequestHost
+from hvd_agents.engine.stats import RequestStats, TokenEvent
 from hvd_agents.errors import ContextLengthError, InvalidRequestError, RequestTimeoutError
 from hvd_agents.policy.cost import CostModel
-from hvd_agents.policy.features import feature_record
-from hvd_agents.runtime.hidden import HiddenStateBuffer
-from hvd_agents.runtime.loading import load_model
-from hvd_agents.runtime.runner import Runner, RunnerKV
+from hvd_agents.runtime.loading import LoadedModel, load_model
+from hvd_agents.runtime.runner import Runner
 from hvd_agents.runtime.selection import runner_for
-from hvd_agents.runtime.transfer import to_device
 from hvd_agents.structure import PromptStructure
 
 logger = logging.getLogger(__name__)
@@ -85,10 +76,6 @@ _request_counter = itertools.count()
 # Default prefix-cache budget: 1 GiB holds ~23K tokens of SmolLM2-135M KV in fp32 (46 KB per token),
 # a few agent conversations of the sizes measured here; pass prefix_cache_bytes to size it for a model.
 DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
-# Prompt tokens one prefill forward computes at most: long enough that a chunk keeps the
-# dense kernels efficient (a 3,000-token prompt costs 6 forwards), short enough that the
-# requests decoding in a batch wait about a second on two CPU cores while a chunk runs.
-DEFAULT_PREFILL_CHUNK = 512
 
 
 @dataclass(frozen=True)
@@ -99,55 +86,6 @@ class GenerationResult:
     text: str
     finish_reason: str
     stats: RequestStats
-
-
-class _Request:
-    """Mutable state of one running request (engine-internal)."""
-
-    def __init__(self, engine: Engine, prompt_ids: Sequence[int], params: GenerationParams, req_id: str):
-        self.req_id = req_id
-        self.params = params
-        self.sampling: SamplingParams = params.sampling
-        self.token_ids: list[int] = list(prompt_ids)
-        self.num_prompt = len(prompt_ids)
-        self.budget = min(params.max_new_tokens, engine.context_window - self.num_prompt)
-        ids = params.stop_token_ids if params.stop_token_ids is not None else engine.eos_token_ids
-        self.stop_ids = frozenset(ids)
-        self.stats = RequestStats(prompt_tokens=self.num_prompt, step_records=[] if params.record_steps else None)
-        self.detok = IncrementalDetokenizer(engine.tokenizer) if engine.tokenizer is not None else None
-        self.stops = StopStringMatcher(params.stop) if params.stop else None
-        self.session_id: str | None = None
-        self.cache: RunnerKV | None = None  # set by prefill; covers token_ids[:-1] between steps
-        self.prefilled = False  # the cache covers the whole prompt (prefill done)
-        self.hidden: HiddenStateBuffer | None = None  # set by prefill when the drafter uses hidden states
-        self.deadline = None if params.timeout_s is None else time.monotonic() + params.timeout_s
-        self.generator = torch.Generator(device=engine.device)
-        if self.sampling.seed is None:
-            self.generator.seed()
-        else:
-            self.generator.manual_seed(self.sampling.seed)
-
-    @property
-    def num_output(self) -> int:
-        return len(self.token_ids) - self.num_prompt
-
-    def remaining_s(self) -> float | None:
-        """Seconds left before the request's deadline (None: it has none)."""
-        return None if self.deadline is None else self.deadline - time.monotonic()
-
-    def check_deadline(self, where: str) -> None:
-        """Raise :class:`RequestTimeoutError` when the deadline has passed; ``where``: what the request was doing.
-
-        Raises:
-            RequestTimeoutError: the deadline has passed.
-        """
-        left = self.remaining_s()
-        if left is not None and left <= 0:
-            raise self.timed_out(where)
-
-    def timed_out(self, where: str) -> RequestTimeoutError:
-        return RequestTimeoutError(f"request {self.req_id} ran past its timeout of {self.params.timeout_s:g} s "
-                                   f"{where} ({self.num_output} tokens generated)")
 
 
 class Engine:
@@ -229,8 +167,8 @@ class Engine:
         self._drafters: dict[str, Drafter] = {}
         self._lock = threading.Lock()
         self._added: set[str] = set()  # methods whose drafter a caller added (shared by batched requests)
-        self._batcher = (Batcher(self, max_batch, max_queue=max_queue, make_drafter=self._request_drafter)
-                         if max_batch > 1 else None)
+        self._batcher = (Batcher(self.runner, self._lock, self.cost_model, max_batch, max_queue=max_queue,
+                                 prefill_chunk=prefill_chunk) if max_batch > 1 else None)
         self.draft_model = draft_model
         self._draft_head = draft_head
         if draft_model is not None:
@@ -267,17 +205,37 @@ class Engine:
         drafter_lm = None
         if draft_model is not None:
             drafter_lm = load_model(draft_model, device=str(next(loaded.model.parameters()).device)).model
-        return cls(
-            loaded.model,
-            loaded.tokenizer,
-            eos_token_ids=loaded.eos_token_ids,
-            context_window=loaded.context_window,
-            prefix_cache_bytes=prefix_cache_bytes,
-            draft_model=drafter_lm,
-            draft_head=draft_head,
-            max_batch=max_batch,
-            max_queue=max_queue,
-        )
+        return cls.from_loaded(loaded, prefix_cache_bytes=prefix_cache_bytes, draft_model=drafter_lm,
+                               draft_head=draft_head, max_batch=max_batch, max_queue=max_queue)
+
+    @classmethod
+    def from_loaded(cls, loaded: LoadedModel, **options) -> Engine:
+        """A new engine over a loaded target (its model, tokenizer, EOS ids and context window).
+
+        Args:
+            loaded: what :func:`~hvd_agents.runtime.loading.load_model` returned.
+            **options: the constructor's keyword arguments (``prefix_cache_bytes``,
+                ``draft_head``, ``max_batch``, ...).
+        """
+        return cls(loaded.model, loaded.tokenizer, eos_token_ids=loaded.eos_token_ids,
+                   context_window=loaded.context_window, **options)
+
+    def sibling(self, **options) -> Engine:
+        """A new engine over this engine's target: the same model, tokenizer, EOS ids, context window and
+        measured cost profile; its own runner, empty cache store and prefix cache, no drafters added.
+
+        Args:
+            **options: the constructor's keyword arguments for the new engine (``prefix_cache_bytes``,
+                ``draft_model``, ``draft_head``, ``max_batch``, ...; ``cost_model`` defaults to this engine's).
+        """
+        options.setdefault("cost_model", self.cost_model())
+        return Engine(self.model, self.tokenizer, eos_token_ids=self.eos_token_ids,
+                      context_window=self.context_window, **options)
+
+    @property
+    def batcher(self) -> Batcher | None:
+        """The batching worker (its ``pending``, ``steps``, ``largest_batch``) when ``max_batch > 1``, else None."""
+        return self._batcher
 
     def cost_model(self) -> CostModel:
         """The target's verification cost profile (measured once per model and machine, then cached)."""
@@ -300,8 +258,7 @@ class Engine:
     def drafter(self, method: str) -> Drafter:
         """The engine's drafter for ``method`` (created once, kept across requests)."""
         if method not in self._drafters:
-            resources = DrafterResources(self.cache_store, self.cost_model, self.model_drafter)
-            self._drafters[method] = create_drafter(method, resources)
+            self._drafters[method] = create_drafter(method, self._drafter_resources())
         return self._drafters[method]
 
     def add_drafter(self, method: str, drafter: Drafter) -> None:
@@ -361,31 +318,27 @@ class Engine:
         params = params or GenerationParams()
         prompt_ids = self._check_prompt(prompt_ids, params)
         drafter = self.drafter(params.method)
-        req = _Request(self, prompt_ids, params, req_id or f"req-{next(_request_counter)}")
-        if getattr(drafter, "uses_hidden_states", False):
-            req.hidden = HiddenStateBuffer()
+        if self._batcher is not None and params.method not in self._added:
+            drafter = create_drafter(params.method, self._drafter_resources())  # a batched request's own
+        host = RequestHost(self.runner, self.prefix_cache, self.prefill_chunk, self.tokenizer, self.eos_token_ids)
+        req = Request(host, prompt_ids, params, req_id or f"req-{next(_request_counter)}", drafter, structure)
         if self._batcher is not None:
-            return self._batcher.submit(req, drafter, structure)
-        return self._locked_run(req, drafter, structure)
+            return self._batcher.submit(req)
+        return self._locked_run(req)
 
-    def _request_drafter(self, method: str) -> Drafter | None:
-        """A fresh drafter of a built-in method for one batched request (None for an added one: shared)."""
-        if method in self._added:
-            return None
-        return create_drafter(method, DrafterResources(self.cache_store, self.cost_model, self.model_drafter))
+    def _drafter_resources(self) -> DrafterResources:
+        return DrafterResources(self.cache_store, self.cost_model, self.model_drafter)
 
-    def _locked_run(
-        self, req: _Request, drafter: Drafter, structure: PromptStructure | None
-    ) -> Iterator[TokenEvent]:
+    def _locked_run(self, req: Request) -> Iterator[TokenEvent]:
+        """Run ``req`` alone under the engine's lock; its end (finished, failed or closed) is handled here."""
         left = req.remaining_s()
         if (left is not None and left <= 0) or not self._lock.acquire(timeout=-1 if left is None else left):
             raise req.timed_out("waiting for the engine")
         try:
-            req.session_id = structure.session_id if structure is not None else None
-            drafter.start(req.req_id, tuple(req.token_ids), structure)
+            req.start()
             between_steps = False  # True when the cache is consistent: finished, or closed at a yield
             try:
-                yield from self._run(req, drafter)
+                yield from self._run(req)
                 between_steps = True
             except GeneratorExit:
                 between_steps = True
@@ -394,10 +347,7 @@ class Engine:
                 between_steps = True  # raised between steps
                 raise
             finally:
-                drafter.stop(req.req_id)
-                if between_steps:
-                    self._keep_prefix(req)
-                self._release(req)
+                req.end(consistent=between_steps)
         finally:
             self._lock.release()
 
@@ -417,222 +367,19 @@ class Engine:
             raise InvalidRequestError("stop strings need a tokenizer; this engine was built without one")
         return ids
 
-    def _run(self, req: _Request, drafter: Drafter) -> Iterator[TokenEvent]:
-        cache = self._prefill(req)
-        start = time.perf_counter()
+    @staticmethod
+    def _run(req: Request) -> Iterator[TokenEvent]:
+        """The one-request scheduler: prefill, then one step per forward (:mod:`hvd_agents.engine.request`)."""
+        req.prefill()
         finish: str | None = None
         while finish is None:
             req.check_deadline("while decoding")
-            room = req.budget - req.num_output  # >= 1
-            draft = self._propose(req, drafter, room - 1)
-            if draft.is_tree and not cache.supports_trees:
-                draft = draft.main_branch()  # a sliding-window cache cannot drop a rejected branch's positions
+            draft = req.propose()
             verify_start = time.perf_counter()
-            verification = self._verify(req, cache, draft)
-            verify_s = time.perf_counter() - verify_start
-            emitted, text, finish = self._emit(req, verification.token_ids)
-            self._account(req, draft, verification, len(emitted))
-            drafter.observe(Outcome(req.req_id, draft, verification.num_accepted, emitted, verification.target_logprob,
-                                    verification.target_entropy, verify_s=verify_s))
-            if finish is None and req.num_output >= req.budget:
-                finish = "length"
-            if finish is not None:
-                text += self._flush(req, finish)
-                req.stats.decode_s = time.perf_counter() - start
-            yield TokenEvent(emitted, text, finish, req.stats if finish else None)
-
-    def _prefill(self, req: _Request) -> RunnerKV:
-        """A KV cache over ``prompt[:-1]``: the longest stored prefix copied in, the rest computed."""
-        for _ in self._prefill_chunks(req):
-            pass
-        return req.cache
-
-    def _prefill_chunks(self, req: _Request) -> Iterator[int]:
-        """:meth:`_prefill` as forwards of at most ``prefill_chunk`` tokens, yielding each one's size after it.
-
-        ``req.cache`` is set at once (so that it is released if the request ends between
-        chunks) and ``req.prefilled`` with the last chunk; the chunks are the same whoever
-        runs them, so a prompt's KV is the same alone or in a batch. A prompt's KV goes to the
-        prefix cache as soon as it is computed (a copy), so concurrent requests that share its
-        prefix (a system prompt, tool schemas, a conversation forked into parallel branches)
-        prefill that prefix once.
-        """
-        start = time.perf_counter()
-        cache = req.cache = self.runner.new_kv()
-        context = req.token_ids[:-1]
-        match = PrefixMatch()
-        if req.params.reuse_prefix:
-            match = self.prefix_cache.lookup(context, cache, session_id=req.session_id)
-        if req.hidden is not None:
-            req.hidden.start = match.length
-        rest = context[match.length :]
-        chunks = even_chunks(rest, self.prefill_chunk)
-        spent = time.perf_counter() - start
-        for i, chunk in enumerate(chunks):
-            if chunk:
-                begin = time.perf_counter()
-                self.runner.forward(cache, chunk, logits_to_keep=1, hidden=req.hidden)
-                spent += time.perf_counter() - begin
-            req.stats.prefill_s = spent
-            if i == len(chunks) - 1:
-                if req.params.reuse_prefix and rest:  # requests that start before this one ends may share its prompt
-                    self.prefix_cache.insert(context, cache, prompt_len=req.num_prompt, session_id=req.session_id)
-                req.prefilled = True
-                req.stats.reused_prefix_tokens = match.length
-                req.stats.prefilled_tokens = len(rest)
-                req.stats.prefix_break_at = match.prefix_break_at
-                req.stats.reply_mismatch_at = match.reply_mismatch_at
-            yield len(chunk)
-
-    def _keep_prefix(self, req: _Request) -> None:
-        """Hand the request's KV (all tokens but the last emitted one) to the prefix cache."""
-        if req.cache is None or not req.prefilled or not req.params.reuse_prefix:
-            return
-        self.prefix_cache.insert(req.token_ids[:-1], req.cache, prompt_len=req.num_prompt, session_id=req.session_id)
-
-    @staticmethod
-    def _release(req: _Request) -> None:
-        """Give the request's KV back to its runner (a static runner's slot); the prefix cache holds copies."""
-        if req.cache is not None:
-            req.cache.release()
-            req.cache = None
-
-    def _propose(self, req: _Request, drafter: Drafter, max_len: int, step_cost: CostModel | None = None,
-                 step_share: float = 1.0) -> Draft:
-        """Ask the drafter for at most ``min(K, max_len)`` in-vocabulary tokens (``step_cost``, ``step_share``:
-        a batched step's prices, see :class:`~hvd_agents.drafters.DraftContext`)."""
-        k = min(req.params.draft_tokens, max_len)
-        if k <= 0:
-            return Draft()
-        hidden = req.hidden
-        ctx = DraftContext(
-            req.req_id,
-            req.token_ids,
-            req.num_prompt,
-            hidden_states=None if hidden is None else hidden.view(),
-            hidden_start=0 if hidden is None else hidden.start,
-            temperature=req.sampling.temperature,
-            generator=req.generator,
-            step_cost=step_cost,
-            step_share=step_share,
-        )
-        draft = drafter.propose(ctx, k)
-        valid = 0
-        for token in draft.token_ids[:k]:
-            if not 0 <= token < self.vocab_size:
-                break
-            valid += 1
-        return draft.truncated(valid)
-
-    def _verify(self, req: _Request, cache: RunnerKV, draft: Draft) -> Verification:
-        """One target forward over ``[last] + draft``; keeps only accepted positions in the KV cache.
-
-        A tree draft (``draft.is_tree``) runs under its tree attention mask and its accepted
-        path's positions are kept. Verification and the target's signal at the last token
-        (log-probability, entropy; drafters may use them as features) are computed on the
-        logits' device and read to the host ONCE (:mod:`hvd_agents.engine.verify`); the KV
-        and hidden-state bookkeeping that follows uses host ints.
-        """
-        past = cache.length
-        hidden = [] if req.hidden is not None else None
-        logits = self.runner.forward(cache, [req.token_ids[-1], *draft.token_ids], hidden=hidden,
-                                     parents=draft.parents if draft.is_tree else None)  # [d + 1, vocab]
-        return self._settle(req, cache, draft, logits, hidden, past)
-
-    def _settle(self, req: _Request, cache: RunnerKV, draft: Draft, logits: torch.Tensor, hidden: list | None,
-                past: int) -> Verification:
-        """:meth:`_verify` after its forward (``logits`` ``[d + 1, vocab]`` over ``past`` cached positions, the
-        rows' hidden states in ``hidden``): verification, one host read, the KV and hidden-state bookkeeping.
-        The batched loop (:mod:`hvd_agents.engine.batch`) settles each request's part of its forward here too."""
-        d = len(draft)
-        tree = draft.is_tree
-        draft_ids = to_device(draft.token_ids, self.device)  # [d]
-        if tree:
-            parents = to_device(draft.parents, self.device)  # [d]
-        else:
-            parents = torch.arange(-1, d - 1, device=self.device)  # [d]: a chain
-        packed = verify_step(logits, draft_ids, parents, req.sampling, req.generator, draft.probs)
-        result = Verification.from_packed(packed.tolist())  # the step's one host read
-        n = result.num_accepted
-        if tree:
-            rows = [0, *(1 + node for node in result.path)]  # positions of the accepted path among the new ones
-            cache.compact(past, rows)
-            if hidden:
-                req.hidden.extend(hidden[0].index_select(0, to_device(rows, hidden[0].device)))
-        else:
-            cache.rollback(past + 1 + n)
-            if hidden:
-                req.hidden.extend(hidden[0][: 1 + n])
-        return result
-
-    def _emit(self, req: _Request, tokens: tuple[int, ...]) -> tuple[tuple[int, ...], str, str | None]:
-        """Append verified tokens one by one until a stop id, stop string or the budget ends the request."""
-        emitted: list[int] = []
-        texts: list[str] = []
-        for token in tokens:
-            if req.num_output >= req.budget:
-                break
-            req.token_ids.append(token)
-            emitted.append(token)
-            if token in req.stop_ids:
-                return tuple(emitted), "".join(texts), "stop"
-            if req.detok is None:
-                continue
-            text = req.detok.push([token])
-            if req.stops is not None:
-                text, stopped = req.stops.feed(text)
-                if stopped:
-                    texts.append(text)
-                    return tuple(emitted), "".join(texts), "stop"
-            texts.append(text)
-        return tuple(emitted), "".join(texts), None
-
-    def _flush(self, req: _Request, finish: str) -> str:
-        """Text still held back by the detokenizer / stop matcher when the request ends."""
-        if req.detok is None or (req.stops is not None and req.stops.stopped):
-            return ""
-        tail = req.detok.flush()
-        if req.stops is None:
-            return tail
-        text, stopped = req.stops.feed(tail)
-        return text if stopped else text + req.stops.flush()
-
-    @staticmethod
-    def _account(req: _Request, draft: Draft, verification: Verification, emitted: int) -> None:
-        position = req.num_output - emitted
-        req.stats.new_tokens = req.num_output
-        req.stats.record(draft.source, len(draft), verification.num_accepted)
-        if req.stats.step_records is not None:
-            req.stats.step_records.append(
-                StepRecord(
-                    req.stats.steps - 1,
-                    position,
-                    draft.source,
-                    len(draft),
-                    verification.num_accepted,
-                    emitted,
-                    feature_record(draft.features),
-                )
-            )
-
-
-def even_chunks(tokens: list[int], most: int) -> list[list[int]]:
-    """``tokens`` in the fewest chunks of at most ``most``, of sizes that differ by one at most.
-
-    Even sizes keep every chunk of a long prompt long (a runner may use other kernels
-    for a short forward than for a long one), and an empty list is one empty chunk.
-
-    >>> [len(c) for c in even_chunks(list(range(1100)), 512)]
-    [367, 367, 366]
-    >>> even_chunks([], 512)
-    [[]]
-    """
-    k = max(1, -(-len(tokens) // most))
-    size, extra = divmod(len(tokens), k)
-    bounds = [0]
-    for i in range(k):
-        bounds.append(bounds[-1] + size + (i < extra))
-    return [tokens[a:b] for a, b in itertools.pairwise(bounds)]
+            verification = req.verify(draft)
+            event = req.finish_step(draft, verification, time.perf_counter() - verify_start)
+            finish = event.finish_reason
+            yield event
 
 
 def _default_eos(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None) -> tuple[int, ...]:

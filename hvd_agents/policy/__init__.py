@@ -4,7 +4,8 @@
 * :mod:`~hvd_agents.policy.payoff`: the payoff predictor (hazard model, shipped
   weights, online per-session adaptation).
 * :mod:`~hvd_agents.policy.cost`: the target's cost model (measured per model and
-  machine, cached).
+  machine, cached), the fallback ``c`` where none is measured, a request's share of a
+  batched step: the one home of what a step costs.
 * :mod:`~hvd_agents.policy.calibration`: that profile as the engine pays it,
   calibrated online against the steps' timings (the engine's verification seconds plus the
   policy's own time).
@@ -17,9 +18,9 @@ The drafter that puts them together is :class:`hvd_agents.drafters.hybrid.drafte
 (method ``hvd``).
 """
 
-from hvd_agents.policy.cost import CostModel
+from hvd_agents.policy.cost import FALLBACK_VERIFY_COST, CostModel, request_cost
 from hvd_agents.policy.payoff import PayoffPredictor, PayoffWeights, PayoffWeightsError
 from hvd_agents.policy.selection import Choice, RateEstimate, best_length
 
-__all__ = ["Choice", "CostModel", "PayoffPredictor", "PayoffWeights", "PayoffWeightsError", "RateEstimate",
-           "best_length"]
+__all__ = ["FALLBACK_VERIFY_COST", "Choice", "CostModel", "PayoffPredictor", "PayoffWeights", "PayoffWeightsError",
+           "RateEstimate", "best_length", "request_cost"]

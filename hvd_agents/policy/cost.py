@@ -7,8 +7,13 @@ last one). ``CostModel.linear(c)`` is the ``1 + c * d`` model that trace replays
 ``draft_cost`` is what producing a draft costs per step (cache drafting is a
 dictionary lookup, about 0; a model drafter costs forwards of its own).
 
-How a profile is measured on a machine, and where it is kept, is
-:mod:`hvd_agents.runtime.profile`.
+This module is the home of "what a step costs": the curve, the fallback ``c``
+(:data:`FALLBACK_VERIFY_COST`) every layer uses where nothing is measured, and a
+request's share of a batched step (:func:`request_cost`). How a profile is measured on a
+machine, and where it is kept, is :mod:`hvd_agents.runtime.profile`; how it is
+calibrated against the engine's timed steps, :mod:`hvd_agents.policy.calibration`; how
+the ``hvd`` drafter prices its model drafter's forwards,
+:mod:`hvd_agents.drafters.hybrid.pricing`.
 
 Worked example: points ``[(0, 1.0), (8, 1.16), (16, 1.4)]`` give
 ``verify(4) = 1.08``, ``verify(12) = 1.28`` and ``verify(24) = 1.64``.
@@ -16,12 +21,16 @@ Worked example: points ``[(0, 1.0), (8, 1.16), (16, 1.4)]`` give
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 
 CURVE_CACHE = 257  # verify costs precomputed for drafts up to 256 tokens
+# c of the linear model 1 + c d where no profile is measured (no model to time, a disturbed machine, a
+# drafter built without one): the order of a small model's on a CPU at batch 1.
+FALLBACK_VERIFY_COST = 0.02
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,11 @@ class CostModel:
         if c < 0:
             raise ValueError(f"verify cost per token must be >= 0, got {c}")
         return cls(((0, 1.0), (1, 1.0 + c)), source=f"linear c={c:g}")
+
+    @classmethod
+    def fallback(cls) -> CostModel:
+        """The linear model at :data:`FALLBACK_VERIFY_COST`, used where no profile is measured."""
+        return cls.linear(FALLBACK_VERIFY_COST)
 
     def verify(self, draft_tokens: int) -> float:
         """Cost of a step verifying ``draft_tokens`` draft tokens in one forward (plus ``draft_cost`` if > 0)."""
@@ -118,3 +132,25 @@ class CostModel:
     def from_dict(cls, data: dict) -> CostModel:
         points = tuple((int(d), float(c)) for d, c in data["points"])
         return cls(points, float(data.get("draft_cost", 0.0)), str(data.get("source", "")))
+
+
+@functools.lru_cache(maxsize=256)  # one per (profile, batch size): its curve is then interpolated once, not per step
+def request_cost(cost: CostModel, n: int, window: int = 32) -> tuple[CostModel, float]:
+    """What draft tokens cost one request of a step of ``n``, in units of its share of the step; and the share.
+
+    The step's cost over ``n`` root rows, ``cost.verify(n - 1)`` plain steps, is shared
+    evenly: each request's share is ``verify(n - 1) / n``. Its ``d`` draft tokens add the
+    step's cost over ``d`` more rows, ``verify(n - 1 + d) - verify(n - 1)``, which is
+    ``(that) / share`` of its share. A drafter priced with this spends rows only where
+    they pay at this batch size: about free on a GPU, close to a whole share each for 16
+    requests on a 2-core CPU.
+
+    >>> c, share = request_cost(CostModel.linear(0.25), 4)  # a step of 4 rows costs 1.75 steps
+    >>> round(share, 4), round(c.verify(2), 4)  # 2 more rows: 0.5 / 0.4375
+    (0.4375, 2.1429)
+    """
+    curve = cost.verify_curve(n + window)
+    base = float(curve[n - 1])
+    share = base / n
+    points = tuple((d, 1.0 + (float(curve[n - 1 + d]) - base) / share) for d in range(window + 1))
+    return CostModel(points, source=f"{cost.source}, a request's share of a step of {n}"), share

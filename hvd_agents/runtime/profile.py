@@ -13,7 +13,7 @@ of rows. :func:`cached_cost_model` keeps the result per model, device, dtype,
 thread count and torch version under the cache directory, so it is measured
 once, at first use, per machine. A profile that breaks ``verify(d) <= 1 + d``
 (timings disturbed by other load) is measured again; after a few failures the
-linear model with ``c = 0.02`` is used for the process and nothing is cached.
+linear model at :data:`~hvd_agents.policy.cost.FALLBACK_VERIFY_COST` is used for the process and nothing is cached.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hvd_agents.policy.cost import CostModel
+from hvd_agents.policy.cost import FALLBACK_VERIFY_COST, CostModel
 from hvd_agents.runtime.kernels import linear_kernel
 from hvd_agents.runtime.kv import new_cache
 from hvd_agents.runtime.paths import cache_root
@@ -43,7 +43,6 @@ PROFILE_VERSION = 4  # part of the cache key: profiles measured by an older meth
 PROFILE_CONTEXT = 512  # tokens of context the profile is measured at
 PROFILE_REPEATS = 5
 PROFILE_ATTEMPTS = 3  # measurements tried before giving up on a disturbed machine
-FALLBACK_PER_TOKEN = 0.02  # c used when no plausible profile can be measured
 
 
 class _ModelSteps:
@@ -199,8 +198,8 @@ def cached_cost_model(model: torch.nn.Module, directory: Path | None = None, *, 
                        measured.to_dict())
     if profile is None:
         logger.warning("no plausible cost profile after %d attempts; using c=%s, not cached",
-                       PROFILE_ATTEMPTS, FALLBACK_PER_TOKEN)
-        return CostModel.linear(FALLBACK_PER_TOKEN)
+                       PROFILE_ATTEMPTS, FALLBACK_VERIFY_COST)
+        return CostModel.fallback()
     logger.info("measured the verification cost profile: %s", profile.to_dict())
     try:
         directory.mkdir(parents=True, exist_ok=True)

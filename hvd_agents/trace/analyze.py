@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from hvd_agents.errors import HVDError, InvalidRequestError
+from hvd_agents.policy.cost import FALLBACK_VERIFY_COST
 from hvd_agents.trace.loader import TraceFile, load_trace
 from hvd_agents.trace.replay import ReplayConfig, ReplayResult, prepare_conversation, replay_trace
 from hvd_agents.trace.report import StepWriter, format_table, report_json, write_json
@@ -22,7 +23,6 @@ from hvd_agents.trace.strategies import resolve_policy_names
 
 logger = logging.getLogger(__name__)
 
-FALLBACK_VERIFY_COST = 0.02
 TIKTOKEN_PREFIX = "tiktoken:"
 
 

@@ -8,7 +8,7 @@ so each assistant message is replayed as a generation target:
 * Assistant message ``i`` of a conversation: the prompt is
   ``analyze(tokenizer, messages[:i], tools, session_id=<conversation id>)``; the
   target is the reply as the model would emit it (:func:`reply_tokens`).
-* The loop is the engine's (``Engine._run``): ``start``; per step
+* The loop is the engine's (:class:`~hvd_agents.engine.request.Request`'s step): ``start``; per step
   ``k' = min(k, remaining - 1)``, a draft of at most ``k'`` tokens (none when
   ``k' = 0``), ``accepted`` = its common prefix with the rest of the target (for
   a tree draft: its longest path that the target follows), the
@@ -35,6 +35,7 @@ from hvd_agents.chat.template import render_prompt, to_template_messages
 from hvd_agents.chat.templates import Template, apply_system_template, canonicalize_tools
 from hvd_agents.drafters import Draft, DraftContext, Outcome
 from hvd_agents.errors import InvalidRequestError
+from hvd_agents.policy.cost import FALLBACK_VERIFY_COST
 from hvd_agents.structure import PromptStructure
 from hvd_agents.trace.loader import Conversation, TraceFile
 from hvd_agents.trace.stats import TARGET_KIND, PolicyStats, StepRecord, source_kind
@@ -66,7 +67,7 @@ class ReplayConfig:
 
     policies: tuple[str, ...]
     k: int = 16
-    verify_cost: float = 0.02
+    verify_cost: float = FALLBACK_VERIFY_COST
     threshold: float | None = None
     canonical_tools: bool = False
     system_template: Template | None = None

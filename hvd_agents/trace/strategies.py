@@ -56,7 +56,7 @@ from hvd_agents.drafters import (
     SuffixDrafter,
 )
 from hvd_agents.errors import InvalidRequestError
-from hvd_agents.policy import CostModel, PayoffPredictor
+from hvd_agents.policy import FALLBACK_VERIFY_COST, CostModel, PayoffPredictor
 from hvd_agents.structure import PromptStructure
 
 logger = logging.getLogger(__name__)
@@ -205,7 +205,7 @@ def resolve_policy_names(spec: str | Sequence[str] | None) -> tuple[list[str], l
     return names, notes
 
 
-def make_policy(name: str, *, threshold: float, verify_cost: float = 0.02, store_tokens: int = 1_000_000) -> Policy:
+def make_policy(name: str, *, threshold: float, verify_cost: float = FALLBACK_VERIFY_COST, store_tokens: int = 1_000_000) -> Policy:
     """A fresh policy by (resolved) name; store-based policies get a new store of ``store_tokens``."""
     if name == "ar":
         return DrafterPolicy(name, NoDrafter())

@@ -11,13 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hvd_agents.drafters.model.protocol import DEFAULT_INGEST_COST_PRIOR, DEFAULT_TOKEN_COST_PRIOR
+from hvd_agents.policy.cost import FALLBACK_VERIFY_COST
 
 
 @dataclass(frozen=True)
 class HybridConfig:
     """The ``hvd`` drafter's tuning (the defaults are what it ships with)."""
 
-    default_verify_cost: float = 0.02
+    default_verify_cost: float = FALLBACK_VERIFY_COST
     """Per-token verification cost ``c`` of the linear cost model used when no cost is given: the order of
     a small model's on a CPU at batch 1 (a measured profile replaces it in the engine)."""
 

@@ -212,6 +212,12 @@ class HybridDrafter:
         """The cost of a step with a model draft (:meth:`StepPricing.model_cost`)."""
         return self.pricing.model_cost(timed)
 
+    def decision(self, req_id: str) -> StepDecision | None:
+        """The step decision ``propose`` made for ``req_id`` and ``observe`` has not consumed yet (None: none,
+        or the request is not started)."""
+        request = self._requests.get(req_id)
+        return None if request is None else request.decision
+
     # ------------------------------------------------------------------ lifecycle
 
     def start(self, req_id: str, prompt_ids: Sequence[int], structure: PromptStructure | None = None) -> None:

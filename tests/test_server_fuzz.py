@@ -56,7 +56,7 @@ def test_the_served_schema_holds_under_fuzzing(served_schema, server_url, mode) 
         assert response.status_code < 500, response.text
 
     fuzz()
-    assert httpx.get(f"{server_url}/health").status_code == 200
+    assert httpx.get(f"{server_url}/health", timeout=60).status_code == 200
     answered = statuses(server_url)
     assert not [key for key in answered if key[1].startswith("5")], answered
     if mode == schemathesis.GenerationMode.POSITIVE:  # the fuzzer reached the engine, not only the checks
@@ -66,7 +66,7 @@ def test_the_served_schema_holds_under_fuzzing(served_schema, server_url, mode) 
 def statuses(url: str) -> dict[tuple[str, str], float]:
     """``hvd_requests_total`` by (endpoint, status)."""
     out = {}
-    for line in httpx.get(f"{url}/metrics", headers=AUTH).text.splitlines():
+    for line in httpx.get(f"{url}/metrics", headers=AUTH, timeout=60).text.splitlines():
         if line.startswith("hvd_requests_total{"):
             labels, value = line.rsplit(" ", 1)
             fields = dict(part.split("=", 1) for part in labels[len("hvd_requests_total{"):-1].split(","))
@@ -120,4 +120,4 @@ def test_randomized_chat_requests_get_no_5xx(server_url, body) -> None:
         assert error["type"] and error["message"]
     elif body.get("stream") is True:
         assert response.text.rstrip().endswith("data: [DONE]")
-    assert httpx.get(f"{server_url}/health").status_code == 200
+    assert httpx.get(f"{server_url}/health", timeout=60).status_code == 200

@@ -14,7 +14,8 @@ envelope (:mod:`.errors`): 400 naming the field for a bad request, 401 without t
 (:mod:`.crashes`).
 
 The middleware, outermost first: the status counter (every answer is counted, 500s
-too), the bug catcher, the API key (checked before the body is read), the body bound.
+too), the bug catcher, the API key (checked before the body is read), the body bound,
+the memory trim after large bodies (:mod:`.memory`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from hvd_agents.server.crashes import InternalErrorMiddleware
 from hvd_agents.server.errors import APIError, api_error_of
 from hvd_agents.server.limits import BodyLimitMiddleware
 from hvd_agents.server.loading import EngineSlot
+from hvd_agents.server.memory import TrimMiddleware
 from hvd_agents.server.metrics import ServerMetrics, StatusCountMiddleware
 from hvd_agents.server.openapi import build_openapi
 from hvd_agents.server.queue import GenerationQueue
@@ -93,7 +95,8 @@ def create_app(
         return document
 
     app.openapi = openapi
-    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)  # added first: innermost
+    app.add_middleware(TrimMiddleware)  # added first: innermost, so it trims after the answer
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
     app.add_middleware(AuthMiddleware, api_key=config.api_key)
     app.add_middleware(InternalErrorMiddleware)
     app.add_middleware(StatusCountMiddleware, metrics=metrics, routes=routes)

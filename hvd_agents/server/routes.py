@@ -11,7 +11,6 @@ generation after the current step.
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -24,8 +23,7 @@ from hvd_agents.chat.delta_stream import CollectedReply, ReplyDelta
 from hvd_agents.errors import HVDError
 from hvd_agents.server.disconnect import ClientGone, until_disconnect
 from hvd_agents.server.errors import APIError, api_error_of
-from hvd_agents.server.jobs import ChatJob, CompletionJob, Job, counted
-from hvd_agents.server.memory import LARGE_PROMPT_CHARS, release_free_memory
+from hvd_agents.server.jobs import ChatJob, CompletionJob, counted
 from hvd_agents.server.schema import ChatCompletionRequest, CompletionRequest
 from hvd_agents.server.shaping import (
     ChatChunks,
@@ -101,7 +99,7 @@ async def chat_completions(request: Request, body: ChatCompletionRequest) -> Res
     body.check()
     engine = state.engine_for(body.model)
     messages = body.chat_messages()
-    chars = check_chat_size(messages, engine.tokenizer, engine.context_window)
+    check_chat_size(messages, engine.tokenizer, engine.context_window)
     job = ChatJob(
         engine=engine,
         messages=messages,
@@ -116,7 +114,7 @@ async def chat_completions(request: Request, body: ChatCompletionRequest) -> Res
     )
     env = Envelope("chatcmpl-", state.config.model_name)
     shaper = ChatChunks(env, body.include_usage()) if body.stream else None
-    return await _generate(request, state, job, chars, env, shaper, chat_completion)
+    return await _generate(request, state, job, env, shaper, chat_completion)
 
 
 @guarded.post("/v1/completions")
@@ -125,7 +123,7 @@ async def completions(request: Request, body: CompletionRequest) -> Response:
     body.check()
     engine = state.engine_for(body.model)
     prompt = body.prompt_value()
-    chars = check_completion_size(prompt, engine.tokenizer, engine.context_window)
+    check_completion_size(prompt, engine.tokenizer, engine.context_window)
     job = CompletionJob(
         engine=engine,
         prompt=prompt,
@@ -136,15 +134,15 @@ async def completions(request: Request, body: CompletionRequest) -> Response:
     )
     env = Envelope("cmpl-", state.config.model_name)
     shaper = CompletionChunks(env, body.include_usage()) if body.stream else None
-    return await _generate(request, state, job, chars, env, shaper, text_completion)
+    return await _generate(request, state, job, env, shaper, text_completion)
 
 
-async def _generate(request: Request, state: ServerState, job: ChatJob | CompletionJob, chars: int, env: Envelope,
-                    shaper, shape) -> Response:
-    """Queue ``job`` (prepared off the worker; ``chars``: its prompt text's size), wait for its first step,
-    then answer whole (``shaper`` None) or as a stream."""
+async def _generate(request: Request, state: ServerState, job: ChatJob | CompletionJob, env: Envelope, shaper,
+                    shape) -> Response:
+    """Queue ``job`` (prepared off the worker), wait for its first step, then answer whole (``shaper`` None)
+    or as a stream."""
     arrived = time.perf_counter()
-    deltas = state.queue.submit_after(functools.partial(_prepare, job, state.metrics, chars >= LARGE_PROMPT_CHARS))
+    deltas = state.queue.submit_after(lambda: counted(job.prepare(), state.metrics))
     headers = {"X-Request-ID": request.headers.get(REQUEST_ID_HEADER) or env.id}
     try:
         first = await until_disconnect(request, anext(deltas))
@@ -167,15 +165,6 @@ async def _generate(request: Request, state: ServerState, job: ChatJob | Complet
     stream = _events(state, deltas, first, shaper, arrived)
     return StreamingResponse(stream, media_type="text/event-stream",
                              headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-
-def _prepare(job: ChatJob | CompletionJob, metrics, large: bool) -> Job:
-    """``job`` prepared (on the preparation pool); after a large prompt, its freed memory goes back to the system."""
-    try:
-        return counted(job.prepare(), metrics)
-    finally:
-        if large:
-            release_free_memory()
 
 
 async def _collect(deltas: AsyncIterator[ReplyDelta], reply: CollectedReply) -> CollectedReply:

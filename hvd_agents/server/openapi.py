@@ -71,7 +71,8 @@ def _fix_operation(path: str, method: str, operation: dict[str, Any], keyed: boo
                             "content": {"text/plain": {"schema": {"type": "string"}}}}
     elif method == "post":
         responses["200"] = {"description": "the completion, whole or (stream=true) as server-sent events",
-                            "content": {**_OBJECT, "text/event-stream": {"schema": {"type": "string"}}}}
+                            # the events' data are chunk objects, then "[DONE]": no one schema describes both
+                            "content": {**_OBJECT, "text/event-stream": {}}}
         responses.update(_errors(_GENERATION_ERRORS))
         operation.get("requestBody", {})["required"] = True
     else:

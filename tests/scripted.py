@@ -13,7 +13,8 @@ class ScriptedEngine(Engine):
     """An Engine whose ``stream`` replays ``pieces`` (one event each) and records its calls."""
 
     def __init__(self, model, tokenizer, pieces, finish: str = "stop", delay: float = 0.0) -> None:
-        super().__init__(model, tokenizer, eos_token_ids=())
+        # it runs no model, so any prompt fits: a window past the tiny model's 512 tokens
+        super().__init__(model, tokenizer, eos_token_ids=(), context_window=1 << 16)
         self.pieces = list(pieces)
         self.finish = finish
         self.delay = delay

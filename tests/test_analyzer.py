@@ -207,6 +207,8 @@ def test_skeletons_match_the_calls_the_model_emits(tokenizer):
 class FakeStore:
     """Records add() calls; an identical (tokens, kind, session) is not new."""
 
+    token_budget = 1_000_000
+
     def __init__(self):
         self.calls: list[tuple[tuple[int, ...], SpanKind, str | None]] = []
 

@@ -103,8 +103,10 @@ def record_calls(engine: Engine, name: str, *, title: str = "", command: str = "
     original_stream = engine.stream
 
     def prepare(target: Engine, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
-                *, session_id: str | None = None, assistant_prefix: str = "") -> PromptStructure:
-        structure = original_prepare(target, messages, tools, session_id=session_id, assistant_prefix=assistant_prefix)
+                *, session_id: str | None = None, assistant_prefix: str = "", require_fit: bool = False
+                ) -> PromptStructure:
+        structure = original_prepare(target, messages, tools, session_id=session_id, assistant_prefix=assistant_prefix,
+                                     require_fit=require_fit)
         if target is engine:
             pending[id(structure)] = _Prepared(_plain(list(messages)), _plain(list(tools)) if tools else None,
                                                session_id, assistant_prefix)

@@ -71,6 +71,8 @@ Piece = tuple[int, int, SpanKind]
 class SpanStore(Protocol):
     """What :func:`register` needs of a cache store."""
 
+    token_budget: int  # the most tokens it holds: a longer span cannot be kept
+
     def add(self, token_ids: Sequence[int], kind: SpanKind, session_id: str | None) -> bool:
         """Add a span; True if it was new."""
         ...
@@ -305,7 +307,8 @@ def tool_call_skeletons(
 def register(store: SpanStore, structure: PromptStructure) -> int:
     """Add a prompt's spans and extras to a cache store.
 
-    Template spans and spans shorter than 2 tokens are skipped.
+    Template spans, spans shorter than 2 tokens and spans longer than the store's whole
+    budget (which it cannot keep; the request still runs) are skipped.
 
     Args:
         store: has ``add(token_ids, kind, session_id) -> bool`` (True when new).
@@ -316,12 +319,12 @@ def register(store: SpanStore, structure: PromptStructure) -> int:
     """
     added = 0
     for span in structure.spans:
-        if span.kind == SpanKind.TEMPLATE or span.end - span.start < MIN_REGISTERED_TOKENS:
+        if span.kind == SpanKind.TEMPLATE or not MIN_REGISTERED_TOKENS <= span.end - span.start <= store.token_budget:
             continue
         if store.add(structure.prompt_ids[span.start : span.end], span.kind, structure.session_id):
             added += 1
     for token_ids, kind in structure.extra:
-        if len(token_ids) < MIN_REGISTERED_TOKENS:
+        if not MIN_REGISTERED_TOKENS <= len(token_ids) <= store.token_budget:
             continue
         if store.add(token_ids, kind, structure.session_id):
             added += 1

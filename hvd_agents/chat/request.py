@@ -417,6 +417,8 @@ def build_chat_request(
 
     Raises:
         InvalidRequestError: bad messages, tools, tool_choice, response_format or settings.
+        ContextLengthError: the prompt leaves no room for a new token (refused before
+            the conversation is registered).
     """
     tools = tool_list(tools) or None
     choice = normalize_tool_choice(tool_choice)
@@ -433,7 +435,7 @@ def build_chat_request(
     elif tools and choice == "none":
         stops = merge_stops(stops, [TOOL_CALL_OPEN])
     params = settings.to_params(stops)
-    structure = prepare(engine, messages, tools, session_id=session_id, assistant_prefix=prefix)
+    structure = prepare(engine, messages, tools, session_id=session_id, assistant_prefix=prefix, require_fit=True)
     return ChatRequest(engine, structure, params, prefix, bool(tools), forced, json_mode and not forced, model_name)
 
 

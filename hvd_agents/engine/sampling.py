@@ -47,8 +47,8 @@ class SamplingParams:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise InvalidRequestError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
-        if self.seed is not None and self.seed < 0:
-            raise InvalidRequestError(f"seed must be >= 0, got {self.seed}")
+        if self.seed is not None and not 0 <= self.seed < 2**64:  # what torch.Generator.manual_seed takes
+            raise InvalidRequestError(f"seed must be in [0, 2**64), got {self.seed}")
 
     @property
     def greedy(self) -> bool:

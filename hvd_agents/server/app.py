@@ -7,10 +7,15 @@
 
 Routes (:mod:`.routes`): ``POST /v1/chat/completions``, ``POST /v1/completions``,
 ``GET /v1/models``, ``GET /health`` (503 while the model loads), ``GET /metrics``
-(Prometheus). Every error is an OpenAI error envelope (:mod:`.errors`): 400 naming
-the field for a bad request, 401 without the key, 404 for an unknown model or route,
-413 for a body over the bound, 503 with ``Retry-After`` while loading or when the
-queue is full; a 500 only for a bug.
+(Prometheus), ``GET /openapi.json`` (:mod:`.openapi`). Every error is an OpenAI error
+envelope (:mod:`.errors`): 400 naming the field for a bad request, 401 without the key,
+404 for an unknown model or route, 413 for a body over the bound, 503 with
+``Retry-After`` while loading or when the queue is full; a 500 only for a bug
+(:mod:`.crashes`).
+
+The middleware, outermost first: the status counter (every answer is counted, 500s
+too), the bug catcher, the API key (checked before the body is read), the body bound,
+the memory trim after large bodies (:mod:`.memory`).
 """
 
 from __future__ import annotations
@@ -27,11 +32,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from hvd_agents.engine import Engine
 from hvd_agents.engine.shared import shared_engine
 from hvd_agents.errors import HVDError
+from hvd_agents.server.auth import AuthMiddleware
 from hvd_agents.server.config import ServerConfig
+from hvd_agents.server.crashes import InternalErrorMiddleware
 from hvd_agents.server.errors import APIError, api_error_of
 from hvd_agents.server.limits import BodyLimitMiddleware
 from hvd_agents.server.loading import EngineSlot
+from hvd_agents.server.memory import TrimMiddleware
 from hvd_agents.server.metrics import ServerMetrics, StatusCountMiddleware
+from hvd_agents.server.openapi import build_openapi
 from hvd_agents.server.queue import GenerationQueue
 from hvd_agents.server.routes import guarded, router
 from hvd_agents.server.schema import validation_error
@@ -78,7 +87,18 @@ def create_app(
     app.include_router(guarded)
     _add_error_handlers(app)
     routes = [route.path for part in (router, guarded) for route in part.routes if "{" not in route.path]
+    document: dict = {}
+
+    def openapi() -> dict:
+        if not document:
+            document.update(build_openapi(app, keyed=config.api_key is not None))
+        return document
+
+    app.openapi = openapi
+    app.add_middleware(TrimMiddleware)  # added first: innermost, so it trims after the answer
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
+    app.add_middleware(AuthMiddleware, api_key=config.api_key)
+    app.add_middleware(InternalErrorMiddleware)
     app.add_middleware(StatusCountMiddleware, metrics=metrics, routes=routes)
     return app
 
@@ -104,11 +124,6 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def on_http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = _HTTP_ERROR_TYPES.get(exc.status_code, "invalid_request_error")
         return _error_response(APIError(exc.status_code, str(exc.detail), kind, None, None, dict(exc.headers or {})))
-
-    @app.exception_handler(Exception)
-    async def on_bug(_: Request, exc: Exception) -> JSONResponse:
-        logger.exception("unhandled error")
-        return _error_response(APIError(500, f"internal error: {type(exc).__name__}", "server_error"))
 
 
 def serve(config: ServerConfig, log_level: str = "info") -> None:

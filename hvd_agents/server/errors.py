@@ -9,7 +9,9 @@ never be one of those. :func:`api_error_of` maps the library's
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from hvd_agents.errors import (
@@ -88,3 +90,12 @@ def api_error_of(exc: HVDError) -> APIError:
     if isinstance(exc, QueueFullError):
         return APIError(503, message, "server_error", None, "queue_full")
     return APIError(500, message, "server_error")
+
+
+async def send_error(send: Callable[[MutableMapping[str, Any]], Awaitable[None]], error: APIError) -> None:
+    """Answer with ``error`` through an ASGI ``send`` (for middleware, outside the app's handlers)."""
+    body = json.dumps(error.body()).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in error.headers.items()]
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

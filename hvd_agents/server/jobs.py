@@ -1,12 +1,15 @@
-"""The generations the worker runs: a chat request or a raw-prompt completion, as reply deltas.
+"""The generations the server runs: a chat request or a raw-prompt completion, as reply deltas.
 
-Each job is a generator built in the worker thread
-(:meth:`~hvd_agents.server.queue.GenerationQueue.submit`): the chat job prepares the request
-with :func:`~hvd_agents.chat.request.build_chat_request`, the same call the LangChain and
-LlamaIndex adapters make (so the prompt and greedy output equal ``ChatHVD``'s, and the
-conversation is registered in the cache drafter's store for its session), then yields
-:func:`~hvd_agents.chat.delta_stream.stream_reply_deltas`. Preparation runs in the worker
-because it writes to the engine's cache store, which the running generation reads.
+Each job runs in two phases. :meth:`ChatJob.prepare` / :meth:`CompletionJob.prepare` run
+on the preparation thread (:meth:`~hvd_agents.server.queue.GenerationQueue.submit_after`),
+so rendering and tokenizing a long prompt never delays the generations queued behind it:
+the chat job prepares the request with :func:`~hvd_agents.chat.request.build_chat_request`,
+the same call the LangChain and LlamaIndex adapters make (so the prompt and greedy output
+equal ``ChatHVD``'s, and the conversation is registered in the cache drafter's store for its
+session; the store is locked, so registering beside a running generation is safe), and a
+prompt that does not fit the context window is refused there, before anything is
+registered. What ``prepare`` returns then runs on the generation worker and yields the
+deltas (:func:`~hvd_agents.chat.delta_stream.stream_reply_deltas`).
 
 Every step is counted in the metrics as it happens, so tokens of a cancelled request
 are counted too; a job that ends without its last delta counts as cancelled.
@@ -14,17 +17,20 @@ are counted too; a job that ends without its last delta counts as cancelled.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hvd_agents.chat.conversation import check_fits
 from hvd_agents.chat.delta_stream import ReplyDelta, stream_reply_deltas
 from hvd_agents.chat.request import ChatSettings, ReplySummary, build_chat_request
-from hvd_agents.engine import Engine
+from hvd_agents.engine import Engine, GenerationParams
 from hvd_agents.server.metrics import ServerMetrics
 
 Job = Callable[[threading.Event], Generator[ReplyDelta, None, None]]
+Run = Callable[[threading.Event], Iterator[ReplyDelta]]
 
 
 @dataclass(frozen=True)
@@ -41,13 +47,19 @@ class ChatJob:
     response_format: Mapping[str, Any] | None
     model_name: str
 
-    def deltas(self, cancelled: threading.Event) -> Iterator[ReplyDelta]:
+    def prepare(self) -> Run:
+        """Render, tokenize, check and register the request; returns what the worker runs.
+
+        Raises:
+            InvalidRequestError: bad messages, tools or settings.
+            ContextLengthError: the prompt does not fit the context window.
+        """
         request = build_chat_request(
             self.engine, self.messages, self.tools, settings=self.settings, tool_choice=self.tool_choice,
             stop=self.stop, session_id=self.session_id, response_format=self.response_format,
             model_name=self.model_name,
         )
-        return stream_reply_deltas(request, cancelled)
+        return functools.partial(stream_reply_deltas, request)
 
 
 @dataclass(frozen=True)
@@ -60,12 +72,22 @@ class CompletionJob:
     stop: Sequence[str]
     model_name: str
 
-    def deltas(self, cancelled: threading.Event) -> Iterator[ReplyDelta]:
+    def prepare(self) -> Run:
+        """Tokenize and check the prompt; returns what the worker runs.
+
+        Raises:
+            InvalidRequestError: bad settings.
+            ContextLengthError: the prompt does not fit the context window.
+        """
         params = self.settings.to_params(self.stop)
         if isinstance(self.prompt, str):
             ids = self.engine.tokenizer(self.prompt, add_special_tokens=False).input_ids if self.engine.tokenizer else []
         else:
             ids = list(self.prompt)
+        check_fits(self.engine, ids)
+        return functools.partial(self._deltas, ids, params)
+
+    def _deltas(self, ids: list[int], params: GenerationParams, cancelled: threading.Event) -> Iterator[ReplyDelta]:
         events = self.engine.stream(ids, params)
         try:
             for event in events:
@@ -81,12 +103,12 @@ class CompletionJob:
             events.close()
 
 
-def counted(job: ChatJob | CompletionJob, metrics: ServerMetrics) -> Job:
-    """``job`` as the queue runs it: each step counted, a job that ends early counted as cancelled."""
+def counted(run: Run, metrics: ServerMetrics) -> Job:
+    """A prepared job as the worker runs it: each step counted, a job that ends early counted as cancelled."""
 
-    def run(cancelled: threading.Event) -> Generator[ReplyDelta, None, None]:
+    def counting(cancelled: threading.Event) -> Generator[ReplyDelta, None, None]:
         finished = False
-        deltas = job.deltas(cancelled)
+        deltas = run(cancelled)
         try:
             for delta in deltas:
                 metrics.step(delta.tokens)
@@ -97,4 +119,4 @@ def counted(job: ChatJob | CompletionJob, metrics: ServerMetrics) -> Job:
             if not finished and cancelled.is_set():
                 metrics.cancel()
 
-    return run
+    return counting

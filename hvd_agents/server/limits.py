@@ -8,11 +8,10 @@ app's ``receive`` is the server's own, so a client's disconnect still reaches it
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from hvd_agents.server.errors import APIError
+from hvd_agents.server.errors import APIError, send_error
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -54,9 +53,5 @@ class BodyLimitMiddleware:
         await self.app(scope, replay, send)
 
     async def _refuse(self, send: Send) -> None:
-        error = APIError(413, f"request body larger than {self.max_bytes} bytes", "invalid_request_error", None,
-                         "request_too_large")
-        body = json.dumps(error.body()).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, APIError(413, f"request body larger than {self.max_bytes} bytes",
+                                        "invalid_request_error", None, "request_too_large"))

@@ -10,10 +10,18 @@ A submitted generation is an async iterator over the items its generator yields 
 the worker (:func:`hvd_agents.chat.async_stream.iterate_in_thread`): leaving it
 (a client's disconnect cancels the consuming task) sets the generation's cancel flag,
 which stops it after the current engine step; one still waiting never starts.
+
+A generation may have a set-up phase (:meth:`GenerationQueue.submit_after`): rendering
+and tokenizing its prompt. It runs on a small pool of its own, so a long prompt's
+tokenization never delays the generations already queued, nor the set-up of short
+requests behind it; a generation joins the worker's line when its set-up ends. The
+set-up counts against ``max_pending`` like the generation, so waiting set-ups are
+bounded too.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +31,9 @@ from hvd_agents.chat.async_stream import iterate_in_thread
 from hvd_agents.server.errors import APIError
 
 T = TypeVar("T")
+# Set-ups (tokenizing) running at once: a few long prompts cannot hold up the short requests
+# behind them, and the memory of the prompts being tokenized stays a few prompts' worth.
+PREPARE_WORKERS = 4
 
 
 class GenerationQueue:
@@ -44,6 +55,7 @@ class GenerationQueue:
         self.retry_after_s = retry_after_s
         self._on_change = on_change
         self._executor = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="hvd-generation")
+        self._preparer = ThreadPoolExecutor(max_workers=PREPARE_WORKERS, thread_name_prefix="hvd-prepare")
         self._lock = threading.Lock()
         self._pending = 0
 
@@ -62,12 +74,38 @@ class GenerationQueue:
         Raises:
             APIError: 503 with ``Retry-After`` when ``max_pending`` are already admitted.
         """
+        self._admit()
+        return _Admitted(self, iterate_in_thread(make, self._executor))
+
+    def submit_after(
+        self, prepare: Callable[[], Callable[[threading.Event], Generator[T, None, None]]]
+    ) -> AsyncIterator[T]:
+        """Admit a generation with a set-up phase: ``prepare()`` runs on the preparation pool
+        and returns the ``make`` that :meth:`submit` takes, which then runs on the worker.
+        Whatever ``prepare`` raises is raised by the first ``__anext__``.
+
+        Raises:
+            APIError: 503 with ``Retry-After`` when ``max_pending`` are already admitted.
+        """
+        self._admit()
+        return _Admitted(self, self._prepared(prepare))
+
+    async def _prepared(self, prepare: Callable[[], Callable[[threading.Event], Generator[T, None, None]]]
+                        ) -> AsyncIterator[T]:
+        make = await asyncio.get_running_loop().run_in_executor(self._preparer, prepare)
+        items = iterate_in_thread(make, self._executor)
+        try:
+            async for item in items:
+                yield item
+        finally:
+            await items.aclose()
+
+    def _admit(self) -> None:
         with self._lock:
             if self._pending >= self.max_pending:
                 raise APIError(503, f"the server is busy: {self._pending} requests are queued or running",
                                "server_error", None, "queue_full", {"Retry-After": str(self.retry_after_s)})
             self._change(+1)
-        return _Admitted(self, iterate_in_thread(make, self._executor))
 
     def _release(self) -> None:
         with self._lock:
@@ -81,6 +119,7 @@ class GenerationQueue:
     def close(self) -> None:
         """Stop the worker once what it has started is done."""
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._preparer.shutdown(wait=False, cancel_futures=True)
 
 
 class _Admitted(AsyncIterator[T]):

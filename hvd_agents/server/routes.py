@@ -16,12 +16,11 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from hvd_agents.chat.delta_stream import CollectedReply, ReplyDelta
 from hvd_agents.errors import HVDError
-from hvd_agents.server.auth import check_api_key
 from hvd_agents.server.disconnect import ClientGone, until_disconnect
 from hvd_agents.server.errors import APIError, api_error_of
 from hvd_agents.server.jobs import ChatJob, CompletionJob, counted
@@ -34,6 +33,7 @@ from hvd_agents.server.shaping import (
     error_event,
     text_completion,
 )
+from hvd_agents.server.sizing import check_chat_size, check_completion_size
 from hvd_agents.server.state import ServerState
 
 logger = logging.getLogger(__name__)
@@ -48,13 +48,10 @@ def state_of(request: Request) -> ServerState:
     return request.app.state.hvd
 
 
-def require_key(request: Request) -> None:
-    """Dependency of every route but ``/health``: the API key, when one is configured."""
-    check_api_key(request.url.path, request.headers.get("authorization"), state_of(request).config.api_key)
-
-
+# Open routes, and those that need the API key when one is set (checked by
+# hvd_agents.server.auth.AuthMiddleware before the body is read).
 router = APIRouter()
-guarded = APIRouter(dependencies=[Depends(require_key)])
+guarded = APIRouter()
 
 
 @router.get("/health")
@@ -68,7 +65,13 @@ async def health(request: Request) -> JSONResponse:
     return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": str(slot.retry_after_s)})
 
 
-@guarded.get("/metrics")
+@router.get("/openapi.json", include_in_schema=False)
+async def openapi(request: Request) -> JSONResponse:
+    """The OpenAPI document (:mod:`hvd_agents.server.openapi`)."""
+    return JSONResponse(request.app.openapi())
+
+
+@guarded.get("/metrics", response_class=PlainTextResponse)
 async def metrics(request: Request) -> PlainTextResponse:
     return PlainTextResponse(state_of(request).metrics.render(), media_type="text/plain; version=0.0.4")
 
@@ -95,9 +98,11 @@ async def chat_completions(request: Request, body: ChatCompletionRequest) -> Res
     state = state_of(request)
     body.check()
     engine = state.engine_for(body.model)
+    messages = body.chat_messages()
+    check_chat_size(messages, engine.tokenizer, engine.context_window)
     job = ChatJob(
         engine=engine,
-        messages=body.chat_messages(),
+        messages=messages,
         tools=body.tools,
         settings=body.settings(body.max_new_tokens(), state.config.method, engine.context_window,
                                state.config.request_timeout_s),
@@ -109,7 +114,7 @@ async def chat_completions(request: Request, body: ChatCompletionRequest) -> Res
     )
     env = Envelope("chatcmpl-", state.config.model_name)
     shaper = ChatChunks(env, body.include_usage()) if body.stream else None
-    return await _generate(request, state, counted(job, state.metrics), env, shaper, chat_completion)
+    return await _generate(request, state, job, env, shaper, chat_completion)
 
 
 @guarded.post("/v1/completions")
@@ -117,9 +122,11 @@ async def completions(request: Request, body: CompletionRequest) -> Response:
     state = state_of(request)
     body.check()
     engine = state.engine_for(body.model)
+    prompt = body.prompt_value()
+    check_completion_size(prompt, engine.tokenizer, engine.context_window)
     job = CompletionJob(
         engine=engine,
-        prompt=body.prompt_value(),
+        prompt=prompt,
         settings=body.settings(body.max_tokens, state.config.method, engine.context_window,
                                state.config.request_timeout_s),
         stop=body.stops(),
@@ -127,13 +134,15 @@ async def completions(request: Request, body: CompletionRequest) -> Response:
     )
     env = Envelope("cmpl-", state.config.model_name)
     shaper = CompletionChunks(env, body.include_usage()) if body.stream else None
-    return await _generate(request, state, counted(job, state.metrics), env, shaper, text_completion)
+    return await _generate(request, state, job, env, shaper, text_completion)
 
 
-async def _generate(request: Request, state: ServerState, job, env: Envelope, shaper, shape) -> Response:
-    """Queue ``job``, wait for its first step, then answer whole (``shaper`` None) or as a stream."""
+async def _generate(request: Request, state: ServerState, job: ChatJob | CompletionJob, env: Envelope, shaper,
+                    shape) -> Response:
+    """Queue ``job`` (prepared off the worker), wait for its first step, then answer whole (``shaper`` None)
+    or as a stream."""
     arrived = time.perf_counter()
-    deltas = state.queue.submit(job)
+    deltas = state.queue.submit_after(lambda: counted(job.prepare(), state.metrics))
     headers = {"X-Request-ID": request.headers.get(REQUEST_ID_HEADER) or env.id}
     try:
         first = await until_disconnect(request, anext(deltas))

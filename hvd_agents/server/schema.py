@@ -19,18 +19,22 @@ HVD's own knobs ride along as extra fields (``extra_body`` in the OpenAI SDK):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hvd_agents.chat.request import ChatSettings
 from hvd_agents.chat.template import unsupported_part
 from hvd_agents.chat.toolcall_stream import normalize_tool_choice
+from hvd_agents.chat.toolcalls import check_unicode
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.server.errors import APIError, invalid
 
 # Roles of the OpenAI API that the chat template knows under another name.
 _ROLE_ALIASES = {"developer": "system"}
+# Seeds are below this: the request's torch.Generator takes 64-bit seeds (an exclusive bound,
+# so that the OpenAPI document, whose numbers are floats, states it exactly).
+SEED_LIMIT = 2**64
 
 
 class StreamOptions(BaseModel):
@@ -49,7 +53,7 @@ class _Sampling(BaseModel):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, lt=SEED_LIMIT)
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -193,7 +197,7 @@ class ChatCompletionRequest(_Sampling):
 class CompletionRequest(_Sampling):
     """The body of ``POST /v1/completions`` (one prompt: text, or token ids)."""
 
-    prompt: str | list[str] | list[int]
+    prompt: str | list[str] | list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
     max_tokens: int | None = Field(16, ge=1)
     echo: bool = False
     suffix: str | None = None
@@ -216,6 +220,12 @@ class CompletionRequest(_Sampling):
             raise invalid("one prompt per request", "prompt")
         if isinstance(self.prompt, list) and not self.prompt:
             raise invalid("prompt is empty", "prompt")
+        prompt = self.prompt_value()
+        if isinstance(prompt, str):
+            try:
+                check_unicode("prompt", prompt)
+            except InvalidRequestError as exc:
+                raise invalid(str(exc), "prompt") from exc
         self.stops()
 
     def prompt_value(self) -> str | list[int]:

@@ -32,7 +32,7 @@ import torch
 
 from hvd_agents.policy.cost import FALLBACK_VERIFY_COST, CostModel
 from hvd_agents.runtime.kernels import linear_kernel
-from hvd_agents.runtime.kv import new_cache
+from hvd_agents.runtime.kv import cache_argument, new_cache
 from hvd_agents.runtime.paths import cache_root
 from hvd_agents.runtime.row_linear import build_key
 
@@ -53,6 +53,7 @@ class _ModelSteps:
         self.device = next(model.parameters()).device
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.context_window = context_window
+        self._cache_arg = cache_argument(model)
 
     def new_kv(self):
         return new_cache(self.model.config)
@@ -60,7 +61,7 @@ class _ModelSteps:
     def forward(self, kv, token_ids: Sequence[int], *, logits_to_keep: int = 0) -> None:
         ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
         with torch.inference_mode():
-            self.model(input_ids=ids, past_key_values=kv, use_cache=True, logits_to_keep=logits_to_keep)
+            self.model(input_ids=ids, **{self._cache_arg: kv}, use_cache=True, logits_to_keep=logits_to_keep)
 
 
 def measure_cost_model(

@@ -34,6 +34,7 @@ from hvd_agents.policy.cost import FALLBACK_VERIFY_COST, CostModel
 from hvd_agents.runtime.kernels import linear_kernel
 from hvd_agents.runtime.kv import cache_argument, new_cache
 from hvd_agents.runtime.paths import cache_root
+from hvd_agents.runtime.progress import waiting
 from hvd_agents.runtime.row_linear import build_key
 
 logger = logging.getLogger(__name__)
@@ -190,13 +191,14 @@ def cached_cost_model(model: torch.nn.Module, directory: Path | None = None, *, 
     except (OSError, ValueError, KeyError, TypeError) as exc:
         logger.warning("cost profile %s is unreadable (%s); measuring again", path, exc)
     profile = None
-    for _ in range(PROFILE_ATTEMPTS):
-        measured = measure() if measure is not None else measure_cost_model(model)
-        if measured.plausible:
-            profile = measured
-            break
-        logger.warning("implausible cost profile %s (timing disturbed by other load?); measuring again",
-                       measured.to_dict())
+    with waiting("measuring the verification cost profile (once per model and machine)"):
+        for _ in range(PROFILE_ATTEMPTS):
+            measured = measure() if measure is not None else measure_cost_model(model)
+            if measured.plausible:
+                profile = measured
+                break
+            logger.warning("implausible cost profile %s (timing disturbed by other load?); measuring again",
+                           measured.to_dict())
     if profile is None:
         logger.warning("no plausible cost profile after %d attempts; using c=%s, not cached",
                        PROFILE_ATTEMPTS, FALLBACK_VERIFY_COST)

@@ -116,11 +116,13 @@ def _plain_engine(engine: Engine) -> Engine:
                   draft_head=None)
 
 
-def _warm_up(engine: Engine) -> None:
-    """Measure (or read) the cost profile and run one short generation, so that no turn pays first-use costs;
-    then empty the prefix KV cache the warm-up filled."""
+def _warm_up(engine: Engine, method: str) -> None:
+    """Measure (or read) the cost profile and run one short generation with each method (``method``'s drafter
+    and draft head are made on first use), so that no turn pays first-use costs; then empty the prefix KV cache
+    the warm-up filled."""
     engine.cost_model()
-    engine.generate(engine.tokenizer.encode("Hello"), GenerationParams(max_new_tokens=4, method="ar"))
+    for each in dict.fromkeys(("ar", method)):
+        engine.generate(engine.tokenizer.encode("Hello"), GenerationParams(max_new_tokens=4, method=each))
     engine.prefix_cache.clear()
 
 
@@ -150,7 +152,7 @@ def main(argv: list[str] | None = None, engine: Engine | None = None) -> tuple[A
     plain_engine = _plain_engine(engine) if args.compare else None
     if plain_engine is not None:
         with waiting("warming up (cost profile, first forwards)"):
-            _warm_up(engine)
+            _warm_up(engine, args.method)
     print(f"model loaded in {time.perf_counter() - started:.1f} s")
     run = Conversation(engine, args.method, args)
     plain = Conversation(plain_engine, "ar", args) if plain_engine is not None else None

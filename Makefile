@@ -1,5 +1,6 @@
 # hvd-agents: `make demo` and `make test` set everything up in .venv on first use.
-# `make demo` runs the airline customer-service agent of examples/ (LangChain create_agent, 4 turns).
+# `make demo` runs the airline customer-service agent of examples/ (LangChain create_agent, 4 turns), then the
+# same conversation by plain decoding, and prints both side by side.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -24,7 +25,7 @@ $(STAMP): pyproject.toml integrations/langchain-hvd/pyproject.toml integrations/
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python examples/airline_langchain.py
+	$(BIN)/python examples/airline_langchain.py --compare
 
 test: $(STAMP)
 	$(BIN)/ruff check .

@@ -5,16 +5,21 @@ Each model call's drafting stats come from the integrations as a plain dict
 ``response_metadata["hvd_stats"]``, LlamaIndex's ``response.raw["hvd_stats"]``, or
 ``ReplySummary.hvd_stats`` on the framework-neutral path. A :class:`Report` collects
 them per user turn, with each turn's wall-clock time (model calls and tools together),
-and prints one table.
+and prints one table; :func:`side_by_side` sets two runs of one conversation (a
+speculative method and plain ``ar`` decoding) against each other.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
+
+MODEL_NOTE = ("The embedded SmolLM2-135M shows the speed and the identical tokens; steered (a forced tool_choice "
+              "each turn) it makes the planned calls, but it often misreads their results in its answers. For an "
+              "agent that reasons, run your model: python examples/own_model.py --model HUB_ID_OR_PATH_OR_GGUF")
 
 
 @dataclass
@@ -118,3 +123,60 @@ def _row(label: str, wall_s: float, calls: list[Mapping[str, Any]]) -> str:
     return (f"{label:<34} {wall_s:>7.2f} {len(calls):>5} {sum(c.get('prompt_tokens', 0) for c in calls):>7} "
             f"{sum(c.get('reused_prefix_tokens', 0) for c in calls):>7} "
             f"{sum(c.get('prefill_s', 0.0) for c in calls):>9.2f} {new:>7} {tok_s:>7.1f} {per_step:>8.2f}")
+
+
+def side_by_side(fast: Report, plain: Report, fast_calls: Sequence[Any], plain_calls: Sequence[Any]) -> list[str]:
+    """Two runs of one conversation, turn by turn: wall time, decode tokens/s, tokens per step, the speedup and
+    whether every model call produced the same tokens.
+
+    Args:
+        fast: the report of the speculative run.
+        plain: the report of the plain (``ar``) run of the same turns.
+        fast_calls: the speculative run's recorded model calls, in order (each with ``token_ids``).
+        plain_calls: the plain run's.
+    """
+    header = (f"{'turn':<34} {plain.method + ' s':>7} {fast.method + ' s':>7} {'speedup':>7} "
+              f"{plain.method + ' tok/s':>9} {fast.method + ' tok/s':>9} {fast.method + ' tok/step':>12} "
+              f"{'same tokens':>11}")
+    out = [f"== {fast.method} against plain decoding ({plain.method}): same model, same prompts, greedy", header]
+    fast_turns, plain_turns = _split(fast_calls, fast.turns), _split(plain_calls, plain.turns)
+    rows = list(zip(fast.turns, plain.turns, fast_turns, plain_turns))
+    for fast_turn, plain_turn, fast_ids, plain_ids in rows:
+        out.append(_pair(fast_turn.label[:34], fast_turn.wall_s, plain_turn.wall_s, fast_turn.calls,
+                         plain_turn.calls, fast_ids == plain_ids))
+    same_calls = sum(a == b for a, b in zip(_ids(fast_calls), _ids(plain_calls)))
+    identical = same_calls == len(fast_calls) == len(plain_calls)
+    fast_total, plain_total = fast.totals(), plain.totals()
+    out.append(_pair("total", fast_total["wall_s"], plain_total["wall_s"], fast.calls, plain.calls, identical))
+    decode = plain_total["decode_s"] / fast_total["decode_s"] if fast_total["decode_s"] > 0 else 0.0
+    out.append(f"identical tokens: {'yes' if identical else 'no'} ({same_calls} of {len(plain_calls)} model calls)")
+    out.append(f"speedup: {_ratio(plain_total['wall_s'], fast_total['wall_s']):.2f}x end to end (prompt processing "
+               f"{fast_total['prefill_s']:.1f} s of {fast.method}'s {fast_total['wall_s']:.1f} s, alike in both), "
+               f"{decode:.2f}x in decoding")
+    return out
+
+
+def _ids(calls: Sequence[Any]) -> list[tuple[int, ...]]:
+    return [tuple(call.token_ids) for call in calls]
+
+
+def _split(calls: Sequence[Any], turns: Sequence[Turn]) -> list[list[tuple[int, ...]]]:
+    """The recorded calls' token ids, grouped by the turn that made them (in order)."""
+    ids, out, start = _ids(calls), [], 0
+    for turn in turns:
+        out.append(ids[start:start + len(turn.calls)])
+        start += len(turn.calls)
+    return out
+
+
+def _ratio(base: float, other: float) -> float:
+    return base / other if other > 0 else 0.0
+
+
+def _pair(label: str, fast_s: float, plain_s: float, fast_calls: list, plain_calls: list, same: bool) -> str:
+    def rate(calls: list, key: str) -> float:
+        return _ratio(sum(c.get("new_tokens", 0) for c in calls), sum(c.get(key, 0) for c in calls))
+
+    return (f"{label:<34} {plain_s:>7.2f} {fast_s:>7.2f} {_ratio(plain_s, fast_s):>6.2f}x "
+            f"{rate(plain_calls, 'decode_s'):>9.1f} {rate(fast_calls, 'decode_s'):>9.1f} "
+            f"{rate(fast_calls, 'steps'):>12.2f} {'yes' if same else 'no':>11}")

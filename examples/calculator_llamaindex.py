@@ -39,6 +39,7 @@ from hvd_agents.chat.templates import apply_system_template, load_template
 from hvd_agents.drafters import available_methods
 from hvd_agents.engine import Engine
 from hvd_agents.engine.shared import shared_engine
+from hvd_agents.runtime.progress import set_quiet
 
 SYSTEM = "You are a careful assistant. Compute with the calculator and keep notes in the file store."
 
@@ -136,6 +137,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=64, help="most tokens per model call")
     parser.add_argument("--save", metavar="FILE", default=None,
                         help="write the conversation's model calls as JSON (replayed by hvd-agents bench-agents)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     return parser.parse_args(argv)
 
 
@@ -178,6 +180,8 @@ def main(argv: list[str] | None = None, engine: Engine | None = None) -> tuple[W
         The workspace (its ``calls`` log and files), the answers and the report.
     """
     args = parse_args(argv)
+    if args.quiet:
+        set_quiet()
     started = time.perf_counter()
     engine = engine or shared_engine(None, device="cpu")
     print(f"model loaded in {time.perf_counter() - started:.1f} s")

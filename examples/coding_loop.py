@@ -37,6 +37,7 @@ from hvd_agents.chat.templates import apply_system_template, canonicalize_tools,
 from hvd_agents.drafters import available_methods
 from hvd_agents.engine import Engine
 from hvd_agents.engine.shared import shared_engine
+from hvd_agents.runtime.progress import set_quiet
 
 SYSTEM = ("You are a coding agent working in a small Python repository. List the files, read the code, make the "
           "smallest edit that fixes the task, and run the check before you answer.")
@@ -154,6 +155,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=96, help="most tokens per model call")
     parser.add_argument("--save", metavar="FILE", default=None,
                         help="write the conversation's model calls as JSON (replayed by hvd-agents bench-agents)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     return parser.parse_args(argv)
 
 
@@ -168,6 +170,8 @@ def main(argv: list[str] | None = None, engine: Engine | None = None) -> tuple[R
         The repository (its ``calls`` log and files), the conversation and the report.
     """
     args = parse_args(argv)
+    if args.quiet:
+        set_quiet()
     started = time.perf_counter()
     engine = engine or shared_engine(None, device="cpu")
     print(f"model loaded in {time.perf_counter() - started:.1f} s")

@@ -37,6 +37,7 @@ from hvd_agents.chat.templates import apply_system_template, canonicalize_tools,
 from hvd_agents.drafters import available_methods
 from hvd_agents.engine import Engine
 from hvd_agents.engine.shared import shared_engine
+from hvd_agents.runtime.progress import set_quiet
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -53,6 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                        help="let the model choose (default with --model)")
     parser.add_argument("--save", metavar="FILE", default=None,
                         help="write the conversation's model calls as JSON (replayed by hvd-agents bench-agents)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     return parser.parse_args(argv)
 
 
@@ -67,6 +69,8 @@ def main(argv: list[str] | None = None, engine: Engine | None = None) -> tuple[A
         The airline (its ``calls`` log), the conversation and the report.
     """
     args = parse_args(argv)
+    if args.quiet:
+        set_quiet()
     steer = args.model is None if args.steer is None else args.steer
     started = time.perf_counter()
     engine = engine or shared_engine(args.model, device=args.device)

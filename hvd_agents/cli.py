@@ -26,6 +26,7 @@ exit with status 2; no traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -37,8 +38,11 @@ from hvd_agents.distill.train import TrainConfig
 from hvd_agents.drafters import available_methods
 from hvd_agents.engine import GenerationParams
 from hvd_agents.errors import HVDError
+from hvd_agents.runtime.progress import set_quiet
 
 logger = logging.getLogger(__name__)
+
+QUIET_HELP = "no progress lines on stderr (kernel builds, cost-profile measurement, model loading)"
 
 
 def _add_generation_args(parser: argparse.ArgumentParser) -> None:
@@ -337,13 +341,15 @@ def _add_analyze_parser(sub: argparse._SubParsersAction) -> None:
     ana.add_argument("--limit", type=int, default=None, help="replay only the first N conversations")
     ana.add_argument("--canonical-tools", action="store_true", help="canonicalize tool schemas first")
     ana.add_argument("--system-template", default=None, metavar="NAME", help="prepend a template to system prompts")
-    ana.add_argument("--quiet", action="store_true", help="no progress bar, no timing line")
+    ana.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                     help="no progress bar, no timing line")
     ana.set_defaults(func=cmd_analyze)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hvd-agents", description=__doc__.split("\n\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    parser.add_argument("-q", "--quiet", action="store_true", help=QUIET_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="generate one reply and print text + decoding stats")
@@ -478,12 +484,16 @@ def build_parser() -> argparse.ArgumentParser:
                               "(batches are kept in <file>.parts/ meanwhile, so an interrupted run resumes)")
     drafter.add_argument("--seed", type=int, default=data_defaults.seed)
     drafter.set_defaults(func=cmd_train_drafter)
+    for command in sub.choices.values():  # `hvd-agents demo -q` as well as `hvd-agents -q demo`
+        with contextlib.suppress(argparse.ArgumentError):  # analyze has its own
+            command.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help=QUIET_HELP)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hvd-agents`` console script."""
     args = build_parser().parse_args(argv)
+    set_quiet(args.quiet)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     try:
         return args.func(args)

@@ -21,6 +21,7 @@ from hvd_agents.runtime.kernels import (
     prepare_for_cpu,
     resolve_linear_kernel,
 )
+from hvd_agents.runtime.kv import cache_argument
 from hvd_agents.runtime.profile import profile_key
 from hvd_agents.runtime.row_linear import RowLinear
 from tests.drafters_for_tests import FixedDrafter
@@ -150,10 +151,11 @@ def test_prepared_model_matches_dense_through_a_cache(kernel: str) -> None:
     assert packed.get_output_embeddings().weight is not None  # draft heads read its rows
     ids = torch.randint(0, 96, (1, 60), generator=torch.Generator().manual_seed(0))
     caches = {name: DynamicCache(config=m.config) for name, m in (("dense", dense), ("packed", packed))}
+    arg = cache_argument(dense)
     with torch.inference_mode():
         for chunk in (slice(0, 40), slice(40, 49), slice(49, 50), slice(50, 60)):
-            want = dense(ids[:, chunk], past_key_values=caches["dense"], use_cache=True).logits
-            got = packed(ids[:, chunk], past_key_values=caches["packed"], use_cache=True).logits
+            want = dense(ids[:, chunk], **{arg: caches["dense"]}, use_cache=True).logits
+            got = packed(ids[:, chunk], **{arg: caches["packed"]}, use_cache=True).logits
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 

@@ -31,15 +31,38 @@ def _summary_has_numbers(out: str, turns: int) -> None:
     assert re.search(r"^  suffix:\S+\s+\d+ accepted of\s+\d+ drafted", out, re.MULTILINE)
 
 
-def test_airline_langchain_agent_looks_up_the_user(real_engine, capsys) -> None:
+def test_airline_langchain_agent_looks_up_the_user_and_compares_with_ar(real_engine, capsys) -> None:
     import airline_langchain
 
-    airline, messages, report = airline_langchain.main(["--max-turns", "1", "--max-new-tokens", "48"],
+    airline, messages, report = airline_langchain.main(["--max-turns", "1", "--max-new-tokens", "48", "--compare"],
                                                        engine=real_engine)
     assert airline.calls == [("get_user_details", {"user_id": "mia_li_3668"})]
     assert messages[-1].content.strip() and not messages[-1].tool_calls
     assert len(report.turns) == 1 and len(report.turns[0].calls) == 2  # the steered call, then the answer
-    _summary_has_numbers(capsys.readouterr().out, turns=1)
+    out = capsys.readouterr().out
+    _summary_has_numbers(out, turns=1)
+    # the side by side: the plain run made the same two calls with the same tokens
+    assert re.search(r"^== hvd against plain decoding \(ar\)", out, re.MULTILINE), out
+    assert re.search(r"^total\s+[\d.]+\s+[\d.]+\s+[\d.]+x\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+yes$", out, re.MULTILINE), out
+    assert "identical tokens: yes (2 of 2 model calls)" in out
+    assert re.search(r"^speedup: [\d.]+x end to end .* [\d.]+x in decoding$", out, re.MULTILINE), out
+    assert "own_model.py --model" in out
+
+
+def test_side_by_side_says_no_when_a_call_differs() -> None:
+    from types import SimpleNamespace
+
+    from _report import Report, side_by_side
+
+    fast, plain = Report("t", "hvd"), Report("t", "ar")
+    for report, steps in ((fast, 2), (plain, 4)):
+        with report.turn("one"):
+            report.add_call({"new_tokens": 4, "decode_s": 0.5, "steps": steps})
+    lines = side_by_side(fast, plain, [SimpleNamespace(token_ids=(1, 2, 3, 4))],
+                         [SimpleNamespace(token_ids=(1, 2, 3, 5))])
+    assert lines[2].split()[-1] == "no" and lines[3].split()[0] == "total" and lines[3].split()[-1] == "no"
+    assert lines[4] == "identical tokens: no (0 of 1 model calls)"
+    assert lines[2].split()[-2] == "2.00"  # hvd's tokens per step
 
 
 def test_calculator_llamaindex_agent_multiplies_and_equals_ar(real_engine, capsys) -> None:

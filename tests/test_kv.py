@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from transformers import DynamicCache
 
 from hvd_agents.engine.prefix_cache import PrefixCache
-from hvd_agents.runtime.kv import MIN_ROOM, GrowingLayer, keep, new_cache, supports_trees, truncate
+from hvd_agents.runtime.kv import MIN_ROOM, GrowingLayer, cache_argument, keep, new_cache, supports_trees, truncate
 from tests.tiny import make_tiny_llama
 
 HEADS, DIM = 2, 3
@@ -85,13 +85,14 @@ def test_appends_inside_the_room_write_in_place() -> None:
 
 def test_decoding_on_a_growing_cache_gives_the_same_logits() -> None:
     ids = torch.randint(0, 64, (1, 60), generator=torch.Generator().manual_seed(0))
+    arg = cache_argument(TINY)
     outs = []
     for cache in (new_cache(TINY.config), DynamicCache(config=TINY.config)):
         logits = []
         with torch.inference_mode():
-            logits.append(TINY(input_ids=ids[:, :30], past_key_values=cache, use_cache=True).logits)
+            logits.append(TINY(input_ids=ids[:, :30], **{arg: cache}, use_cache=True).logits)
             for start in range(30, 58, 4):  # verify 4 tokens, keep 3 of them
-                logits.append(TINY(input_ids=ids[:, start : start + 4], past_key_values=cache, use_cache=True).logits)
+                logits.append(TINY(input_ids=ids[:, start : start + 4], **{arg: cache}, use_cache=True).logits)
                 truncate(cache, start + 3)
         outs.append(torch.cat(logits, dim=1))
     torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=1e-12)

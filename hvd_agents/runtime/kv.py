@@ -26,6 +26,7 @@ so neither reaches into transformers' layers.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from collections.abc import Sequence
 
@@ -177,6 +178,12 @@ def new_cache(config: PretrainedConfig) -> EngineCache:
     cache = EngineCache(config=config)
     cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
     return cache
+
+
+def cache_argument(model: torch.nn.Module) -> str:
+    """The keyword ``model``'s forward takes its KV cache by: ``cache`` in current transformers, where
+    ``past_key_values`` is deprecated (a FutureWarning on every call), ``past_key_values`` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def full_length(layer: object) -> bool:

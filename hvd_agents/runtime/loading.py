@@ -47,6 +47,7 @@ from hvd_agents.runtime import quant_native, quant_runner, quant_weights
 from hvd_agents.runtime.heap import freeze_loaded_objects
 from hvd_agents.runtime.kernels import check_linear_kernel_name, prepare_for_cpu
 from hvd_agents.runtime.paths import cache_root
+from hvd_agents.runtime.progress import end_line, waiting
 
 logger = logging.getLogger(__name__)
 
@@ -298,6 +299,7 @@ def _load_cached_gguf(gguf: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, 
         shutil.rmtree(target, ignore_errors=True)  # another process may be deleting it too
     start = time.perf_counter()
     logger.info("dequantizing %s (first use; cached afterwards in %s)", gguf, target)
+    end_line()  # transformers shows its own progress bar
     model, tokenizer = _load_gguf_uncached(gguf)
     installed = _write_cache(model, tokenizer, target, str(gguf))
     del model
@@ -424,17 +426,18 @@ def load_model(
     kind, location = _resolve_source(name)
     display = EMBEDDED_NAME if name is None or str(name).strip().lower() in _EMBEDDED_ALIASES else os.fspath(name)
     start = time.perf_counter()
-    if kind == "gguf":
-        model, tokenizer = _load_cached_gguf(Path(location), dtype)
-    else:
-        model, tokenizer = _load_hf(location, dtype, local=kind == "hf_dir")
-    model = model.to(dev).eval()
-    try:
-        prepare_for_cpu(model, cpu_linear)
-    except ValueError as exc:
-        raise InvalidRequestError(str(exc)) from exc
-    loaded = LoadedModel(model=model, tokenizer=tokenizer, name=display, device=dev, dtype=dtype)
-    _attach_native(loaded, weights, kind, location)
+    with waiting(f"loading {display}"):
+        if kind == "gguf":
+            model, tokenizer = _load_cached_gguf(Path(location), dtype)
+        else:
+            model, tokenizer = _load_hf(location, dtype, local=kind == "hf_dir")
+        model = model.to(dev).eval()
+        try:
+            prepare_for_cpu(model, cpu_linear)
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from exc
+        loaded = LoadedModel(model=model, tokenizer=tokenizer, name=display, device=dev, dtype=dtype)
+        _attach_native(loaded, weights, kind, location)
     freeze_loaded_objects()  # full collections would walk the model's objects, freezing event loops
     logger.info("loaded %s on %s (%s) in %.1f s", display, dev, dtype, time.perf_counter() - start)
     return loaded

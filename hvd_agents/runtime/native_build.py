@@ -23,6 +23,7 @@ from types import ModuleType
 import torch
 
 from hvd_agents.runtime.paths import cache_root
+from hvd_agents.runtime.progress import waiting
 
 logger = logging.getLogger(__name__)
 
@@ -74,8 +75,9 @@ def build_python_module(source: Path, flags: tuple[str, ...], prefix: str) -> Mo
         logger.info("building %s (once, under a minute) in %s", source.name, directory)
         directory.mkdir(parents=True, exist_ok=True)
         with_scripts_on_path()
-        return cpp_extension.load(name=name, sources=[str(source)], extra_cflags=list(flags),
-                                  extra_ldflags=["-fopenmp"], build_directory=str(directory), verbose=False)
+        with waiting(f"building the native kernel {source.name} (once)"):
+            return cpp_extension.load(name=name, sources=[str(source)], extra_cflags=list(flags),
+                                      extra_ldflags=["-fopenmp"], build_directory=str(directory), verbose=False)
     if name in sys.modules:
         return sys.modules[name]
     loader = importlib.machinery.ExtensionFileLoader(name, str(library))

@@ -32,8 +32,9 @@ import torch
 
 from hvd_agents.policy.cost import FALLBACK_VERIFY_COST, CostModel
 from hvd_agents.runtime.kernels import linear_kernel
-from hvd_agents.runtime.kv import new_cache
+from hvd_agents.runtime.kv import cache_argument, new_cache
 from hvd_agents.runtime.paths import cache_root
+from hvd_agents.runtime.progress import waiting
 from hvd_agents.runtime.row_linear import build_key
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ class _ModelSteps:
         self.device = next(model.parameters()).device
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.context_window = context_window
+        self._cache_arg = cache_argument(model)
 
     def new_kv(self):
         return new_cache(self.model.config)
@@ -60,7 +62,7 @@ class _ModelSteps:
     def forward(self, kv, token_ids: Sequence[int], *, logits_to_keep: int = 0) -> None:
         ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
         with torch.inference_mode():
-            self.model(input_ids=ids, past_key_values=kv, use_cache=True, logits_to_keep=logits_to_keep)
+            self.model(input_ids=ids, **{self._cache_arg: kv}, use_cache=True, logits_to_keep=logits_to_keep)
 
 
 def measure_cost_model(
@@ -189,13 +191,14 @@ def cached_cost_model(model: torch.nn.Module, directory: Path | None = None, *, 
     except (OSError, ValueError, KeyError, TypeError) as exc:
         logger.warning("cost profile %s is unreadable (%s); measuring again", path, exc)
     profile = None
-    for _ in range(PROFILE_ATTEMPTS):
-        measured = measure() if measure is not None else measure_cost_model(model)
-        if measured.plausible:
-            profile = measured
-            break
-        logger.warning("implausible cost profile %s (timing disturbed by other load?); measuring again",
-                       measured.to_dict())
+    with waiting("measuring the verification cost profile (once per model and machine)"):
+        for _ in range(PROFILE_ATTEMPTS):
+            measured = measure() if measure is not None else measure_cost_model(model)
+            if measured.plausible:
+                profile = measured
+                break
+            logger.warning("implausible cost profile %s (timing disturbed by other load?); measuring again",
+                           measured.to_dict())
     if profile is None:
         logger.warning("no plausible cost profile after %d attempts; using c=%s, not cached",
                        PROFILE_ATTEMPTS, FALLBACK_VERIFY_COST)

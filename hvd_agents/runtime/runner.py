@@ -49,7 +49,7 @@ import torch
 from transformers import PreTrainedModel
 
 from hvd_agents.policy.cost import CostModel
-from hvd_agents.runtime.kv import LayerKV, new_cache
+from hvd_agents.runtime.kv import LayerKV, cache_argument, new_cache
 from hvd_agents.runtime.profile import cached_cost_model
 
 
@@ -158,6 +158,7 @@ class HFRunner:
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.context_window = int(context_window or model.config.max_position_embeddings)
         self._cost_model = cost_model
+        self._cache_arg = cache_argument(model)
 
     def new_kv(self) -> RunnerKV:
         return new_cache(self.model.config)
@@ -188,7 +189,7 @@ class HFRunner:
         with torch.inference_mode():
             out = self.model(
                 input_ids=input_ids,
-                past_key_values=kv,
+                **{self._cache_arg: kv},
                 use_cache=True,
                 logits_to_keep=logits_to_keep,
                 output_hidden_states=hidden is not None,

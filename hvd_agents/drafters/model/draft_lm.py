@@ -20,7 +20,7 @@ from transformers import DynamicCache, PreTrainedModel
 from hvd_agents.drafters.base import Draft, DraftContext, Outcome
 from hvd_agents.drafters.model.loop import DEFAULT_MIN_SURVIVAL, RequestPrefix, common_prefix, draft_loop
 from hvd_agents.drafters.model.protocol import DEFAULT_INGEST_COST_PRIOR, DEFAULT_TOKEN_COST_PRIOR
-from hvd_agents.runtime.kv import new_cache, truncate
+from hvd_agents.runtime.kv import cache_argument, new_cache, truncate
 from hvd_agents.structure import PromptStructure
 
 
@@ -57,6 +57,7 @@ class DraftModelDrafter:
         self.device = next(model.parameters()).device
         self.context_window = int(getattr(model.config, "max_position_embeddings", 1 << 30))
         self.cache: DynamicCache = new_cache(model.config)
+        self._cache_arg = cache_argument(model)
         self._tokens: list[int] = []  # tokens the cache covers
         self._context = 0  # context length at the last propose (the cache's tokens before it are verified)
         self._fresh = True
@@ -112,7 +113,7 @@ class DraftModelDrafter:
         """Run ``token_ids`` through the draft model; returns the last position's logits over the target vocabulary."""
         input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
         with torch.inference_mode():
-            out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+            out = self.model(input_ids=input_ids, **{self._cache_arg: self.cache}, use_cache=True, logits_to_keep=1)
         self._tokens.extend(int(t) for t in token_ids)
         logits = out.logits[0, -1, : self.target_vocab]
         if logits.shape[0] < self.target_vocab:  # a smaller draft vocabulary: the rest has q = 0

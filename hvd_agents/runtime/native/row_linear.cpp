@@ -13,15 +13,11 @@
 #include <torch/library.h>
 #include <immintrin.h>
 
+#include "lanes.h"
+
 namespace {
 
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  __m128 sh = _mm_movehdup_ps(s);
-  s = _mm_add_ps(s, sh);
-  sh = _mm_movehl_ps(sh, s);
-  return _mm_cvtss_f32(_mm_add_ss(s, sh));
-}
+using hvd_lanes::hsum;
 
 // NR weight rows against MR input rows: 12 accumulators at most, so all stay in registers.
 template <int NR, int MR>

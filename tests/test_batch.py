@@ -72,7 +72,7 @@ def test_every_request_in_a_batch_gets_its_output_alone(engines) -> None:
     for a, b in zip(alone, together):
         assert b.token_ids == a.token_ids and b.finish_reason == a.finish_reason
         assert b.stats.new_tokens == len(b.token_ids)
-    assert batched._batcher.largest_batch > 1 and batched._batcher.steps > 0
+    assert batched.batcher.largest_batch > 1 and batched.batcher.steps > 0
 
 
 def test_adversarial_chain_and_tree_drafts_in_a_batch(engines) -> None:
@@ -123,9 +123,9 @@ def test_closing_a_stream_ends_its_request_within_a_step(engines) -> None:
     never_read = batched.stream(prompt, GenerationParams(max_new_tokens=400, method="watched"))
     del never_read  # dropped before its first item: cancelled too, started or not
     deadline = time.monotonic() + 10
-    while batched._batcher.pending and time.monotonic() < deadline:
+    while batched.batcher.pending and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert batched._batcher.pending == 0
+    assert batched.batcher.pending == 0
 
 
 def test_errors_reach_their_own_request_only(engines) -> None:
@@ -231,4 +231,4 @@ def test_a_batching_server_answers_concurrent_requests_as_one_at_a_time(tiny_mod
 
         got = run_concurrently(ask, [(q,) for q in questions], workers=8)
     assert got == [expected(q) for q in questions]
-    assert batched._batcher.largest_batch > 1
+    assert batched.batcher.largest_batch > 1

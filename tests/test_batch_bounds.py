@@ -163,7 +163,7 @@ def test_batched_deadlines_end_only_their_own_request_and_free_its_place(model) 
 def _drained(engine: Engine) -> bool:
     """Whether the batch empties (its worker updates it just after delivering the last event)."""
     for _ in range(500):
-        if engine._batcher.pending == 0:
+        if engine.batcher.pending == 0:
             return True
         time.sleep(0.01)
     return False
@@ -273,7 +273,7 @@ def test_a_cancelled_async_stream_leaves_the_batch_at_the_end_of_the_step_in_pro
     engine = Engine(tiny_model, byte_tokenizer, eos_token_ids=(), draft_head=None, cost_model=COST,
                     runner=LoggingRunner(base.runner, delay_s=0.05), max_batch=4)
     llm = ChatHVD(engine=engine, max_tokens=400, method="ar")
-    batcher = engine._batcher
+    batcher = engine.batcher
 
     async def scenario() -> tuple[int, int]:
         first = asyncio.Event()

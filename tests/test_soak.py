@@ -101,15 +101,15 @@ def test_a_thousand_mixed_requests_lose_nothing(capsys) -> None:
         if kind == "ok":
             assert count == n  # answered in full
     for _ in range(500):  # the worker updates the batch just after it delivers a last event
-        if engine._batcher.pending == 0:
+        if engine.batcher.pending == 0:
             break
         time.sleep(0.01)
-    assert engine._batcher.pending == 0  # nothing left running or waiting
-    assert engine._batcher.largest_batch > 1
+    assert engine.batcher.pending == 0  # nothing left running or waiting
+    assert engine.batcher.largest_batch > 1
     with capsys.disabled():
         counts = Counter(outcome for _, outcome, _ in outcomes)
-        print(f"\n{REQUESTS} requests: {dict(sorted(counts.items()))}; largest batch {engine._batcher.largest_batch}, "
-              f"{engine._batcher.steps} steps; peak resident memory grew {growth:.0f} MB (bound {RSS_GROWTH_BOUND_MB})")
+        print(f"\n{REQUESTS} requests: {dict(sorted(counts.items()))}; largest batch {engine.batcher.largest_batch}, "
+              f"{engine.batcher.steps} steps; peak resident memory grew {growth:.0f} MB (bound {RSS_GROWTH_BOUND_MB})")
     assert growth < RSS_GROWTH_BOUND_MB, f"resident memory grew {growth:.0f} MB"
 
 

@@ -128,7 +128,7 @@ def _read_tools(path: str) -> list[dict]:
 def cmd_demo(args: argparse.Namespace) -> int:
     from hvd_agents.demo import run_demo
 
-    run_demo(model=args.model, device=args.device, method=args.method)
+    run_demo(model=args.model, device=args.device, method=args.method, compare=args.compare)
     return 0
 
 
@@ -361,10 +361,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generation_args(gen)
     gen.set_defaults(func=cmd_generate)
 
-    demo = sub.add_parser("demo", help="an agent turn with a tool call on the embedded model")
+    demo = sub.add_parser("demo", help="an agent turn with a tool call on the embedded model, then by plain decoding")
     demo.add_argument("--model", default=None)
     demo.add_argument("--device", default=None)
     demo.add_argument("--method", default="hvd", choices=available_methods())
+    demo.add_argument("--no-compare", dest="compare", action="store_false",
+                      help="skip the plain-decoding run and the side-by-side")
     demo.set_defaults(func=cmd_demo)
 
     bench = sub.add_parser("bench", help="engine vs HF generate, side by side in one run")

@@ -4,17 +4,22 @@ The conversation already holds an earlier exchange (as in any agent loop). The
 user asks a new question; the model is required to answer with a tool call
 (``tool_choice="required"``: the turn is pre-filled with ``<tool_call>``), the call
 is parsed and executed (a canned weather lookup), the result goes back, and the
-model writes the answer. Each generation prints its text and decoding stats.
+model writes the answer. Each generation prints its text and decoding stats; then the
+same two calls run again with plain greedy decoding (``ar``), and a side-by-side shows
+the time of each call, its decoding rate, the tokens per target forward pass and
+whether both methods produced the same tokens.
 """
 
 from __future__ import annotations
 
 import json
+import time
+from dataclasses import dataclass
 
 from hvd_agents.bench.prompts import SYSTEM, WEATHER_TOOL
 from hvd_agents.chat.conversation import prepare
 from hvd_agents.chat.toolcalls import ToolCall, forced_call_prefix, parse_tool_calls
-from hvd_agents.engine import GenerationParams, RequestStats
+from hvd_agents.engine import Engine, GenerationParams, GenerationResult
 from hvd_agents.engine.shared import shared_engine
 
 
@@ -50,28 +55,41 @@ def _history() -> list[dict]:
     ]
 
 
-def _print_turn(title: str, text: str, stats: RequestStats) -> None:
-    print(f"== {title}\n{text}\n{stats.summary()}\n")
+MODEL_NOTE = ("The embedded SmolLM2-135M shows the speed and the identical tokens; steered (a forced tool_choice) "
+              "it makes the call, but it often misreads results. For an agent that reasons, point it at your model: "
+              "hvd-agents demo --model HUB_ID_OR_PATH_OR_GGUF")
 
 
-def run_demo(model: str | None = None, device: str | None = None, method: str = "hvd") -> None:
-    """Run the demo and print each generation."""
-    engine = shared_engine(model, device=device)
+@dataclass(frozen=True)
+class DemoCall:
+    """One model call of the demo turn: what it printed, what it generated and how long it took."""
+
+    label: str
+    title: str
+    text: str
+    result: GenerationResult
+    wall_s: float
+
+
+def _generate(engine: Engine, label: str, title: str, messages: list[dict], params: GenerationParams, prefix: str = "",
+              suffix: str = "") -> DemoCall:
     tools = [WEATHER_TOOL]
+    started = time.perf_counter()
+    structure = prepare(engine, messages, tools, assistant_prefix=prefix)
+    result = engine.generate(structure.prompt_ids, params, structure=structure)
+    return DemoCall(label, title, prefix + result.text + suffix, result, time.perf_counter() - started)
+
+
+def run_turn(engine: Engine, method: str) -> list[DemoCall]:
+    """The demo's agent turn by ``method``: a forced tool call, the tool, the answer."""
     messages = _history() + [{"role": "user", "content": "And what's the weather like in Paris today?"}]
     params = GenerationParams(max_new_tokens=64, method=method, stop=("</tool_call>",))
-    prefix = forced_call_prefix("required", tools)
-    structure = prepare(engine, messages, tools, assistant_prefix=prefix)
-    first = engine.generate(structure.prompt_ids, params, structure=structure)
-    reply = prefix + first.text + "</tool_call>"
-    _print_turn("assistant: tool call (tool_choice=required)", reply, first.stats)
-    parsed = parse_tool_calls(reply)
+    call = _generate(engine, "tool call", "assistant: tool call (tool_choice=required)", messages, params,
+                     forced_call_prefix("required", [WEATHER_TOOL]), "</tool_call>")
+    parsed = parse_tool_calls(call.text)
     if not parsed.tool_calls:
-        print(f"(the model produced no valid tool call: {parsed.invalid_tool_calls})")
-        return
-    results = [(call, _run_tool(call)) for call in parsed.tool_calls]
-    for call, result in results:
-        print(f"-> {call.name}({json.dumps(call.arguments)}) = {json.dumps(result)}\n")
+        return [call]
+    results = [(c, _run_tool(c)) for c in parsed.tool_calls]
     messages.append({
         "role": "assistant",
         "content": parsed.content,
@@ -79,6 +97,48 @@ def run_demo(model: str | None = None, device: str | None = None, method: str = 
                         "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c, _ in results],
     })
     messages.extend({"role": "tool", "tool_call_id": c.id, "content": json.dumps(r)} for c, r in results)
-    structure = prepare(engine, messages, tools)
-    final = engine.generate(structure.prompt_ids, GenerationParams(max_new_tokens=64, method=method), structure=structure)
-    _print_turn("assistant: answer", final.text, final.stats)
+    tool_lines = "".join(f"-> {c.name}({json.dumps(c.arguments)}) = {json.dumps(r)}\n" for c, r in results)
+    answer = _generate(engine, "answer", "assistant: answer", messages, GenerationParams(max_new_tokens=64, method=method))
+    return [DemoCall(call.label, call.title, call.text + "\n" + tool_lines.rstrip(), call.result, call.wall_s), answer]
+
+
+def side_by_side(fast: list[DemoCall], plain: list[DemoCall], method: str) -> list[str]:
+    """Each call of the two runs against each other, then the totals and whether every token was the same."""
+    out = [f"== {method} against plain greedy decoding (ar): same model, same prompts",
+           (f"{'call':<14} {'ar s':>6} {method + ' s':>7} {'speedup':>8} {'ar tok/s':>9} {method + ' tok/s':>10} "
+            f"{method + ' tok/step':>13} {'same tokens':>11}")]
+    for f, p in zip(fast, plain):
+        out.append(_pair(f.label, [f], [p]))
+    out.append(_pair("total", fast, plain))
+    identical = len(fast) == len(plain) and all(f.result.token_ids == p.result.token_ids for f, p in zip(fast, plain))
+    out.append(f"identical tokens: {'yes' if identical else 'no'}")
+    out.append(MODEL_NOTE)
+    return out
+
+
+def _pair(label: str, fast: list[DemoCall], plain: list[DemoCall]) -> str:
+    def rate(calls: list[DemoCall], per: str) -> float:
+        total = sum(getattr(c.result.stats, per) for c in calls)
+        return sum(c.result.stats.new_tokens for c in calls) / total if total else 0.0
+
+    fast_s, plain_s = sum(c.wall_s for c in fast), sum(c.wall_s for c in plain)
+    same = all(f.result.token_ids == p.result.token_ids for f, p in zip(fast, plain)) and len(fast) == len(plain)
+    return (f"{label:<14} {plain_s:>6.2f} {fast_s:>7.2f} {plain_s / fast_s if fast_s else 0.0:>7.2f}x "
+            f"{rate(plain, 'decode_s'):>9.1f} {rate(fast, 'decode_s'):>10.1f} {rate(fast, 'steps'):>13.2f} "
+            f"{'yes' if same else 'no':>11}")
+
+
+def run_demo(model: str | None = None, device: str | None = None, method: str = "hvd", compare: bool = True) -> None:
+    """Run the demo turn and print each generation; with ``compare``, the same turn by ``ar`` beside it."""
+    engine = shared_engine(model, device=device)
+    fast = run_turn(engine, method)
+    for call in fast:
+        print(f"== {call.title}\n{call.text}\n{call.result.stats.summary()}\n", flush=True)
+    if len(fast) == 1:
+        print("(the model produced no valid tool call)")
+    if not compare or method == "ar":
+        return
+    engine.prefix_cache.clear()  # the plain run computes its prompts as the first run did
+    print("(the same turn again with plain greedy decoding ...)\n", flush=True)
+    plain = run_turn(engine, "ar")
+    print("\n".join(side_by_side(fast, plain, method)))

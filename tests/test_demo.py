@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-import hvd_agents.demo as demo
+from hvd_agents import demo
 from hvd_agents.engine import GenerationResult, RequestStats
 
 

@@ -8,7 +8,7 @@ from functools import lru_cache
 
 import pytest
 
-from hvd_agents.chat.template import encode_prompt, render_prompt, to_template_messages
+from hvd_agents.chat.render import encode_prompt, render_prompt, to_template_messages
 from hvd_agents.chat.toolcalls import parse_tool_calls, render_tool_call, render_tools_system_block
 from hvd_agents.errors import InvalidRequestError
 from tests.helpers import make_byte_tokenizer

@@ -12,7 +12,7 @@
 """
 
 from hvd_agents.chat.conversation import prepare
-from hvd_agents.chat.template import encode_prompt, render_prompt
+from hvd_agents.chat.render import encode_prompt, render_prompt
 from hvd_agents.chat.toolcalls import parse_tool_calls
 
 __all__ = ["encode_prompt", "parse_tool_calls", "prepare", "render_prompt"]

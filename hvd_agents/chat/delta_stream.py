@@ -4,10 +4,10 @@
 :func:`~hvd_agents.chat.request.build_chat_request`, exactly as the adapters build it, so
 the prompt and the greedy output are the same) and yields one :class:`ReplyDelta` per
 engine step: the content that can be shown, the tool-call deltas of
-:class:`~hvd_agents.chat.toolcall_deltas.ToolCallDeltaParser` (a call's name as soon as it
+:class:`~hvd_agents.chat.toolcall_stream.ToolCallDeltaParser` (a call's name as soon as it
 is read, then its argument text as it is generated) and the tokens the step emitted.
 The last delta has the finish reason (``"tool_calls"`` when the reply called a tool
-and stopped by itself) and the :class:`~hvd_agents.chat.request.ReplySummary`.
+and stopped by itself) and the :class:`~hvd_agents.chat.reply.ReplySummary`.
 
 A non-streaming reply is the sum of the deltas (:func:`collect`), so a streamed
 reply and a non-streamed one are the same.
@@ -22,10 +22,11 @@ import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from hvd_agents.chat.request import ChatRequest, ReplySummary, request_events
-from hvd_agents.chat.toolcall_deltas import ParsedDelta, ToolCallDelta, ToolCallDeltaParser
-from hvd_agents.chat.toolcall_stream import VisibleReply
-from hvd_agents.chat.toolcalls import TOOL_CALL_CLOSE
+from hvd_agents.chat.json_reply import VisibleReply
+from hvd_agents.chat.reply import ReplySummary, request_events
+from hvd_agents.chat.request import ChatRequest
+from hvd_agents.chat.toolcall_parser import TOOL_CALL_CLOSE
+from hvd_agents.chat.toolcall_stream import ParsedDelta, ToolCallDelta, ToolCallDeltaParser
 from hvd_agents.engine import TokenEvent
 
 
@@ -92,7 +93,7 @@ def stream_reply_deltas(request: ChatRequest, cancelled: threading.Event | None 
         request: the prepared request.
         cancelled: when set, the request ends after the current step (no last delta); a
             :class:`~hvd_agents.chat.async_stream.CancelFlag` (the server's) also ends a batched
-            request at once (:func:`~hvd_agents.chat.request.request_events`).
+            request at once (:func:`~hvd_agents.chat.reply.request_events`).
     """
     events = request_events(request, cancelled)
     try:

@@ -22,8 +22,8 @@ import uuid
 from typing import Any
 
 from hvd_agents.chat.delta_stream import CollectedReply, ReplyDelta
-from hvd_agents.chat.request import ReplySummary
-from hvd_agents.chat.toolcall_deltas import ToolCallDelta
+from hvd_agents.chat.reply import ReplySummary
+from hvd_agents.chat.toolcall_stream import ToolCallDelta
 
 DONE = b"data: [DONE]\n\n"
 

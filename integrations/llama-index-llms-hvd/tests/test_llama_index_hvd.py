@@ -87,7 +87,7 @@ def test_metadata_and_construction_loading_nothing(monkeypatch, tiny_model, byte
     def boom(*args, **kwargs):
         raise AssertionError("the engine must not be created before it is needed")
 
-    monkeypatch.setattr("hvd_agents.chat.request.shared_engine", boom)
+    monkeypatch.setattr("hvd_agents.chat.engine_choice.shared_engine", boom)
     lazy = HVD(model="some/hub-model", device="cpu", tool_choice="required", context_window=4096)
     assert (lazy.metadata.model_name, lazy.metadata.context_window) == ("some/hub-model", 4096)
     lazy.get_tool_calls_from_response(ChatResponse(message=ChatMessage(role="assistant")), error_on_no_tool_call=False)

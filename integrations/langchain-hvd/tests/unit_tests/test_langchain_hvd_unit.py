@@ -33,7 +33,8 @@ from pydantic import ValidationError
 
 from hvd_agents import Engine, GenerationParams, InvalidRequestError
 from hvd_agents.chat.conversation import prepare
-from hvd_agents.chat.toolcall_stream import ToolCallStreamSplitter, normalize_tool_choice
+from hvd_agents.chat.reply_options import normalize_tool_choice
+from hvd_agents.chat.toolcall_stream import ToolCallStreamSplitter
 from hvd_agents.chat.toolcalls import parse_tool_calls
 from tests.agent_tools import ticking
 
@@ -337,7 +338,7 @@ def test_construction_loads_nothing(monkeypatch) -> None:
     def boom(*args, **kwargs):
         raise AssertionError("the engine must not be created before the first call")
 
-    monkeypatch.setattr("hvd_agents.chat.request.shared_engine", boom)
+    monkeypatch.setattr("hvd_agents.chat.engine_choice.shared_engine", boom)
     model = ChatHVD(model="some/hub-model", device="cpu", max_tokens=12)
     model.bind_tools([WEATHER_SCHEMA], tool_choice="get_weather")
     model.with_structured_output({"title": "T", "type": "object", "properties": {"a": {"type": "string"}}})

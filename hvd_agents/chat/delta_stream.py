@@ -26,7 +26,7 @@ from hvd_agents.chat.json_reply import VisibleReply
 from hvd_agents.chat.reply import ReplySummary, request_events
 from hvd_agents.chat.request import ChatRequest
 from hvd_agents.chat.toolcall_parser import TOOL_CALL_CLOSE
-from hvd_agents.chat.toolcall_stream import ParsedDelta, ToolCallDelta, ToolCallDeltaParser
+from hvd_agents.chat.toolcall_stream import ParsedDelta, ToolCallDelta, ToolCallDeltaParser, merge_call_deltas
 from hvd_agents.engine import TokenEvent
 
 
@@ -119,7 +119,7 @@ def _tool_deltas(
         # Generation that stopped at the stop string "</tool_call>" consumed the closing tag.
         closed = event.finish_reason == "stop" and TOOL_CALL_CLOSE in request.params.stop
         rest = parser.finish(close_open_block=closed)
-        parsed = ParsedDelta(parsed.content + rest.content, parsed.tool_calls + rest.tool_calls)
+        parsed = ParsedDelta(parsed.content + rest.content, merge_call_deltas([*parsed.tool_calls, *rest.tool_calls]))
         finish = "tool_calls" if parser.num_calls and event.finish_reason == "stop" else event.finish_reason
         summary = ReplySummary.of(request, event.finish_reason, event.stats)
         yield ReplyDelta(parsed.content, parsed.tool_calls, len(event.token_ids), finish, summary)

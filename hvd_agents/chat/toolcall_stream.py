@@ -9,8 +9,9 @@ whole-reply parse (:func:`~hvd_agents.chat.toolcall_parser.parse_tool_calls`):
   parsed content comes out and the calls are the whole-reply parse.
 * :class:`ToolCallDeltaParser` (the server): content and OpenAI-style tool-call deltas
   as they are generated: a call's first delta carries its index, id and name (as
-  soon as ``{"name": ..., "arguments": `` has been read), the following ones the
-  argument text as the model writes it.
+  soon as ``{"name": ..., "arguments": `` has been read) and the argument text read
+  with them, the following ones the argument text as the model writes it; one push
+  gives at most one delta per call.
 
 Contract of :class:`ToolCallDeltaParser`:
 
@@ -186,7 +187,7 @@ class ToolCallDeltaParser:
                 calls.append(ToolCallDelta(self._index[event.index], arguments=event.text))
             elif isinstance(event, BlockClosed) and event.streamed is None:
                 calls += self._read_whole(event)
-        return ParsedDelta(self._content.show(self._content.outside.strip()), tuple(calls))
+        return ParsedDelta(self._content.show(self._content.outside.strip()), merge_call_deltas(calls))
 
     def _read_whole(self, event: BlockClosed) -> list[ToolCallDelta]:
         """A block read whole: one call when it parses (and closed), else its text is content."""
@@ -197,3 +198,20 @@ class ToolCallDeltaParser:
         closing = TOOL_CALL_CLOSE if event.terminated else ""
         self._content.outside += f"{TOOL_CALL_OPEN}{event.body}{closing}"
         return []
+
+
+def merge_call_deltas(deltas: list[ToolCallDelta]) -> tuple[ToolCallDelta, ...]:
+    """One delta per call, in order: a call's pieces joined (its id and name from its first piece).
+
+    OpenAI sends at most one entry per call index in a chunk, and clients that read one entry per
+    index (or only the first) drop the rest, so a step that read a call's name and its first
+    argument text gives one delta holding both.
+    """
+    merged: list[ToolCallDelta] = []
+    for delta in deltas:
+        if merged and merged[-1].index == delta.index:
+            last = merged[-1]
+            merged[-1] = ToolCallDelta(last.index, last.id, last.name, last.arguments + delta.arguments)
+        else:
+            merged.append(delta)
+    return tuple(merged)

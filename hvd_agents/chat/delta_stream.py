@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from hvd_agents.chat.json_reply import VisibleReply
-from hvd_agents.chat.reply import ReplySummary, request_events
+from hvd_agents.chat.reply import ReplySummary, start_reply
 from hvd_agents.chat.request import ChatRequest
 from hvd_agents.chat.toolcall_parser import TOOL_CALL_CLOSE
 from hvd_agents.chat.toolcall_stream import ParsedDelta, ToolCallDelta, ToolCallDeltaParser, merge_call_deltas
@@ -95,7 +95,10 @@ def stream_reply_deltas(request: ChatRequest, cancelled: threading.Event | None 
             :class:`~hvd_agents.chat.async_stream.CancelFlag` (the server's) also ends a batched
             request at once (:func:`~hvd_agents.chat.reply.request_events`).
     """
-    events = request_events(request, cancelled)
+    started = start_reply(request, cancelled)
+    if started is None:
+        return
+    request, events = started
     try:
         if request.parse_tools:
             yield from _tool_deltas(request, events, cancelled)

@@ -14,15 +14,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from hvd_agents.chat.forced_name import NameState, NameWatch
 from hvd_agents.chat.json_reply import VisibleReply
 from hvd_agents.chat.settings import DEFAULT_MODEL_NAME
 from hvd_agents.chat.toolcall_parser import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ParsedOutput, parse_tool_calls
 from hvd_agents.chat.toolcall_stream import ToolCallStreamSplitter
+from hvd_agents.chat.toolcalls import named_call_prefix
 from hvd_agents.engine import Engine, GenerationParams, RequestStats, TokenEvent
 from hvd_agents.structure import PromptStructure
 
@@ -41,6 +44,10 @@ class ChatRequest:
         forced_call: the prefix opens a tool call and ``</tool_call>`` is a stop string.
         json_mode: the reply is cut after its first JSON object.
         model_name: the model's name in the reply's metadata.
+        name_choices: the tool names a forced call's name is decoded among before
+            the call (:mod:`hvd_agents.chat.forced_name`); empty when the prefix holds it.
+        render_with: the same conversation rendered with another reply prefix
+            (set with ``name_choices``).
     """
 
     engine: Engine
@@ -51,6 +58,8 @@ class ChatRequest:
     forced_call: bool = False
     json_mode: bool = False
     model_name: str = DEFAULT_MODEL_NAME
+    name_choices: tuple[str, ...] = ()
+    render_with: Callable[[str], PromptStructure] | None = None
 
 
 
@@ -135,14 +144,64 @@ def request_events(request: ChatRequest, cancelled: threading.Event | None = Non
     return events
 
 
+def start_reply(request: ChatRequest, cancelled: threading.Event | None = None
+                ) -> tuple[ChatRequest, Iterator[TokenEvent]] | None:
+    """The request as it runs and its engine events; None when cancelled before the first event.
+
+    A forced call among several tools (``request.name_choices``) is watched until its name is
+    read (:class:`~hvd_agents.chat.forced_name.NameWatch`): a declared name goes on as written;
+    any other is dropped and the call decoded again with the closest declared name pre-filled.
+    """
+    events = request_events(request, cancelled)
+    if not request.name_choices:
+        return request, events
+    watch, seen = NameWatch(request.prefix, request.name_choices), []
+    try:
+        for event in events:
+            if cancelled is not None and cancelled.is_set():
+                events.close()
+                return None
+            seen.append(event)
+            state = watch.push(event.text)
+            if state is NameState.DECLARED or (state is NameState.PENDING and event.finish_reason is not None):
+                return request, _replayed(seen, events)
+            if state is NameState.UNDECLARED:
+                break
+    except BaseException:
+        events.close()
+        raise
+    events.close()
+    if watch.state is NameState.PENDING:  # the engine ended without a last event
+        return request, _replayed(seen, iter(()))
+    prefix = named_call_prefix(watch.choice())
+    request = dataclasses.replace(request, structure=request.render_with(prefix), prefix=prefix, name_choices=(),
+                                  render_with=None)
+    return request, request_events(request, cancelled)
+
+
+def _replayed(seen: list[TokenEvent], events: Iterator[TokenEvent]) -> Iterator[TokenEvent]:
+    """The events read already, then the rest; closing it closes ``events``."""
+    try:
+        yield from seen
+        yield from events
+    finally:
+        close = getattr(events, "close", None)
+        if close is not None:
+            close()
+
+
 def stream_reply(request: ChatRequest, cancelled: threading.Event | None = None) -> Iterator[ReplyPiece]:
     """Run a request; yield content deltas, then one last piece with calls and the summary.
 
     Closing this generator, or setting ``cancelled`` (checked after every engine
     event, also while tool-call text is held back), closes the engine's iterator,
     which ends the request and releases the engine (see :func:`request_events`).
+    A forced call among several tools keeps its name to them (:func:`start_reply`).
     """
-    events = request_events(request, cancelled)
+    started = start_reply(request, cancelled)
+    if started is None:
+        return
+    request, events = started
     try:
         yield from _pieces(request, events, cancelled)
     finally:

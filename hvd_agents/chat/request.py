@@ -42,6 +42,7 @@ from hvd_agents.chat.toolcall_parser import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from hvd_agents.chat.toolcalls import tool_list
 from hvd_agents.engine import Engine
 from hvd_agents.errors import InvalidRequestError
+from hvd_agents.structure import PromptStructure
 
 __all__ = [
     "DECODE_FIELDS",
@@ -144,4 +145,9 @@ def build_chat_request(
     params = settings.to_params(stops)
     structure = prepare(engine, messages, tools, session_id=session_id, assistant_prefix=prefix, require_fit=True)
     forced = options.forces_call
-    return ChatRequest(engine, structure, params, prefix, bool(tools), forced, json_mode and not forced, model_name)
+
+    def render_with(reply_prefix: str) -> PromptStructure:
+        return prepare(engine, messages, tools, session_id=session_id, assistant_prefix=reply_prefix, require_fit=True)
+
+    return ChatRequest(engine, structure, params, prefix, bool(tools), forced, json_mode and not forced, model_name,
+                       options.name_choices, render_with if options.name_choices else None)

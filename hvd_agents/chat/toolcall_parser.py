@@ -185,6 +185,11 @@ class ToolCallReader:
         """A block is open."""
         return self._mode is not _Mode.CONTENT
 
+    @property
+    def reads_whole(self) -> bool:
+        """The open block does not start as a streamed call: it is read when it closes."""
+        return self._mode is _Mode.RAW
+
     def push(self, text: str) -> list[ReplyEvent]:
         """Read more of the reply; returns the events it completes."""
         self._pending += text
@@ -210,7 +215,7 @@ class ToolCallReader:
             self._emit_args(len(self._block) - self._args_at)
         if self.in_block:
             body = self._block
-            verdict = InvalidToolCall(body.strip(), "unterminated <tool_call> block", _guess_name(body),
+            verdict = InvalidToolCall(body.strip(), "unterminated <tool_call> block", guess_name(body),
                                       self._call.id if self._call is not None else new_call_id())
             self._close(body, verdict, terminated=False)
         elif self._pending:
@@ -332,9 +337,9 @@ def parse_block(raw: str, call_id: str | None = None) -> ToolCall | InvalidToolC
     try:
         obj = json.loads(body)
     except json.JSONDecodeError as exc:
-        return InvalidToolCall(body, f"invalid JSON: {exc}", _guess_name(body), call_id or new_call_id())
+        return InvalidToolCall(body, f"invalid JSON: {exc}", guess_name(body), call_id or new_call_id())
     except RecursionError:
-        return InvalidToolCall(body, "invalid JSON: nested too deeply", _guess_name(body), call_id or new_call_id())
+        return InvalidToolCall(body, "invalid JSON: nested too deeply", guess_name(body), call_id or new_call_id())
     if not isinstance(obj, dict):
         return InvalidToolCall(body, "tool call is not a JSON object", None, call_id or new_call_id())
     given = obj.get("id")
@@ -364,7 +369,7 @@ def decode_arguments(arguments: Any) -> tuple[dict, str | None]:
     return arguments, None
 
 
-def _guess_name(raw: str) -> str | None:
+def guess_name(raw: str) -> str | None:
     """Best-effort function name from a broken block (``"name": "..."``), or None."""
     found = re.search(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"', raw)
     if found is None:

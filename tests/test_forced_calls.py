@@ -135,3 +135,43 @@ def test_llama_index_tool_required_keeps_the_name_to_the_tools(tiny_model, byte_
                                    tool_required=True)
     calls = llm.get_tool_calls_from_response(response)
     assert [(call.tool_name, call.tool_kwargs) for call in calls] == [("get_weather", {"city": "Paris"})]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_call_that_does_not_parse_comes_back_as_content(scripted, stream) -> None:
+    engine = scripted(["Paris", " is sunny"], finish="stop")  # the engine stops at "</tool_call>"
+    with running_server(engine) as url:
+        reply = client_of(url).chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER],
+                                                       tool_choice="get_weather", stream=stream)
+        chunks = list(reply) if stream else []
+    if stream:
+        content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        calls = [c for chunk in chunks if chunk.choices for c in chunk.choices[0].delta.tool_calls or ()]
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    else:
+        content, calls = reply.choices[0].message.content, reply.choices[0].message.tool_calls or []
+        finish = [reply.choices[0].finish_reason]
+    assert content == '<tool_call>\n{"name": "get_weather", "arguments": Paris is sunny</tool_call>'
+    assert calls == [] and finish == ["invalid_tool_call"]
+
+
+def test_a_forced_call_with_broken_arguments_says_so(scripted) -> None:
+    engine = scripted(['{"city": Paris}', "}"], finish="stop")
+    with running_server(engine) as url:
+        reply = client_of(url).chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER],
+                                                       tool_choice="get_weather")
+    assert reply.choices[0].message.tool_calls[0].function.arguments == '{"city": Paris}'  # as written
+    assert reply.choices[0].finish_reason == "invalid_tool_call"
+
+
+def test_the_adapters_report_a_forced_call_that_does_not_parse_as_invalid(scripted) -> None:
+    engine = scripted(["Paris", " is sunny"], finish="stop")
+    message = ChatHVD(engine=engine).bind_tools([WEATHER], tool_choice="get_weather").invoke("Weather in Paris?")
+    assert message.tool_calls == [] and [bad["name"] for bad in message.invalid_tool_calls] == ["get_weather"]
+    assert "invalid JSON" in message.invalid_tool_calls[0]["error"]
+    llm = HVD(engine=engine)
+    response = llm.chat_with_tools([FunctionTool.from_defaults(fn=lambda city: city, name="get_weather",
+                                                               description="Weather of a city.")],
+                                   chat_history=[ChatMessage(role="user", content="Weather?")], tool_required=True)
+    invalid = response.message.additional_kwargs["invalid_tool_calls"]
+    assert [bad["name"] for bad in invalid] == ["get_weather"] and "invalid JSON" in invalid[0]["error"]

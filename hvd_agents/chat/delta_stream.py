@@ -7,7 +7,9 @@ engine step: the content that can be shown, the tool-call deltas of
 :class:`~hvd_agents.chat.toolcall_stream.ToolCallDeltaParser` (a call's name as soon as it
 is read, then its argument text as it is generated) and the tokens the step emitted.
 The last delta has the finish reason (``"tool_calls"`` when the reply called a tool
-and stopped by itself) and the :class:`~hvd_agents.chat.reply.ReplySummary`.
+and stopped by itself; ``"invalid_tool_call"`` when a forced call stopped without a call
+that parses: its text comes back as content, or as the call's arguments when they were
+streamed) and the :class:`~hvd_agents.chat.reply.ReplySummary`.
 
 A non-streaming reply is the sum of the deltas (:func:`collect`), so a streamed
 reply and a non-streamed one are the same.
@@ -28,6 +30,9 @@ from hvd_agents.chat.request import ChatRequest
 from hvd_agents.chat.toolcall_parser import TOOL_CALL_CLOSE
 from hvd_agents.chat.toolcall_stream import ParsedDelta, ToolCallDelta, ToolCallDeltaParser, merge_call_deltas
 from hvd_agents.engine import TokenEvent
+
+INVALID_TOOL_CALL = "invalid_tool_call"
+"""The finish reason of a reply whose forced tool call did not parse."""
 
 
 @dataclass(frozen=True)
@@ -123,7 +128,7 @@ def _tool_deltas(
         closed = event.finish_reason == "stop" and TOOL_CALL_CLOSE in request.params.stop
         rest = parser.finish(close_open_block=closed)
         parsed = ParsedDelta(parsed.content + rest.content, merge_call_deltas([*parsed.tool_calls, *rest.tool_calls]))
-        finish = "tool_calls" if parser.num_calls and event.finish_reason == "stop" else event.finish_reason
+        finish = _finish_reason(request, parser, event.finish_reason)
         summary = ReplySummary.of(request, event.finish_reason, event.stats)
         yield ReplyDelta(parsed.content, parsed.tool_calls, len(event.token_ids), finish, summary)
         return
@@ -144,3 +149,14 @@ def _text_deltas(
         summary = ReplySummary.of(request, event.finish_reason, event.stats)
         yield ReplyDelta(delta, tokens=len(event.token_ids), finish_reason=event.finish_reason, summary=summary)
         return
+
+
+def _finish_reason(request: ChatRequest, parser: ToolCallDeltaParser, engine_reason: str) -> str:
+    """``"tool_calls"`` when the reply called a tool and stopped by itself; ``"invalid_tool_call"`` when a
+    forced call stopped without one that parses (its text is the content, or the call's arguments are
+    not valid JSON); else the engine's reason."""
+    if engine_reason != "stop":
+        return engine_reason
+    if request.forced_call and not parser.num_valid_calls:
+        return INVALID_TOOL_CALL
+    return "tool_calls" if parser.num_calls else engine_reason

@@ -209,8 +209,7 @@ class ToolCallReader:
             close_open_block: generation stopped at the stop string ``</tool_call>``,
                 so an open block is complete (its closing tag was consumed as the stop).
         """
-        if close_open_block and self.in_block:
-            self.push(TOOL_CALL_CLOSE)
+        closed = self.push(TOOL_CALL_CLOSE) if close_open_block and self.in_block else []
         if self._mode is _Mode.ARGS:  # cut short: the arguments written so far
             self._emit_args(len(self._block) - self._args_at)
         if self.in_block:
@@ -221,7 +220,7 @@ class ToolCallReader:
         elif self._pending:
             self._events.append(Content(self._pending))
         self._pending = ""
-        return self._take()
+        return closed + self._take()
 
     # ------------------------------------------------------------------ states
 

@@ -150,6 +150,7 @@ class ToolCallDeltaParser:
         self._reader = ToolCallReader()
         self._content = _ShownContent()
         self._calls = 0
+        self._valid = 0
         self._prefix = prefix
         self._index: dict[int, int] = {}  # the reader's streamed-call index -> the reply's call index
 
@@ -157,6 +158,11 @@ class ToolCallDeltaParser:
     def num_calls(self) -> int:
         """Tool calls started so far."""
         return self._calls
+
+    @property
+    def num_valid_calls(self) -> int:
+        """Calls read so far that parse (a block's name and arguments object)."""
+        return self._valid
 
     def push(self, text: str) -> ParsedDelta:
         """Read more of the reply; returns the content and call deltas that can be shown now."""
@@ -185,8 +191,10 @@ class ToolCallDeltaParser:
                 self._calls += 1
             elif isinstance(event, ArgumentsText):
                 calls.append(ToolCallDelta(self._index[event.index], arguments=event.text))
-            elif isinstance(event, BlockClosed) and event.streamed is None:
-                calls += self._read_whole(event)
+            elif isinstance(event, BlockClosed):
+                self._valid += event.terminated and isinstance(event.verdict, ToolCall)
+                if event.streamed is None:
+                    calls += self._read_whole(event)
         return ParsedDelta(self._content.show(self._content.outside.strip()), merge_call_deltas(calls))
 
     def _read_whole(self, event: BlockClosed) -> list[ToolCallDelta]:

@@ -175,3 +175,20 @@ def test_the_adapters_report_a_forced_call_that_does_not_parse_as_invalid(script
                                    chat_history=[ChatMessage(role="user", content="Weather?")], tool_required=True)
     invalid = response.message.additional_kwargs["invalid_tool_calls"]
     assert [bad["name"] for bad in invalid] == ["get_weather"] and "invalid JSON" in invalid[0]["error"]
+
+
+def test_a_truncated_call_the_server_wrote_is_accepted_back(scripted, caplog) -> None:
+    engine = scripted(['{"city": "Par'], finish="length")  # cut by max_tokens inside its arguments
+    with running_server(engine) as url:
+        client = client_of(url)
+        first = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="get_weather",
+                                               max_tokens=4)
+        call = first.choices[0].message.tool_calls[0]
+        assert first.choices[0].finish_reason == "length" and call.function.arguments == '{"city": "Par'
+        history = [*ASK, first.choices[0].message.model_dump(exclude_none=True),
+                   {"role": "tool", "tool_call_id": call.id, "content": "error: the arguments were cut short"}]
+        with caplog.at_level("WARNING", logger="hvd_agents.chat.render"):
+            again = client.chat.completions.create(model=MODEL, messages=history, tools=[WEATHER])
+    assert again.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par}\n</tool_call>' in prompt_text(engine)
+    assert "messages[1].tool_calls[0].function.arguments is not valid JSON" in caplog.text

@@ -7,7 +7,9 @@ Contract:
   ``{"type": "text", "text": ...}`` parts; missing or ``None`` only on assistant
   messages, where it renders as ``""``), and on assistant messages optional
   ``tool_calls`` (``[{"id", "type": "function", "function": {"name", "arguments"}}]``,
-  arguments a JSON string or an object). Other keys are ignored.
+  arguments a JSON string or an object; a string that is not valid JSON, such as a
+  call cut short by ``max_tokens`` and sent back as the history holds it, is rendered
+  as the text it is, with a warning in the log). Other keys are ignored.
 * :func:`to_template_messages` validates them (raising
   :class:`~hvd_agents.errors.InvalidRequestError` naming the offending index: a
   message that is not an object, a missing or unknown role, a missing content on a
@@ -33,7 +35,13 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hvd_agents.chat.toolcalls import check_unicode, render_tool_call, render_tools_system_block, tool_list
+from hvd_agents.chat.toolcalls import (
+    check_unicode,
+    render_raw_tool_call,
+    render_tool_call,
+    render_tools_system_block,
+    tool_list,
+)
 from hvd_agents.errors import InvalidRequestError
 
 logger = logging.getLogger(__name__)
@@ -155,10 +163,12 @@ def _render_call(index: int, number: int, call: Any) -> str:
     elif isinstance(arguments, str):
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError as exc:
-            raise InvalidRequestError(f"{where}.function.arguments is not valid JSON: {exc}") from exc
-        except RecursionError:
-            raise InvalidRequestError(f"{where}.function.arguments is nested too deeply") from None
+        except (json.JSONDecodeError, RecursionError) as exc:
+            # A call cut short (max_tokens) or written wrong by the model, sent back as the history holds
+            # it: render the text it was, so the conversation goes on.
+            reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+            logger.warning("%s.function.arguments is not valid JSON (%s): rendered as the text it is", where, reason)
+            return render_raw_tool_call(name, arguments)
     if not isinstance(arguments, Mapping):
         raise InvalidRequestError(f"{where}.function.arguments must be a JSON object, got {type(arguments).__name__}")
     try:

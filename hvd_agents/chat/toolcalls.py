@@ -61,6 +61,7 @@ __all__ = [
     "new_call_id",
     "normalize_tool",
     "parse_tool_calls",
+    "render_raw_tool_call",
     "render_tool_call",
     "render_tools_system_block",
     "tool_list",
@@ -103,6 +104,20 @@ def forced_call_prefix(tool_choice: str | None, tools: Sequence[Mapping[str, Any
     if tool_choice not in names:
         raise InvalidRequestError(f"tool_choice {tool_choice!r} names no available tool (tools: {names})")
     return named_call_prefix(tool_choice)
+
+
+def render_raw_tool_call(name: str, arguments: str) -> str:
+    """Render a call whose arguments are not valid JSON with their text as it is.
+
+    Args:
+        name: the function name.
+        arguments: the arguments' text (e.g. a call cut short: ``'{"city": "Par'``).
+
+    Returns:
+        ``<tool_call>\n{"name": ..., "arguments": ARGUMENTS}\n</tool_call>``, laid out as
+        :func:`render_tool_call` lays out a valid call.
+    """
+    return f'{TOOL_CALL_OPEN}\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": {arguments}}}\n{TOOL_CALL_CLOSE}'
 
 
 def named_call_prefix(name: str) -> str:

@@ -75,12 +75,13 @@ def test_required_with_one_tool_is_that_tool(tiny_model, byte_tokenizer, stream)
 def test_required_among_several_tools_keeps_the_name_to_them(tiny_model, byte_tokenizer) -> None:
     # the model invents a name ("Paris"): decoding stops there and the call is decoded with a declared name
     engine = ScriptsEngine(tiny_model, byte_tokenizer, [['{"name": "Par', 'is", "arguments": {}}'],
-                                                        ['{"city": "Paris"}', "}"]])
+                                                        ['"Paris"}', "}"]])
     with running_server(engine) as url:
         reply = client_of(url).chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER, SEARCH],
                                                        tool_choice="required")
     assert prompt_text(engine, 0).endswith("<|im_start|>assistant\n<tool_call>\n")
-    assert prompt_text(engine, 1).endswith('<tool_call>\n{"name": "get_weather", "arguments": ')
+    # the restarted call starts with the name and the schema's first required key
+    assert prompt_text(engine, 1).endswith('<tool_call>\n{"name": "get_weather", "arguments": {"city": ')
     call = reply.choices[0].message.tool_calls[0]
     assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", {"city": "Paris"})
     assert reply.choices[0].finish_reason == "tool_calls"
@@ -128,7 +129,7 @@ def test_llama_index_tool_required_keeps_the_name_to_the_tools(tiny_model, byte_
         """Search the web."""
         return "found"
 
-    engine = ScriptsEngine(tiny_model, byte_tokenizer, [["Paris"], ['{"city": "Paris"}', "}"]])
+    engine = ScriptsEngine(tiny_model, byte_tokenizer, [["Paris"], ['"Paris"}', "}"]])
     llm = HVD(engine=engine, max_tokens=12)
     tools = [FunctionTool.from_defaults(get_weather), FunctionTool.from_defaults(search)]
     response = llm.chat_with_tools(tools, chat_history=[ChatMessage(role="user", content="Weather?")],

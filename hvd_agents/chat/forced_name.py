@@ -9,7 +9,9 @@ and the model writes the call; :class:`NameWatch` reads the name as it is writte
   generation is dropped there and the call is decoded again with a declared name
   pre-filled (:func:`closest_name`: of the names sharing the longest prefix with what the
   model wrote, the first declared; the model left the declared names right after that
-  prefix, so those are the continuations it was on).
+  prefix, so those are the continuations it was on), and with it the start of its
+  arguments: ``{"`` and the schema's first required key (:func:`arguments_start`), so
+  the arguments follow the schema where the model had left it.
 
 Under greedy decoding, whenever the model's own greedy name is a declared one the result
 is token for token its greedy output; otherwise the name is the declared one closest to
@@ -18,9 +20,11 @@ what it wrote. Requests without a forced call never take this path.
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from enum import Enum
+from typing import Any
 
 from hvd_agents.chat.toolcall_parser import BlockClosed, CallOpened, ToolCallReader, guess_name
 
@@ -85,3 +89,17 @@ class NameWatch:
     def choice(self) -> str:
         """The declared name to decode the call with."""
         return closest_name(self.written, self.names)
+
+
+def arguments_start(function: Mapping[str, Any]) -> str:
+    """The start of a restarted call's arguments: ``{"KEY": `` for the schema's first required key, else ``""``.
+
+    Example:
+        >>> arguments_start({"name": "f", "parameters": {"type": "object", "required": ["city"]}})
+        '{"city": '
+    """
+    parameters = function.get("parameters")
+    required = parameters.get("required") if isinstance(parameters, Mapping) else None
+    if isinstance(required, Sequence) and required and isinstance(required[0], str) and required[0]:
+        return "{" + json.dumps(required[0], ensure_ascii=False) + ": "
+    return ""

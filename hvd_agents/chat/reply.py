@@ -25,7 +25,6 @@ from hvd_agents.chat.json_reply import VisibleReply
 from hvd_agents.chat.settings import DEFAULT_MODEL_NAME
 from hvd_agents.chat.toolcall_parser import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ParsedOutput, parse_tool_calls
 from hvd_agents.chat.toolcall_stream import ToolCallStreamSplitter
-from hvd_agents.chat.toolcalls import named_call_prefix
 from hvd_agents.engine import Engine, GenerationParams, RequestStats, TokenEvent
 from hvd_agents.structure import PromptStructure
 
@@ -46,8 +45,8 @@ class ChatRequest:
         model_name: the model's name in the reply's metadata.
         name_choices: the tool names a forced call's name is decoded among before
             the call (:mod:`hvd_agents.chat.forced_name`); empty when the prefix holds it.
-        render_with: the same conversation rendered with another reply prefix
-            (set with ``name_choices``).
+        call_to: a forced call to the named tool: its pre-fill and the conversation
+            rendered with it (set with ``name_choices``).
     """
 
     engine: Engine
@@ -59,7 +58,7 @@ class ChatRequest:
     json_mode: bool = False
     model_name: str = DEFAULT_MODEL_NAME
     name_choices: tuple[str, ...] = ()
-    render_with: Callable[[str], PromptStructure] | None = None
+    call_to: Callable[[str], tuple[str, PromptStructure]] | None = None
 
 
 
@@ -150,7 +149,8 @@ def start_reply(request: ChatRequest, cancelled: threading.Event | None = None
 
     A forced call among several tools (``request.name_choices``) is watched until its name is
     read (:class:`~hvd_agents.chat.forced_name.NameWatch`): a declared name goes on as written;
-    any other is dropped and the call decoded again with the closest declared name pre-filled.
+    any other is dropped and the call decoded again with the closest declared name (and its first
+    required argument key) pre-filled.
     """
     events = request_events(request, cancelled)
     if not request.name_choices:
@@ -173,9 +173,8 @@ def start_reply(request: ChatRequest, cancelled: threading.Event | None = None
     events.close()
     if watch.state is NameState.PENDING:  # the engine ended without a last event
         return request, _replayed(seen, iter(()))
-    prefix = named_call_prefix(watch.choice())
-    request = dataclasses.replace(request, structure=request.render_with(prefix), prefix=prefix, name_choices=(),
-                                  render_with=None)
+    prefix, structure = request.call_to(watch.choice())
+    request = dataclasses.replace(request, structure=structure, prefix=prefix, name_choices=(), call_to=None)
     return request, request_events(request, cancelled)
 
 

@@ -34,12 +34,13 @@ from typing import Any
 
 from hvd_agents.chat.conversation import prepare
 from hvd_agents.chat.engine_choice import check_method, resolve_engine
+from hvd_agents.chat.forced_name import arguments_start
 from hvd_agents.chat.json_reply import json_instruction, json_schema_of
 from hvd_agents.chat.reply import ChatRequest, ReplyPiece, ReplySummary, request_events, stream_reply
 from hvd_agents.chat.reply_options import ReplyOptions, check_reply_options, normalize_tool_choice
 from hvd_agents.chat.settings import DECODE_FIELDS, DEFAULT_MODEL_NAME, SETTING_NAMES, ChatSettings, field_kwargs
 from hvd_agents.chat.toolcall_parser import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
-from hvd_agents.chat.toolcalls import tool_list
+from hvd_agents.chat.toolcalls import named_call_prefix, normalize_tool, tool_list
 from hvd_agents.engine import Engine
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.structure import PromptStructure
@@ -146,8 +147,11 @@ def build_chat_request(
     structure = prepare(engine, messages, tools, session_id=session_id, assistant_prefix=prefix, require_fit=True)
     forced = options.forces_call
 
-    def render_with(reply_prefix: str) -> PromptStructure:
-        return prepare(engine, messages, tools, session_id=session_id, assistant_prefix=reply_prefix, require_fit=True)
+    functions = {function["name"]: function for function in map(normalize_tool, tools or ())}
+
+    def call_to(name: str) -> tuple[str, PromptStructure]:
+        start = named_call_prefix(name) + arguments_start(functions[name])
+        return start, prepare(engine, messages, tools, session_id=session_id, assistant_prefix=start, require_fit=True)
 
     return ChatRequest(engine, structure, params, prefix, bool(tools), forced, json_mode and not forced, model_name,
-                       options.name_choices, render_with if options.name_choices else None)
+                       options.name_choices, call_to if options.name_choices else None)

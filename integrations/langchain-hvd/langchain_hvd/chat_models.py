@@ -172,7 +172,8 @@ class ChatHVD(BaseChatModel):
             tools: the tools.
             tool_choice: ``None`` / ``"auto"`` (the model decides), ``"none"`` (no call:
                 generation stops at ``<tool_call>``), ``"any"`` / ``"required"`` / ``True``
-                (some call), a tool name or ``{"type": "function", "function": {"name": ...}}``
+                (some call: with one tool, that tool; with several, the call's name is kept
+                to theirs), a tool name or ``{"type": "function", "function": {"name": ...}}``
                 (that tool). A forced choice pre-fills the start of the call.
             strict: accepted for API compatibility; the backend does not constrain
                 decoding to the schema, so arguments are parsed, not guaranteed.

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-import hvd_agents.chat.toolcalls
+import hvd_agents.chat.toolcall_parser
 from hvd_agents.chat.toolcalls import parse_tool_calls
 from tests.helpers import make_byte_tokenizer
 from tests.scripted import ScriptedEngine
@@ -49,7 +49,7 @@ def fixed_call_ids(monkeypatch):
 
     def parse(text: str):
         counter = itertools.count()
-        monkeypatch.setattr(hvd_agents.chat.toolcalls, "new_call_id", lambda: f"call_{next(counter)}")
+        monkeypatch.setattr(hvd_agents.chat.toolcall_parser, "new_call_id", lambda: f"call_{next(counter)}")
         return parse_tool_calls(text)
 
-    monkeypatch.setattr("hvd_agents.chat.request.parse_tool_calls", parse)
+    monkeypatch.setattr("hvd_agents.chat.reply.parse_tool_calls", parse)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from hvd_agents.chat.analyzer import analyze, derive_session_id, kind_by_token, register, skeleton_texts
-from hvd_agents.chat.template import encode_prompt, render_prompt
+from hvd_agents.chat.render import encode_prompt, render_prompt
 from hvd_agents.chat.toolcalls import (
     forced_call_prefix,
     parse_tool_calls,

@@ -8,7 +8,7 @@ from functools import lru_cache
 
 import pytest
 
-from hvd_agents.chat.template import encode_prompt, render_prompt, to_template_messages
+from hvd_agents.chat.render import encode_prompt, render_prompt, to_template_messages
 from hvd_agents.chat.toolcalls import parse_tool_calls, render_tool_call, render_tools_system_block
 from hvd_agents.errors import InvalidRequestError
 from tests.helpers import make_byte_tokenizer
@@ -127,13 +127,6 @@ def test_encode_prompt_tokenizes_template_specials_once() -> None:
         ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], r"messages\[0\]\.content\[0\]"),
         (["not a dict"], r"messages\[0\]"),
         (
-            [
-                {"role": "user", "content": "a"},
-                {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{bad"}}]},
-            ],
-            r"messages\[1\]\.tool_calls\[0\].*not valid JSON",
-        ),
-        (
             [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]}],
             r"messages\[0\].*JSON object",
         ),
@@ -144,6 +137,17 @@ def test_encode_prompt_tokenizes_template_specials_once() -> None:
 def test_invalid_messages_raise(messages, match: str) -> None:
     with pytest.raises(InvalidRequestError, match=match):
         to_template_messages(messages)
+
+
+@pytest.mark.parametrize("arguments", ["{bad", '{"city": "Par', "[" * 100_000])
+def test_tool_call_arguments_that_are_not_json_render_as_written(arguments, caplog) -> None:
+    """A call cut short or written wrong, sent back as the history holds it, renders as the text it is."""
+    messages = [{"role": "user", "content": "a"},
+                {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": arguments}}]}]
+    with caplog.at_level("WARNING", logger="hvd_agents.chat.render"):
+        rendered = to_template_messages(messages)
+    assert rendered[1]["content"] == f'<tool_call>\n{{"name": "f", "arguments": {arguments}}}\n</tool_call>'
+    assert "messages[1].tool_calls[0].function.arguments is not valid JSON" in caplog.text
 
 
 def test_invalid_tool_schema_raises() -> None:

@@ -49,9 +49,11 @@ def test_forced_tool_choice_streams_the_arguments(scripted) -> None:
     assert "</tool_call>" in engine.requests[-1][1].stop
     calls = [call for chunk in chunks if chunk.choices for call in chunk.choices[0].delta.tool_calls or ()]
     assert calls[0].function.name == "get_weather" and calls[0].id.startswith("call_") and calls[0].type == "function"
-    pieces = [call.function.arguments for call in calls[1:]]
-    assert pieces == ['{"city": ', '"Par', 'is"', "}"]  # as the steps wrote them, not all at the end
-    assert "".join(calls[0].function.arguments + "".join(pieces)) == message.tool_calls[0].function.arguments
+    assert all(len(chunk.choices[0].delta.tool_calls or ()) <= 1 for chunk in chunks if chunk.choices)
+    pieces = [call.function.arguments for call in calls]
+    # as the steps wrote them, not all at the end; the first step's piece rides with the name (one entry per call)
+    assert pieces == ['{"city": ', '"Par', 'is"', "}"]
+    assert "".join(pieces) == message.tool_calls[0].function.arguments
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
 
 
@@ -195,3 +197,27 @@ def _wait_for(condition, timeout: float = 10.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.01)
+
+
+def test_openai_like_reassembles_a_streamed_call_whole(scripted) -> None:
+    """LlamaIndex's OpenAI client reads one tool-call entry per chunk: the name and the first argument
+    text of one decode step must come in one entry, or the arguments lose their start."""
+    from llama_index.core.llms import ChatMessage
+    from llama_index.core.tools import FunctionTool
+    from llama_index.llms.openai_like import OpenAILike
+
+    def get_weather(city: str) -> str:
+        """Weather of a city."""
+        return "sunny"
+
+    engine = scripted(['{"city": "Paris"}', "}"], finish="stop")
+    with running_server(engine) as url:
+        llm = OpenAILike(model=MODEL, api_base=f"{url}/v1", api_key="unused", is_chat_model=True,
+                         is_function_calling_model=True, context_window=512, max_retries=0)
+        tool = FunctionTool.from_defaults(get_weather)
+        last = None
+        for last in llm.stream_chat_with_tools([tool], chat_history=[ChatMessage(role="user", content="Paris?")],
+                                               tool_required=True):
+            pass
+    calls = llm.get_tool_calls_from_response(last, error_on_no_tool_call=True)
+    assert [(call.tool_name, call.tool_kwargs) for call in calls] == [("get_weather", {"city": "Paris"})]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from hvd_agents.chat.toolcall_deltas import ToolCallDeltaParser
+from hvd_agents.chat.toolcall_stream import ToolCallDeltaParser
 from hvd_agents.chat.toolcalls import parse_tool_calls
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "note": "a}b <x>"}}\n</tool_call>'

@@ -1,18 +1,22 @@
 """The chat front end: messages and tools in, prompt token ids and parsed replies out.
 
-* :mod:`.template`: rendering messages (and tools) with the model's chat template.
+* :mod:`.render`: rendering messages (and tools) with the model's chat template.
 * :mod:`.analyzer`: the prompt-structure analyzer (typed spans, registration in the cache store).
 * :mod:`.conversation`: :func:`~.conversation.prepare`, analysing and registering one request's prompt.
-* :mod:`.toolcalls` and :mod:`.toolcall_stream`: the tool-call format, parsed whole or while streaming;
-  :mod:`.toolcall_deltas`: each call's name and argument text as they are generated.
-* :mod:`.templates`: prompt templates tuned for cache reuse.
-* :mod:`.request`: the framework-neutral chat request the integrations adapt;
+* :mod:`.toolcalls`: the tool-call format; :mod:`.toolcall_parser`: the one reader of it, whole or
+  in pieces; :mod:`.toolcall_stream`: its streaming faces (the adapters' content, the server's
+  per-call deltas); :mod:`.forced_name`: a forced call's name kept to the declared tools.
+* :mod:`.prompt_templates`: prompt templates tuned for cache reuse (imported as ``.templates``).
+* :mod:`.request`: the framework-neutral chat request the integrations adapt, with
+  :mod:`.settings`, :mod:`.reply_options` (``tool_choice``, ``response_format``), :mod:`.json_reply`
+  and :mod:`.engine_choice`; :mod:`.reply`: running it (the adapters' pieces);
   :mod:`.delta_stream`: its reply as OpenAI-style deltas (what the server streams).
 * :mod:`.async_stream`: async iteration over the engine's blocking stream.
+* :mod:`.template`, :mod:`.templates`: the former names of :mod:`.render` and :mod:`.prompt_templates`.
 """
 
 from hvd_agents.chat.conversation import prepare
-from hvd_agents.chat.template import encode_prompt, render_prompt
+from hvd_agents.chat.render import encode_prompt, render_prompt
 from hvd_agents.chat.toolcalls import parse_tool_calls
 
 __all__ = ["encode_prompt", "parse_tool_calls", "prepare", "render_prompt"]

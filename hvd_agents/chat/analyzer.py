@@ -41,7 +41,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from hvd_agents.chat.template import render_prompt, to_template_messages
+from hvd_agents.chat.render import render_prompt, to_template_messages
 from hvd_agents.chat.toolcalls import (
     TOOL_CALL_CLOSE,
     TOOL_CALL_OPEN,

@@ -4,10 +4,12 @@
 :func:`~hvd_agents.chat.request.build_chat_request`, exactly as the adapters build it, so
 the prompt and the greedy output are the same) and yields one :class:`ReplyDelta` per
 engine step: the content that can be shown, the tool-call deltas of
-:class:`~hvd_agents.chat.toolcall_deltas.ToolCallDeltaParser` (a call's name as soon as it
+:class:`~hvd_agents.chat.toolcall_stream.ToolCallDeltaParser` (a call's name as soon as it
 is read, then its argument text as it is generated) and the tokens the step emitted.
 The last delta has the finish reason (``"tool_calls"`` when the reply called a tool
-and stopped by itself) and the :class:`~hvd_agents.chat.request.ReplySummary`.
+and stopped by itself; ``"invalid_tool_call"`` when a forced call stopped without a call
+that parses: its text comes back as content, or as the call's arguments when they were
+streamed) and the :class:`~hvd_agents.chat.reply.ReplySummary`.
 
 A non-streaming reply is the sum of the deltas (:func:`collect`), so a streamed
 reply and a non-streamed one are the same.
@@ -22,11 +24,15 @@ import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from hvd_agents.chat.request import ChatRequest, ReplySummary, request_events
-from hvd_agents.chat.toolcall_deltas import ParsedDelta, ToolCallDelta, ToolCallDeltaParser
-from hvd_agents.chat.toolcall_stream import VisibleReply
-from hvd_agents.chat.toolcalls import TOOL_CALL_CLOSE
+from hvd_agents.chat.json_reply import VisibleReply
+from hvd_agents.chat.reply import ReplySummary, start_reply
+from hvd_agents.chat.request import ChatRequest
+from hvd_agents.chat.toolcall_parser import TOOL_CALL_CLOSE
+from hvd_agents.chat.toolcall_stream import ParsedDelta, ToolCallDelta, ToolCallDeltaParser, merge_call_deltas
 from hvd_agents.engine import TokenEvent
+
+INVALID_TOOL_CALL = "invalid_tool_call"
+"""The finish reason of a reply whose forced tool call did not parse."""
 
 
 @dataclass(frozen=True)
@@ -92,9 +98,12 @@ def stream_reply_deltas(request: ChatRequest, cancelled: threading.Event | None 
         request: the prepared request.
         cancelled: when set, the request ends after the current step (no last delta); a
             :class:`~hvd_agents.chat.async_stream.CancelFlag` (the server's) also ends a batched
-            request at once (:func:`~hvd_agents.chat.request.request_events`).
+            request at once (:func:`~hvd_agents.chat.reply.request_events`).
     """
-    events = request_events(request, cancelled)
+    started = start_reply(request, cancelled)
+    if started is None:
+        return
+    request, events = started
     try:
         if request.parse_tools:
             yield from _tool_deltas(request, events, cancelled)
@@ -118,8 +127,8 @@ def _tool_deltas(
         # Generation that stopped at the stop string "</tool_call>" consumed the closing tag.
         closed = event.finish_reason == "stop" and TOOL_CALL_CLOSE in request.params.stop
         rest = parser.finish(close_open_block=closed)
-        parsed = ParsedDelta(parsed.content + rest.content, parsed.tool_calls + rest.tool_calls)
-        finish = "tool_calls" if parser.num_calls and event.finish_reason == "stop" else event.finish_reason
+        parsed = ParsedDelta(parsed.content + rest.content, merge_call_deltas([*parsed.tool_calls, *rest.tool_calls]))
+        finish = _finish_reason(request, parser, event.finish_reason)
         summary = ReplySummary.of(request, event.finish_reason, event.stats)
         yield ReplyDelta(parsed.content, parsed.tool_calls, len(event.token_ids), finish, summary)
         return
@@ -140,3 +149,14 @@ def _text_deltas(
         summary = ReplySummary.of(request, event.finish_reason, event.stats)
         yield ReplyDelta(delta, tokens=len(event.token_ids), finish_reason=event.finish_reason, summary=summary)
         return
+
+
+def _finish_reason(request: ChatRequest, parser: ToolCallDeltaParser, engine_reason: str) -> str:
+    """``"tool_calls"`` when the reply called a tool and stopped by itself; ``"invalid_tool_call"`` when a
+    forced call stopped without one that parses (its text is the content, or the call's arguments are
+    not valid JSON); else the engine's reason."""
+    if engine_reason != "stop":
+        return engine_reason
+    if request.forced_call and not parser.num_valid_calls:
+        return INVALID_TOOL_CALL
+    return "tool_calls" if parser.num_calls else engine_reason

@@ -8,7 +8,9 @@ Contract:
   tool-call blocks, stripped) and its calls. It never raises on model output: a
   block with bad JSON, no name, or arguments that are not an object, and an
   unterminated final block (generation cut short) become :class:`InvalidToolCall` s.
-  Arguments given as a JSON string holding an object are decoded.
+  Arguments given as a JSON string holding an object are decoded. Reading is
+  :mod:`hvd_agents.chat.toolcall_parser`'s (the one parser of the grammar, whole or
+  streamed); its types are re-exported here.
 * :func:`render_tools_system_block` renders tool schemas (OpenAI shape, or bare
   function dicts) as the Hermes system-prompt block, one JSON line per tool. A
   schema needs a non-empty string name and, when it has ``parameters``, a JSON
@@ -21,18 +23,21 @@ from __future__ import annotations
 
 import json
 import logging
-import re
-import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from hvd_agents.chat.toolcall_parser import (
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
+    InvalidToolCall,
+    ParsedOutput,
+    ToolCall,
+    new_call_id,
+    parse_tool_calls,
+)
 from hvd_agents.errors import InvalidRequestError
 
 logger = logging.getLogger(__name__)
-
-TOOL_CALL_OPEN = "<tool_call>"
-TOOL_CALL_CLOSE = "</tool_call>"
 
 TOOLS_PREAMBLE = (
     "You may call one or more functions to assist with the user query. "
@@ -44,59 +49,23 @@ TOOLS_CALL_INSTRUCTION = (
 )
 TOOLS_CALL_EXAMPLE = '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
 
-_BLOCK_RE = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CALL_CLOSE), re.DOTALL)
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """A well-formed tool call.
-
-    Attributes:
-        name: the function name.
-        arguments: the decoded arguments object.
-        id: the call id (``call_`` + 24 hex characters unless given by the model).
-    """
-
-    name: str
-    arguments: dict
-    id: str
-
-
-@dataclass(frozen=True)
-class InvalidToolCall:
-    """A tool-call block that could not be turned into a :class:`ToolCall`.
-
-    Attributes:
-        text: the raw text inside the block (without the tags).
-        error: why it is invalid.
-        name: the function name, when one could be read.
-        id: a call id, so that an error can be reported back to the model.
-    """
-
-    text: str
-    error: str
-    name: str | None
-    id: str
-
-
-@dataclass(frozen=True)
-class ParsedOutput:
-    """A model reply split into content and tool calls.
-
-    Attributes:
-        content: the text outside tool-call blocks, stripped.
-        tool_calls: the valid calls, in order.
-        invalid_tool_calls: the invalid blocks, in order.
-    """
-
-    content: str
-    tool_calls: tuple[ToolCall, ...] = ()
-    invalid_tool_calls: tuple[InvalidToolCall, ...] = ()
-
-
-def new_call_id() -> str:
-    """A fresh call id: ``call_`` + 24 hex characters from a uuid4."""
-    return "call_" + uuid.uuid4().hex[:24]
+__all__ = [
+    "TOOL_CALL_CLOSE",
+    "TOOL_CALL_OPEN",
+    "InvalidToolCall",
+    "ParsedOutput",
+    "ToolCall",
+    "check_unicode",
+    "forced_call_prefix",
+    "named_call_prefix",
+    "new_call_id",
+    "normalize_tool",
+    "parse_tool_calls",
+    "render_raw_tool_call",
+    "render_tool_call",
+    "render_tools_system_block",
+    "tool_list",
+]
 
 
 def render_tool_call(name: str, arguments: Mapping[str, Any]) -> str:
@@ -111,90 +80,6 @@ def render_tool_call(name: str, arguments: Mapping[str, Any]) -> str:
     """
     body = json.dumps({"name": name, "arguments": dict(arguments)}, ensure_ascii=False)
     return f"{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}"
-
-
-def parse_tool_calls(text: str) -> ParsedOutput:
-    """Split a model reply into content and tool calls; never raises on model output.
-
-    Args:
-        text: the generated text of one assistant turn.
-
-    Returns:
-        The :class:`ParsedOutput`: content outside the blocks (stripped; the pieces
-        around blocks are joined as they are), valid calls and invalid blocks.
-    """
-    calls: list[ToolCall] = []
-    invalid: list[InvalidToolCall] = []
-    content_parts: list[str] = []
-    position = 0
-    for match in _BLOCK_RE.finditer(text):
-        content_parts.append(text[position : match.start()])
-        position = match.end()
-        _parse_block(match.group(1), calls, invalid)
-    tail = text[position:]
-    open_at = tail.find(TOOL_CALL_OPEN)
-    if open_at >= 0:  # an unterminated final block: generation was cut short
-        content_parts.append(tail[:open_at])
-        raw = tail[open_at + len(TOOL_CALL_OPEN) :]
-        name = _guess_name(raw)
-        invalid.append(InvalidToolCall(raw.strip(), "unterminated <tool_call> block", name, new_call_id()))
-    else:
-        content_parts.append(tail)
-    content = "".join(content_parts).strip()
-    return ParsedOutput(content, tuple(calls), tuple(invalid))
-
-
-def _parse_block(raw: str, calls: list[ToolCall], invalid: list[InvalidToolCall]) -> None:
-    """Parse the inside of one closed block, appending to ``calls`` or ``invalid``."""
-    body = raw.strip()
-    try:
-        obj = json.loads(body)
-    except json.JSONDecodeError as exc:
-        invalid.append(InvalidToolCall(body, f"invalid JSON: {exc}", _guess_name(body), new_call_id()))
-        return
-    except RecursionError:
-        invalid.append(InvalidToolCall(body, "invalid JSON: nested too deeply", _guess_name(body), new_call_id()))
-        return
-    if not isinstance(obj, dict):
-        invalid.append(InvalidToolCall(body, "tool call is not a JSON object", None, new_call_id()))
-        return
-    call_id = obj.get("id") if isinstance(obj.get("id"), str) and obj.get("id") else new_call_id()
-    name = obj.get("name")
-    if not isinstance(name, str) or not name:
-        invalid.append(InvalidToolCall(body, "missing or invalid function name", None, call_id))
-        return
-    arguments, error = _decode_arguments(obj.get("arguments", {}))
-    if error is not None:
-        invalid.append(InvalidToolCall(body, error, name, call_id))
-        return
-    calls.append(ToolCall(name, arguments, call_id))
-
-
-def _decode_arguments(arguments: Any) -> tuple[dict, str | None]:
-    """The arguments object, decoding a JSON string holding an object; or an error."""
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError as exc:
-            return {}, f"arguments string is not valid JSON: {exc}"
-        except RecursionError:
-            return {}, "arguments string is not valid JSON: nested too deeply"
-    if arguments is None:
-        return {}, None
-    if not isinstance(arguments, dict):
-        return {}, f"arguments must be a JSON object, got {type(arguments).__name__}"
-    return arguments, None
-
-
-def _guess_name(raw: str) -> str | None:
-    """Best-effort function name from a broken block (``"name": "..."``), or None."""
-    found = re.search(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"', raw)
-    if found is None:
-        return None
-    try:
-        return json.loads(f'"{found.group(1)}"')
-    except json.JSONDecodeError:
-        return found.group(1)
 
 
 def forced_call_prefix(tool_choice: str | None, tools: Sequence[Mapping[str, Any]] = ()) -> str:
@@ -218,7 +103,26 @@ def forced_call_prefix(tool_choice: str | None, tools: Sequence[Mapping[str, Any
     names = [normalize_tool(tool)["name"] for tool in tools]
     if tool_choice not in names:
         raise InvalidRequestError(f"tool_choice {tool_choice!r} names no available tool (tools: {names})")
-    return f'{TOOL_CALL_OPEN}\n{{"name": {json.dumps(tool_choice, ensure_ascii=False)}, "arguments": '
+    return named_call_prefix(tool_choice)
+
+
+def render_raw_tool_call(name: str, arguments: str) -> str:
+    """Render a call whose arguments are not valid JSON with their text as it is.
+
+    Args:
+        name: the function name.
+        arguments: the arguments' text (e.g. a call cut short: ``'{"city": "Par'``).
+
+    Returns:
+        ``<tool_call>\n{"name": ..., "arguments": ARGUMENTS}\n</tool_call>``, laid out as
+        :func:`render_tool_call` lays out a valid call.
+    """
+    return f'{TOOL_CALL_OPEN}\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": {arguments}}}\n{TOOL_CALL_CLOSE}'
+
+
+def named_call_prefix(name: str) -> str:
+    """The opening of a call to ``name``, up to its arguments: ``'<tool_call>\n{"name": "NAME", "arguments": '``."""
+    return f'{TOOL_CALL_OPEN}\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": '
 
 
 def normalize_tool(tool: Mapping[str, Any]) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hvd_agents.chat.request import DEFAULT_MODEL_NAME
+from hvd_agents.chat.settings import DEFAULT_MODEL_NAME
 from hvd_agents.engine.params import DEFAULT_METHOD
 
 DEFAULT_HOST = "127.0.0.1"

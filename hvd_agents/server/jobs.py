@@ -25,7 +25,10 @@ from typing import Any
 
 from hvd_agents.chat.conversation import check_fits
 from hvd_agents.chat.delta_stream import ReplyDelta, stream_reply_deltas
-from hvd_agents.chat.request import ChatSettings, ReplySummary, build_chat_request
+from hvd_agents.chat.reply import ReplySummary
+from hvd_agents.chat.reply_options import ReplyOptions
+from hvd_agents.chat.request import build_chat_request
+from hvd_agents.chat.settings import ChatSettings
 from hvd_agents.engine import Engine, GenerationParams
 from hvd_agents.server.metrics import ServerMetrics
 
@@ -35,16 +38,16 @@ Run = Callable[[threading.Event], Iterator[ReplyDelta]]
 
 @dataclass(frozen=True)
 class ChatJob:
-    """One chat completion, ready to run (everything :func:`build_chat_request` takes)."""
+    """One chat completion, ready to run (everything :func:`build_chat_request` takes; ``options`` are the
+    request's ``tool_choice`` and ``response_format`` as the route checked them)."""
 
     engine: Engine
     messages: Sequence[Mapping[str, Any]]
     tools: Sequence[Mapping[str, Any]] | None
     settings: ChatSettings
-    tool_choice: str | None
+    options: ReplyOptions
     stop: Sequence[str]
     session_id: str | None
-    response_format: Mapping[str, Any] | None
     model_name: str
 
     def prepare(self) -> Run:
@@ -55,9 +58,8 @@ class ChatJob:
             ContextLengthError: the prompt does not fit the context window.
         """
         request = build_chat_request(
-            self.engine, self.messages, self.tools, settings=self.settings, tool_choice=self.tool_choice,
-            stop=self.stop, session_id=self.session_id, response_format=self.response_format,
-            model_name=self.model_name,
+            self.engine, self.messages, self.tools, settings=self.settings, options=self.options,
+            stop=self.stop, session_id=self.session_id, model_name=self.model_name,
         )
         return functools.partial(stream_reply_deltas, request)
 

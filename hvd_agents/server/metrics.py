@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from hvd_agents.chat.request import ReplySummary
+from hvd_agents.chat.reply import ReplySummary
 
 # Upper bounds of the histograms' buckets: tokens per step (1 = no draft token accepted;
 # hvd verifies at most 32 draft tokens a step by default) and seconds per request.

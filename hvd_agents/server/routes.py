@@ -96,7 +96,7 @@ def _model_card(state: ServerState) -> dict[str, Any]:
 @guarded.post("/v1/chat/completions")
 async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:
     state = state_of(request)
-    body.check()
+    options = body.check()
     engine = state.engine_for(body.model)
     messages = body.chat_messages()
     check_chat_size(messages, engine.tokenizer, engine.context_window)
@@ -106,10 +106,9 @@ async def chat_completions(request: Request, body: ChatCompletionRequest) -> Res
         tools=body.tools,
         settings=body.settings(body.max_new_tokens(), state.config.method, engine.context_window,
                                state.config.request_timeout_s),
-        tool_choice=body.tool_choice_value(),
+        options=options,
         stop=body.stops_with_calls(),
         session_id=request.headers.get(SESSION_HEADER) or body.user,
-        response_format=body.response_format_value(),
         model_name=state.config.model_name,
     )
     env = Envelope("chatcmpl-", state.config.model_name)

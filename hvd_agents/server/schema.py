@@ -23,12 +23,12 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from hvd_agents.chat.request import ChatSettings
-from hvd_agents.chat.template import unsupported_part
-from hvd_agents.chat.toolcall_stream import normalize_tool_choice
+from hvd_agents.chat.render import unsupported_part
+from hvd_agents.chat.reply_options import ReplyOptions, check_reply_options
+from hvd_agents.chat.settings import ChatSettings
 from hvd_agents.chat.toolcalls import check_unicode
 from hvd_agents.errors import InvalidRequestError
-from hvd_agents.server.errors import APIError, invalid
+from hvd_agents.server.errors import APIError, invalid, param_of
 
 # Roles of the OpenAI API that the chat template knows under another name.
 _ROLE_ALIASES = {"developer": "system"}
@@ -121,8 +121,13 @@ class ChatCompletionRequest(_Sampling):
     response_format: dict[str, Any] | None = None
     top_logprobs: int | None = None
 
-    def check(self) -> None:
+    def check(self) -> ReplyOptions:
         """Refuse what the server cannot do, naming the field.
+
+        Returns:
+            ``tool_choice`` and ``response_format`` as the chat layer checked them
+            (:func:`~hvd_agents.chat.reply_options.check_reply_options`, the one check),
+            for :func:`~hvd_agents.chat.request.build_chat_request`.
 
         Raises:
             APIError: a 400 naming the field.
@@ -132,26 +137,19 @@ class ChatCompletionRequest(_Sampling):
             raise invalid("log-probabilities are not supported", "top_logprobs")
         for index, tool in enumerate(self.tools or ()):
             _check_tool(index, tool)
-        choice = self.tool_choice_value()
-        if choice not in (None, "none") and not self.tools:
+        response_format = self.response_format_value()
+        try:
+            options = check_reply_options(self.tools, self.tool_choice, response_format)
+        except InvalidRequestError as exc:
+            raise invalid(str(exc), param_of(str(exc)) or "tool_choice") from exc  # an unsupported value
+        if options.tool_choice not in (None, "none") and not self.tools:
             raise invalid("tool_choice forces a tool call, but no tools were given", "tool_choice")
-        if choice not in (None, "none", "required"):
-            names = [tool["function"]["name"] for tool in self.tools or ()]
-            if choice not in names:
-                raise invalid(f"tool_choice names {choice!r}, which is not among the tools {names}", "tool_choice")
-        self.response_format_value()
         self.stops()
+        return options
 
     def max_new_tokens(self) -> int | None:
         """``max_completion_tokens``, else ``max_tokens``, else None."""
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-
-    def tool_choice_value(self) -> str | None:
-        """``tool_choice`` as ``None`` (auto), ``"none"``, ``"required"`` or a tool name."""
-        try:
-            return normalize_tool_choice(self.tool_choice)
-        except InvalidRequestError as exc:
-            raise invalid(str(exc), "tool_choice") from exc
 
     def chat_messages(self) -> list[dict[str, Any]]:
         """The messages as the chat layer takes them (``developer`` is ``system``; text-only content)."""
@@ -166,7 +164,7 @@ class ChatCompletionRequest(_Sampling):
         return out
 
     def response_format_value(self) -> Mapping[str, Any] | None:
-        """``response_format`` as :func:`~hvd_agents.chat.request.build_chat_request` takes it; None for text."""
+        """``response_format`` in the chat layer's terms (OpenAI's wire shapes translated); None for text."""
         fmt = self.response_format
         if fmt is None or fmt.get("type") == "text":
             return None

@@ -4,9 +4,10 @@
   "model", "choices": [{"index": 0, "message": {"role": "assistant", "content",
   "refusal": null, "annotations": [], "tool_calls"?}, "logprobs": null, "finish_reason"}],
   "usage", "hvd"}``; ``content`` is null when the reply is only tool calls.
-* Streamed, it is a first chunk with the role, one chunk per step that adds content or
-  tool-call deltas (a call's first delta has its ``id``, ``type`` and ``name``, the next
-  ones ``function.arguments`` pieces), a chunk with the ``finish_reason`` (and the
+* Streamed, it is a first chunk with the role, then per step a chunk with the content it
+  adds and one chunk per tool call it adds to (one ``tool_calls`` entry each: a call's
+  first delta has its ``id``, ``type``, ``name`` and the arguments read so far, the next
+  ones ``function.arguments`` pieces, as OpenAI sends them), a chunk with the ``finish_reason`` (and the
   ``hvd`` field), with ``stream_options.include_usage`` a chunk with empty ``choices``
   and the ``usage`` (every earlier chunk then has ``"usage": null``), and ``data: [DONE]``.
 * ``usage.prompt_tokens_details.cached_tokens`` is the prompt prefix whose KV was
@@ -22,8 +23,8 @@ import uuid
 from typing import Any
 
 from hvd_agents.chat.delta_stream import CollectedReply, ReplyDelta
-from hvd_agents.chat.request import ReplySummary
-from hvd_agents.chat.toolcall_deltas import ToolCallDelta
+from hvd_agents.chat.reply import ReplySummary
+from hvd_agents.chat.toolcall_stream import ToolCallDelta
 
 DONE = b"data: [DONE]\n\n"
 
@@ -104,10 +105,9 @@ class ChatChunks:
 
     def step(self, delta: ReplyDelta) -> bytes:
         """The chunks of one step: its content and call deltas, and the closing chunks on the last step."""
-        out = b""
-        body = _delta_body(delta)
-        if body:
-            out += self._chunk(body)
+        out = self._chunk({"content": delta.content}) if delta.content else b""
+        for call in delta.tool_calls:  # one call per chunk: some clients read only a chunk's first entry
+            out += self._chunk({"tool_calls": [_call_delta(call)]})
         if delta.finish_reason is None:
             return out
         out += self._chunk({}, delta.finish_reason, hvd=hvd_extension(delta.summary))
@@ -121,15 +121,6 @@ class ChatChunks:
         if self.include_usage:
             chunk["usage"] = None
         return sse(chunk)
-
-
-def _delta_body(delta: ReplyDelta) -> dict[str, Any]:
-    body: dict[str, Any] = {}
-    if delta.content:
-        body["content"] = delta.content
-    if delta.tool_calls:
-        body["tool_calls"] = [_call_delta(call) for call in delta.tool_calls]
-    return body
 
 
 def _call_delta(call: ToolCallDelta) -> dict[str, Any]:

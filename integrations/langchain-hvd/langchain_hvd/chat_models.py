@@ -46,6 +46,7 @@ from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import ConfigDict, Field, model_validator
 
 from hvd_agents.chat.async_stream import iterate_in_thread
+from hvd_agents.chat.reply_options import check_reply_options
 from hvd_agents.chat.request import (
     DECODE_FIELDS,
     DEFAULT_MODEL_NAME,
@@ -60,8 +61,7 @@ from hvd_agents.chat.request import (
     resolve_engine,
     stream_reply,
 )
-from hvd_agents.chat.toolcall_stream import normalize_tool_choice
-from hvd_agents.chat.toolcalls import forced_call_prefix, normalize_tool, tool_list
+from hvd_agents.chat.toolcalls import normalize_tool, tool_list
 from hvd_agents.engine import Engine
 from hvd_agents.errors import HVDError, InvalidRequestError
 from langchain_hvd._convert import first_line, input_error, parsed_tool_call_chunks, to_openai_messages
@@ -172,7 +172,8 @@ class ChatHVD(BaseChatModel):
             tools: the tools.
             tool_choice: ``None`` / ``"auto"`` (the model decides), ``"none"`` (no call:
                 generation stops at ``<tool_call>``), ``"any"`` / ``"required"`` / ``True``
-                (some call), a tool name or ``{"type": "function", "function": {"name": ...}}``
+                (some call: with one tool, that tool; with several, the call's name is kept
+                to theirs), a tool name or ``{"type": "function", "function": {"name": ...}}``
                 (that tool). A forced choice pre-fills the start of the call.
             strict: accepted for API compatibility; the backend does not constrain
                 decoding to the schema, so arguments are parsed, not guaranteed.
@@ -200,11 +201,9 @@ class ChatHVD(BaseChatModel):
                 normalize_tool(schema)
             except InvalidRequestError as exc:
                 raise InvalidRequestError(f"tools[{index}]: {exc}") from exc
-        choice = normalize_tool_choice(tool_choice)
-        if choice is not None and choice != "none":
-            if not formatted:
-                raise InvalidRequestError(f"tool_choice {tool_choice!r} needs at least one tool")
-            forced_call_prefix(choice, formatted)  # validates a named choice now
+        choice = check_reply_options(formatted, tool_choice).tool_choice  # a named choice is checked now
+        if choice not in (None, "none") and not formatted:
+            raise InvalidRequestError(f"tool_choice {tool_choice!r} needs at least one tool")
         return super().bind(tools=formatted, tool_choice=choice, **kwargs)
 
     def with_structured_output(

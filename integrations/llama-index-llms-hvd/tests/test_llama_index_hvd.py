@@ -87,7 +87,7 @@ def test_metadata_and_construction_loading_nothing(monkeypatch, tiny_model, byte
     def boom(*args, **kwargs):
         raise AssertionError("the engine must not be created before it is needed")
 
-    monkeypatch.setattr("hvd_agents.chat.request.shared_engine", boom)
+    monkeypatch.setattr("hvd_agents.chat.engine_choice.shared_engine", boom)
     lazy = HVD(model="some/hub-model", device="cpu", tool_choice="required", context_window=4096)
     assert (lazy.metadata.model_name, lazy.metadata.context_window) == ("some/hub-model", 4096)
     lazy.get_tool_calls_from_response(ChatResponse(message=ChatMessage(role="assistant")), error_on_no_tool_call=False)
@@ -173,9 +173,11 @@ def test_predict_and_call_and_structured_predict_use_forced_calls(scripted) -> N
 
         name: str
 
-    engine.pieces = ['{"name": "City", "arguments": {"name": "Paris"}}\n']
+    # structured_predict forces a call with one tool (tool_required): that tool's name is pre-filled
+    engine.pieces = ['{"name": "Paris"}}\n']
     assert llm.structured_predict(City, PromptTemplate("Name a city.")) == City(name="Paris")
-    assert engine.tokenizer.decode(engine.requests[-1][0]).endswith("<|im_start|>assistant\n<tool_call>\n")
+    assert engine.tokenizer.decode(engine.requests[-1][0]).endswith(
+        '<|im_start|>assistant\n<tool_call>\n{"name": "City", "arguments": ')
 
 
 def test_json_mode_asks_for_an_object_and_cuts_the_reply_after_it(scripted) -> None:

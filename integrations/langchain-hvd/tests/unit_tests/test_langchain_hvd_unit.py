@@ -33,7 +33,8 @@ from pydantic import ValidationError
 
 from hvd_agents import Engine, GenerationParams, InvalidRequestError
 from hvd_agents.chat.conversation import prepare
-from hvd_agents.chat.toolcall_stream import ToolCallStreamSplitter, normalize_tool_choice
+from hvd_agents.chat.reply_options import normalize_tool_choice
+from hvd_agents.chat.toolcall_stream import ToolCallStreamSplitter
 from hvd_agents.chat.toolcalls import parse_tool_calls
 from tests.agent_tools import ticking
 
@@ -215,17 +216,16 @@ def test_a_cut_short_call_stays_invalid_when_chunks_are_aggregated(scripted) -> 
     "choice", ["required", "get_weather", {"type": "function", "function": {"name": "get_weather"}}]
 )
 def test_forced_tool_choice_prefills_the_call_and_stops_at_its_end(scripted, choice) -> None:
-    full_call = '{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
-    body = full_call if choice == "required" else '{"city": "Paris"}}\n'
-    engine = scripted([body])  # the engine stops at "</tool_call>", which it does not return
+    # "required" with one tool is that tool: its name is pre-filled as for a named choice
+    engine = scripted(['{"city": "Paris"}}\n'])  # the engine stops at "</tool_call>", which it does not return
     message = ChatHVD(engine=engine, stop=["Observation:"]).bind_tools([WEATHER_SCHEMA], tool_choice=choice).invoke(
         "Weather in Paris?", stop=["\n\n"]
     )
     assert _calls(message) == [("get_weather", {"city": "Paris"})]
     prompt_ids, params, _ = engine.requests[-1]
     assert params.stop == ("Observation:", "\n\n", "</tool_call>")
-    assert engine.tokenizer.decode(prompt_ids).endswith("<|im_start|>assistant\n<tool_call>\n" + (
-        "" if choice == "required" else '{"name": "get_weather", "arguments": '))
+    assert engine.tokenizer.decode(prompt_ids).endswith(
+        '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": ')
 
 
 def test_tool_choice_none_stops_at_a_tool_call(scripted) -> None:
@@ -337,7 +337,7 @@ def test_construction_loads_nothing(monkeypatch) -> None:
     def boom(*args, **kwargs):
         raise AssertionError("the engine must not be created before the first call")
 
-    monkeypatch.setattr("hvd_agents.chat.request.shared_engine", boom)
+    monkeypatch.setattr("hvd_agents.chat.engine_choice.shared_engine", boom)
     model = ChatHVD(model="some/hub-model", device="cpu", max_tokens=12)
     model.bind_tools([WEATHER_SCHEMA], tool_choice="get_weather")
     model.with_structured_output({"title": "T", "type": "object", "properties": {"a": {"type": "string"}}})

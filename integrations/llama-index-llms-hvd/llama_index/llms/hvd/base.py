@@ -56,6 +56,7 @@ from llama_index.core.llms.llm import ToolSelection
 from llama_index.llms.hvd._convert import reply_message, to_openai_messages, tool_schemas, tool_selections
 
 from hvd_agents.chat.async_stream import iterate_in_thread
+from hvd_agents.chat.reply_options import normalize_tool_choice
 from hvd_agents.chat.request import (
     DECODE_FIELDS,
     DEFAULT_MODEL_NAME,
@@ -69,7 +70,6 @@ from hvd_agents.chat.request import (
     resolve_engine,
     stream_reply,
 )
-from hvd_agents.chat.toolcall_stream import normalize_tool_choice
 from hvd_agents.engine import Engine
 from hvd_agents.errors import InvalidRequestError
 

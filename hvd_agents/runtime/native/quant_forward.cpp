@@ -1,4 +1,10 @@
-// hvd_quant: a llama-family decoder forward over quantized weights, for any number of new tokens.
+// hvd_quant: a decoder forward over quantized weights, for any number of new tokens.
+//
+// The decoders of llama (Llama 2/3, Mistral), qwen2 (query/key/value biases), qwen3 (query/key norms per head),
+// gemma3 (sliding-window layers with their own rope, norms after attention and MLP, gelu-tanh, a scaled
+// embedding) and phi3 (its fused projections split at load): each layer is a pre-norm attention and gated MLP,
+// with the options each family adds (see Layer). A sliding-window layer's row attends to the last W positions
+// of what it sees (by position), so rollback and compaction of the cache keep every window exact.
 //
 // One forward computes every position: a decode step, a draft or a tree to verify, a prefill or a chunk of
 // one, and several requests' rows batched. The whole forward runs in one call and one parallel region
@@ -21,12 +27,14 @@
 
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "attention.h"
 #include "isa.h"
 #include "lanes.h"
+#include "row_ops.h"
 #include "team.h"
 #include "tile_linear.h"
 
@@ -34,8 +42,7 @@ namespace {
 
 using namespace hvd_tiles;
 using namespace hvd_attention;
-using hvd_lanes::exp8;
-using hvd_lanes::hsum;
+using namespace hvd_rows;
 
 constexpr int64_t kMaxRows = 1024;  // rows per call (a longer prefill is several calls)
 constexpr int64_t kBlockRows = 8;      // chain rows per attention job in a long chain
@@ -74,72 +81,63 @@ Matrix make_matrix(int64_t fmt, int64_t N, int64_t K, at::Tensor data, c10::opti
   return m;
 }
 
-// ---------------------------------------------------------------- small row operations
-
-void rmsnorm(const float* x, const float* w, float eps, int64_t H, float* y) {
-  const int64_t H8 = H - H % 8;
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t k = 0; k < H8; k += 8) {
-    const __m256 v = _mm256_loadu_ps(x + k);
-    acc = _mm256_fmadd_ps(v, v, acc);
-  }
-  float ss = hsum(acc);
-  for (int64_t k = H8; k < H; ++k) ss = std::fma(x[k], x[k], ss);
-  const float r = 1.0f / std::sqrt(ss / static_cast<float>(H) + eps);
-  for (int64_t k = 0; k < H; ++k) y[k] = w[k] * (x[k] * r);
-}
-
-// rotate_half rope (HF layout): pairs (i, i + hd/2) at the position's angles.
-void rope(float* v, int64_t heads, int64_t hd, const float* cos, const float* sin) {
-  const int64_t half = hd / 2;
-  for (int64_t h = 0; h < heads; ++h) {
-    float* p = v + h * hd;
-    for (int64_t i = 0; i < half; ++i) {
-      const float a = p[i], b = p[i + half];
-      p[i] = a * cos[i] - b * sin[i];
-      p[i + half] = b * cos[i] + a * sin[i];
-    }
-  }
-}
-
-void silu_mul(const float* g, const float* u, int64_t n, float* out) {
-  int64_t k = 0;
-  const __m256 one = _mm256_set1_ps(1.0f);
-  for (; k + 8 <= n; k += 8) {
-    const __m256 gv = _mm256_loadu_ps(g + k);
-    const __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv))));
-    _mm256_storeu_ps(out + k, _mm256_mul_ps(_mm256_mul_ps(gv, sig), _mm256_loadu_ps(u + k)));
-  }
-  for (; k < n; ++k) out[k] = g[k] / (1.0f + std::exp(-g[k])) * u[k];
-}
-
 // ---------------------------------------------------------------- the model
 
+// A layer's norms are float32 multipliers (a family's offset, gemma's 1 + w, is in them); an undefined or
+// empty tensor is a norm the layer does not have.
 struct Layer {
-  at::Tensor attn_norm, ffn_norm;
+  at::Tensor attn_norm, ffn_norm;            // before attention, before the MLP
+  at::Tensor q_norm, k_norm;                 // per head, on queries and keys before rope (qwen3, gemma3)
+  at::Tensor post_attn_norm, post_ffn_norm;  // on the attention's and the MLP's outputs (gemma3)
   Matrix q, k, v, o, gate, up, down;
+  int64_t window;  // a row sees the positions p - window < t <= p of what it sees (0: all of them)
+  int64_t rope;    // the rope table the layer uses
 };
+
+inline bool has(const at::Tensor& t) { return t.defined() && t.numel() > 0; }
+inline const float* fp(const at::Tensor& t) { return has(t) ? t.data_ptr<float>() : nullptr; }
 
 class QuantModel {
  public:
+  // act: SILU or GELU_TANH; the embedding's rows are multiplied by embed_scale (when not 1); attention scores
+  // by attn_scale; cos[i], sin[i]: rope table i, [positions, rotary dims / 2] (the rotary dims may be fewer
+  // than head_dim: the rest of a head passes unrotated).
   QuantModel(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate, double eps,
-             at::Tensor cos, at::Tensor sin, Matrix embed, at::Tensor final_norm, Matrix output)
+             int64_t act, double embed_scale, double attn_scale, std::vector<at::Tensor> cos,
+             std::vector<at::Tensor> sin, Matrix embed, at::Tensor final_norm, Matrix output)
       : H_(hidden), nh_(heads), nkv_(kv_heads), hd_(head_dim), I_(intermediate), eps_(static_cast<float>(eps)),
-        cos_(cos.contiguous()), sin_(sin.contiguous()), embed_(std::move(embed)), norm_(final_norm.contiguous()),
+        act_(static_cast<int>(act)), embed_scale_(static_cast<float>(embed_scale)),
+        attn_scale_(static_cast<float>(attn_scale)), embed_(std::move(embed)), norm_(final_norm.contiguous()),
         out_(std::move(output)) {
-    TORCH_CHECK(hd_ % 8 == 0 && hd_ <= 128, "head_dim must be a multiple of 8 up to 128, not ", hd_);
+    TORCH_CHECK(hd_ % 8 == 0 && hd_ <= kMaxHeadDim, "head_dim must be a multiple of 8 up to ", kMaxHeadDim, ", not ", hd_);
     TORCH_CHECK(nh_ % nkv_ == 0, "attention heads must be a multiple of kv heads");
-    TORCH_CHECK(cos_.dim() == 2 && cos_.size(1) == hd_ / 2 && sin_.sizes() == cos_.sizes(), "rope tables must be [positions, head_dim / 2]");
+    TORCH_CHECK(act_ == SILU || act_ == GELU_TANH, "unknown activation ", act);
+    TORCH_CHECK(!cos.empty() && cos.size() == sin.size(), "one sin table per cos table");
+    for (size_t i = 0; i < cos.size(); ++i) {
+      cos_.push_back(cos[i].contiguous());
+      sin_.push_back(sin[i].contiguous());
+      TORCH_CHECK(cos_[i].dim() == 2 && cos_[i].size(1) >= 1 && 2 * cos_[i].size(1) <= hd_ &&
+                  sin_[i].sizes() == cos_[i].sizes() && cos_[i].size(0) == cos_[0].size(0),
+                  "rope tables must be [positions, rotary dims / 2] with rotary dims up to head_dim");
+    }
     TORCH_CHECK(embed_.K == H_ && out_.K == H_, "embedding and output weights must have hidden-size columns");
   }
 
-  void add_layer(at::Tensor attn_norm, at::Tensor ffn_norm, Matrix q, Matrix k, Matrix v, Matrix o, Matrix gate,
-                 Matrix up, Matrix down) {
+  void add_layer(at::Tensor attn_norm, at::Tensor ffn_norm, at::Tensor q_norm, at::Tensor k_norm,
+                 at::Tensor post_attn_norm, at::Tensor post_ffn_norm, Matrix q, Matrix k, Matrix v, Matrix o,
+                 Matrix gate, Matrix up, Matrix down, int64_t window, int64_t rope) {
     TORCH_CHECK(q.K == H_ && k.K == H_ && v.K == H_ && gate.K == H_ && up.K == H_, "layer weights must read hidden-size inputs");
     TORCH_CHECK(q.N == nh_ * hd_ && k.N == nkv_ * hd_ && v.N == nkv_ * hd_ && o.K == nh_ * hd_ && o.N == H_, "attention shapes disagree with the heads");
     TORCH_CHECK(gate.N == I_ && up.N == I_ && down.K == I_ && down.N == H_, "MLP shapes disagree with the intermediate size");
-    layers_.push_back(Layer{attn_norm.contiguous(), ffn_norm.contiguous(), std::move(q), std::move(k), std::move(v),
-                            std::move(o), std::move(gate), std::move(up), std::move(down)});
+    TORCH_CHECK(attn_norm.numel() == H_ && ffn_norm.numel() == H_, "norms must have hidden-size weights");
+    TORCH_CHECK((!has(q_norm) || q_norm.numel() == hd_) && (!has(k_norm) || k_norm.numel() == hd_), "query and key norms must have head_dim weights");
+    TORCH_CHECK((!has(post_attn_norm) || post_attn_norm.numel() == H_) && (!has(post_ffn_norm) || post_ffn_norm.numel() == H_), "output norms must have hidden-size weights");
+    TORCH_CHECK(window >= 0, "a window must be positive (0: none)");
+    TORCH_CHECK(rope >= 0 && rope < static_cast<int64_t>(cos_.size()), "rope table ", rope, " does not exist");
+    auto own = [](const at::Tensor& t) { return has(t) ? t.to(at::kFloat).contiguous() : at::Tensor(); };
+    layers_.push_back(Layer{own(attn_norm), own(ffn_norm), own(q_norm), own(k_norm), own(post_attn_norm),
+                            own(post_ffn_norm), std::move(q), std::move(k), std::move(v), std::move(o),
+                            std::move(gate), std::move(up), std::move(down), window, rope});
   }
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
@@ -190,7 +188,7 @@ class QuantModel {
     const int64_t* pp = pos.data_ptr<int64_t>();
     for (int64_t i = 0; i < M; ++i) {
       TORCH_CHECK(tp[i] >= 0 && tp[i] < embed_.N, "token id ", tp[i], " is outside the vocabulary");
-      TORCH_CHECK(pp[i] >= 0 && pp[i] < cos_.size(0), "position ", pp[i], " is outside the rope table");
+      TORCH_CHECK(pp[i] >= 0 && pp[i] < cos_[0].size(0), "position ", pp[i], " is outside the rope table");
     }
     // visible slots per row: its sequence's cached positions, then the new rows of its sequence it sees
     std::vector<std::vector<int32_t>> slots(M);
@@ -209,6 +207,7 @@ class QuantModel {
         if (!tree || j == i || vis.data_ptr<bool>()[r * M + s0 + j]) slots[r].push_back(static_cast<int32_t>(past + j));
       longest = std::max(longest, static_cast<int64_t>(slots[r].size()));
     }
+    const std::vector<std::vector<int64_t>> firsts = window_starts(slots, seq_of, starts, pasts, pp);
     const int64_t H = H_, qd = nh_ * hd_, kd = nkv_ * hd_, I = I_;
     std::vector<float> x(M * H), xn(M * H), qkv(M * (qd + 2 * kd)), att(M * qd), tmp(M * H), gu(M * 2 * I), act(M * I);
     const int64_t smax = (longest + 7) / 8 * 8;
@@ -221,9 +220,8 @@ class QuantModel {
     qf.resize(M, I);
     at::Tensor logits = at::empty({keep, out_.N}, at::kFloat);
     at::Tensor hidden = want_hidden ? at::empty({M, H}, at::kFloat) : at::Tensor();
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hd_));
+    const float scale = attn_scale_;
     const int64_t group = nh_ / nkv_;
-    const int64_t half = hd_ / 2;
 
     const bool attn_blocks = hd_ % QK == 0;  // an attention head's output is whole blocks: its job quantizes them
     const int64_t qkv_ld = qd + 2 * kd;
@@ -253,9 +251,13 @@ class QuantModel {
       for (size_t l = 0; l < layers_.size(); ++l) {
         const Layer& L = layers_[l];
         const bool qin = L.q.quantized() || L.k.quantized() || L.v.quantized();
+        const std::vector<int64_t>& first = firsts[window_index(L.window)];
+        const float* cos = cos_[L.rope].data_ptr<float>();
+        const float* sin = sin_[L.rope].data_ptr<float>();
+        const int64_t half = cos_[L.rope].size(1);
         // 1. norm (after the previous layer's MLP residual) and the inputs' blocks
         c.for_static(M, [&](int64_t r) {
-          if (l > 0) for (int64_t k = 0; k < H; ++k) x[r * H + k] += tmp[r * H + k];
+          if (l > 0) add_residual(x.data() + r * H, tmp.data() + r * H, fp(layers_[l - 1].post_ffn_norm));
           rmsnorm(x.data() + r * H, L.attn_norm.data_ptr<float>(), eps_, H, xn.data() + r * H);
           if (qin) quantize_row(xn.data() + r * H, H, qx, r);
         });
@@ -267,7 +269,9 @@ class QuantModel {
           rows_block(W, head * hd_, (head + 1) * hd_, qx, xn.data(), M, qkv.data(), qkv_ld, col0);
           for (int64_t r = 0; r < M; ++r) {
             float* v = qkv.data() + r * qkv_ld + col0 + head * hd_;
-            if (job < nh_ + nkv_) rope(v, 1, hd_, cos_.data_ptr<float>() + pp[r] * half, sin_.data_ptr<float>() + pp[r] * half);
+            const float* head_norm = job < nh_ ? fp(L.q_norm) : (job < nh_ + nkv_ ? fp(L.k_norm) : nullptr);
+            if (head_norm) rmsnorm(v, head_norm, eps_, hd_, v);
+            if (job < nh_ + nkv_) rope(v, half, cos + pp[r] * half, sin + pp[r] * half);
             if (job >= nh_) {
               const int64_t b = seq_of[r], cap = caps[b];
               const int64_t lbase = static_cast<int64_t>(l) * nkv_ * cap * hd_;
@@ -287,21 +291,23 @@ class QuantModel {
           const at::Half* vh = vbases[b] + lbase + g * cap * hd_;
           if (!job.block) {
             const int64_t r = job.r0, h = job.head;
-            attend(qkv.data() + r * qkv_ld + h * hd_, kh, vh, hd_, slots[r].data(), static_cast<int64_t>(slots[r].size()),
-                   scale, scores.data() + c.tid * smax, att.data() + r * qd + h * hd_);
+            attend(qkv.data() + r * qkv_ld + h * hd_, kh, vh, hd_, slots[r].data() + first[r],
+                   static_cast<int64_t>(slots[r].size()) - first[r], scale, scores.data() + c.tid * smax,
+                   att.data() + r * qd + h * hd_);
           } else {
             const float* qs[kBlockRows * kMaxGroup];
             float* outs[kBlockRows * kMaxGroup];
-            int64_t T[kBlockRows * kMaxGroup];
+            int64_t T[kBlockRows * kMaxGroup], lo[kBlockRows * kMaxGroup];
             int64_t Q = 0;
             for (int64_t r = job.r0; r < job.r1; ++r)
               for (int64_t h = g * group; h < (g + 1) * group; ++h, ++Q) {
                 qs[Q] = qkv.data() + r * qkv_ld + h * hd_;
                 outs[Q] = att.data() + r * qd + h * hd_;
-                T[Q] = static_cast<int64_t>(slots[r].size());
+                T[Q] = static_cast<int64_t>(slots[r].size());  // a chain's slots are its positions 0 .. T - 1
+                lo[Q] = first[r];
               }
             float* scratch = block_scratch.data() + c.tid * block_scratch_size;
-            attend_block(qs, T, Q, kh, vh, hd_, scale, scratch, smax, scratch + Qmax * smax,
+            attend_block(qs, lo, T, Q, kh, vh, hd_, scale, scratch, smax, scratch + Qmax * smax,
                          scratch + Qmax * smax + kChunk * hd_, outs);
           }
           if (L.o.quantized() && attn_blocks)
@@ -316,7 +322,7 @@ class QuantModel {
         // 5. residual, norm, the MLP inputs' blocks
         const bool gin = L.gate.quantized() || L.up.quantized();
         c.for_static(M, [&](int64_t r) {
-          for (int64_t k = 0; k < H; ++k) x[r * H + k] += tmp[r * H + k];
+          add_residual(x.data() + r * H, tmp.data() + r * H, fp(L.post_attn_norm));
           rmsnorm(x.data() + r * H, L.ffn_norm.data_ptr<float>(), eps_, H, xn.data() + r * H);
           if (gin) quantize_row(xn.data() + r * H, H, qx, r);
         });
@@ -327,7 +333,7 @@ class QuantModel {
           rows_block(L.gate, c0, c1, qx, xn.data(), M, gu.data(), 2 * I, 0);
           rows_block(L.up, c0, c1, qx, xn.data(), M, gu.data(), 2 * I, I);
           for (int64_t r = 0; r < M; ++r) {
-            silu_mul(gu.data() + r * 2 * I + c0, gu.data() + r * 2 * I + I + c0, c1 - c0, act.data() + r * I + c0);
+            gated(act_, gu.data() + r * 2 * I + c0, gu.data() + r * 2 * I + I + c0, c1 - c0, act.data() + r * I + c0);
             if (din) quantize_block(act.data() + r * I + c0, qf, r, b);
           }
         });
@@ -338,7 +344,7 @@ class QuantModel {
       }
       const int64_t first = M - keep;
       c.for_static(M, [&](int64_t r) {
-        for (int64_t k = 0; k < H; ++k) x[r * H + k] += tmp[r * H + k];
+        add_residual(x.data() + r * H, tmp.data() + r * H, fp(layers_.back().post_ffn_norm));
         rmsnorm(x.data() + r * H, norm_.data_ptr<float>(), eps_, H, xn.data() + r * H);
         if (want_hidden) std::memcpy(hidden.data_ptr<float>() + r * H, xn.data() + r * H, H * sizeof(float));
         if (out_.quantized() && r >= first)
@@ -349,12 +355,51 @@ class QuantModel {
     return {logits, want_hidden ? hidden : at::empty({0}, at::kFloat)};
   }
 
-  void embed_row(int64_t t, float* y) const { dequantize_row(embed_, t, y); }
+  void embed_row(int64_t t, float* y) const {
+    dequantize_row(embed_, t, y);
+    if (embed_scale_ != 1.0f)
+      for (int64_t k = 0; k < H_; ++k) y[k] *= embed_scale_;
+  }
 
  private:
+  // x += out, out first normed by `post` when the layer has that norm (in place: out is scratch)
+  void add_residual(float* x, float* out, const float* post) const {
+    if (post) rmsnorm(out, post, eps_, H_, out);
+    for (int64_t k = 0; k < H_; ++k) x[k] += out[k];
+  }
+
+  // The distinct windows of the layers, 0 (none) first.
+  int64_t window_index(int64_t window) const {
+    int64_t i = 0;
+    for (int64_t w : windows()) {
+      if (w == window) return i;
+      ++i;
+    }
+    return 0;
+  }
+  std::vector<int64_t> windows() const {
+    std::vector<int64_t> out{0};
+    for (const Layer& L : layers_)
+      if (std::find(out.begin(), out.end(), L.window) == out.end()) out.push_back(L.window);
+    return out;
+  }
+
+  std::vector<std::vector<int64_t>> window_starts(const std::vector<std::vector<int32_t>>& slots,
+                                                  const std::vector<int64_t>& seq_of, const std::vector<int64_t>& starts,
+                                                  const std::vector<int64_t>& pasts, const int64_t* pp) const {
+    const std::vector<int64_t> ws = windows();
+    std::vector<std::vector<int64_t>> out(ws.size(), std::vector<int64_t>(slots.size(), 0));
+    for (size_t w = 1; w < ws.size(); ++w)
+      for (size_t r = 0; r < slots.size(); ++r)
+        out[w][r] = window_first(slots[r], pasts[seq_of[r]], pp + starts[seq_of[r]], pp[r], ws[w]);
+    return out;
+  }
+
   int64_t H_, nh_, nkv_, hd_, I_;
   float eps_;
-  at::Tensor cos_, sin_;
+  int act_;
+  float embed_scale_, attn_scale_;
+  std::vector<at::Tensor> cos_, sin_;
   Matrix embed_;
   at::Tensor norm_;
   Matrix out_;
@@ -420,7 +465,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("cols", [](const Matrix& w) { return w.K; })
       .def_property_readonly("nbytes", [](const Matrix& w) { return w.data.numel() * w.data.element_size(); });
   py::class_<QuantModel>(m, "QuantModel", py::module_local())
-      .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, at::Tensor, at::Tensor, Matrix, at::Tensor, Matrix>())
+      .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, int64_t, double, double, std::vector<at::Tensor>,
+                    std::vector<at::Tensor>, Matrix, at::Tensor, Matrix>())
       .def("add_layer", &QuantModel::add_layer)
       .def("forward", &QuantModel::forward, py::call_guard<py::gil_scoped_release>())
       .def("forward_batch", &QuantModel::forward_batch, py::call_guard<py::gil_scoped_release>())
@@ -430,6 +476,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_table", &rope_table, py::call_guard<py::gil_scoped_release>());
   m.def("dequantize", &dequantize, py::call_guard<py::gil_scoped_release>());
   m.attr("MAX_ROWS") = kMaxRows;
+  m.attr("MAX_HEAD_DIM") = kMaxHeadDim;
   m.attr("ISA") = hvd_isa::kName;
   // what this CPU can run (GCC's own CPUID reading): the loader asks the AVX2 build before it builds another
   m.def("cpu_supports", [](const std::string& feature) {

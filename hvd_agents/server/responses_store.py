@@ -97,18 +97,19 @@ class ResponseStore:
         Raises:
             APIError: 400 ``previous_response_not_found`` when it, or a turn before it, is not stored.
         """
-        chain: list[StoredTurn] = []
+        chain: list[tuple[str, StoredTurn]] = []
         with self._lock:
             current: str | None = response_id
             while current is not None:
                 turn = self._turns.get(current)
                 if turn is None:
                     raise _not_found(response_id, current)
-                self._turns.move_to_end(current)
-                chain.append(turn)
+                chain.append((current, turn))
                 current = turn.previous_id
+            for stored_id, _ in reversed(chain):  # oldest first: the newest turn is the most recently used
+                self._turns.move_to_end(stored_id)
         messages: list[dict[str, Any]] = []
-        for turn in reversed(chain):
+        for _, turn in reversed(chain):
             messages.extend(json.loads(turn.messages_json))
         return messages
 

@@ -201,3 +201,15 @@ def test_a_chain_whose_older_turn_was_evicted_names_it() -> None:
         store.history("c")
     assert missing.value.param == "previous_response_id" and "'a'" in str(missing.value)
     assert len(store) == 2
+
+
+def test_the_served_schema_has_the_route_for_the_fuzzer(scripted) -> None:
+    """tests/test_server_fuzz.py fuzzes every operation of /openapi.json: /v1/responses is one of them."""
+    import httpx
+
+    with running_server(scripted(["Hi"])) as url:
+        document = httpx.get(f"{url}/openapi.json", timeout=30).json()
+    operation = document["paths"]["/v1/responses"]["post"]
+    assert operation["requestBody"]["required"] is True
+    assert {"200", "400", "404", "413", "503", "504"} <= set(operation["responses"])
+    assert "text/event-stream" in operation["responses"]["200"]["content"]

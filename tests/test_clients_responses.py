@@ -12,10 +12,12 @@ import json
 
 import openai
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from hvd_agents.server.errors import APIError
 from hvd_agents.server.responses_store import ResponseStore
-from tests.server_helpers import running_server
+from tests.server_helpers import running_server, tiny_engine
 
 MODEL = "SmolLM2-135M-Instruct"
 TOOL = {"type": "function", "name": "get_weather", "description": "Weather of a city.",
@@ -213,3 +215,55 @@ def test_the_served_schema_has_the_route_for_the_fuzzer(scripted) -> None:
     assert operation["requestBody"]["required"] is True
     assert {"200", "400", "404", "413", "503", "504"} <= set(operation["responses"])
     assert "text/event-stream" in operation["responses"]["200"]["content"]
+
+
+# ------------------------------------------------------------------ randomized bodies: a 2xx or a 4xx, never a 5xx
+
+_text = st.one_of(st.text(max_size=20), st.sampled_from(["\ud800", "<tool_call>", "<|im_end|>", ""]))
+_json = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), _text),
+                     lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(_text, inner, max_size=3)),
+                     max_leaves=8)
+_part = st.one_of(st.fixed_dictionaries({"type": st.sampled_from(["input_text", "output_text", "input_image"]),
+                                         "text": _text}), _json)
+_item = st.one_of(
+    st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system", "developer", "tool", ""])},
+                          optional={"type": st.sampled_from(["message", "reasoning", "x"]),
+                                    "content": st.one_of(_text, st.lists(_part, max_size=2), _json)}),
+    st.fixed_dictionaries({"type": st.just("function_call")},
+                          optional={"call_id": _text, "name": _text, "arguments": st.one_of(_text, _json)}),
+    st.fixed_dictionaries({"type": st.just("function_call_output")},
+                          optional={"call_id": _text, "output": st.one_of(_text, st.lists(_part, max_size=2))}),
+    _json,
+)
+_body = st.fixed_dictionaries(
+    {"model": st.sampled_from([MODEL, MODEL, "gpt-4o"]), "input": st.one_of(_text, st.lists(_item, max_size=4)),
+     "max_output_tokens": st.integers(0, 4)},
+    optional={"tools": st.lists(st.one_of(st.just(TOOL), _json), max_size=2),
+              "tool_choice": st.one_of(st.sampled_from(["auto", "none", "required"]), _json),
+              "instructions": st.one_of(_text, _json), "stream": st.booleans(), "store": _json,
+              "previous_response_id": st.one_of(_text, _json), "text": _json, "parallel_tool_calls": _json,
+              "include": _json, "reasoning": _json, "truncation": _json, "temperature": st.floats(-1, 3)},
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_url(tiny_model, byte_tokenizer):
+    with running_server(tiny_engine(tiny_model, byte_tokenizer)) as url:
+        yield url
+
+
+@settings(max_examples=120, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(body=_body)
+def test_randomized_response_requests_get_no_5xx(tiny_url, body) -> None:
+    import httpx
+
+    response = httpx.post(f"{tiny_url}/v1/responses", content=json.dumps(body).encode(), timeout=60,
+                          headers={"content-type": "application/json"})
+    assert response.status_code < 500, response.text
+    if response.status_code >= 400:
+        error = response.json()["error"]
+        assert error["type"] and error["message"]
+    elif body.get("stream") is True:
+        assert "event: response.completed" in response.text or "event: response.incomplete" in response.text
+    else:
+        assert response.json()["object"] == "response"

@@ -119,12 +119,12 @@ class ResponseEvents:
 
     head: ResponseHead
     remember: Remember | None = None
-    reply: CollectedReply = field(default_factory=CollectedReply)
-    items: list[_Item] = field(default_factory=list)
-    message: _Item | None = None
-    calls: dict[int, _Item] = field(default_factory=dict)
-    held_space: str = ""
-    sequence: int = 0
+    reply: CollectedReply = field(default_factory=CollectedReply, init=False)  # the deltas so far, summed
+    items: list[_Item] = field(default_factory=list, init=False)  # output items, by output_index
+    message: _Item | None = field(default=None, init=False)
+    calls: dict[int, _Item] = field(default_factory=dict, init=False)  # by the call's index in the reply
+    held_space: str = field(default="", init=False)  # whitespace before the message item opens
+    sequence: int = field(default=0, init=False)
 
     def first(self) -> bytes:
         """``response.created`` and ``response.in_progress``."""

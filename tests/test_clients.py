@@ -1,9 +1,10 @@
 """Real client libraries drive the server on the embedded SmolLM2-135M: a forced call, then an agent loop.
 
-Five clients, each streamed and not (pinned in the ``clients`` extra of pyproject.toml):
+Five client libraries, each streamed and not (pinned in the ``clients`` extra of pyproject.toml):
 
 * the official ``openai`` SDK on chat completions and on the Responses API,
-* ``langchain-openai``'s ``ChatOpenAI`` in LangChain's ``create_agent``,
+* ``langchain-openai``'s ``ChatOpenAI`` in LangChain's ``create_agent``, on chat completions and
+  (``use_responses_api=True``) on the Responses API,
 * ``llama-index``'s ``OpenAILike`` in a ``FunctionAgent``,
 * ``openai-agents``' ``Agent`` (the Responses API, the SDK's default).
 
@@ -183,11 +184,14 @@ class LangChainOpenAI:
     def __init__(self, url: str) -> None:
         self.url = url
 
+    RESPONSES_API = False
+
     def _model(self, stream: bool):
         from langchain_openai import ChatOpenAI
 
         return ChatOpenAI(base_url=f"{self.url}/v1", api_key="unused", model=MODEL, temperature=0,
-                          max_tokens=MAX_TOKENS, max_retries=0, streaming=stream)
+                          max_tokens=MAX_TOKENS, max_retries=0, streaming=stream,
+                          use_responses_api=self.RESPONSES_API)
 
     @staticmethod
     def _history() -> list:
@@ -224,6 +228,12 @@ class LangChainOpenAI:
         calls = [(c["name"], c["args"]) for m in turn if isinstance(m, AIMessage) for c in m.tool_calls]
         assert isinstance(messages[-1], AIMessage) and not messages[-1].tool_calls
         return Loop(calls, messages[-1].text)
+
+
+class LangChainOpenAIResponses(LangChainOpenAI):
+    """The same, with ``ChatOpenAI(use_responses_api=True)``: the model calls go to ``/v1/responses``."""
+
+    RESPONSES_API = True
 
 
 # ====================================================================== LlamaIndex: OpenAILike + FunctionAgent
@@ -359,6 +369,8 @@ CLIENTS = {  # test id: (the table's row, the driver)
     "openai-chat": ("openai SDK, chat completions", OpenAIChat),
     "openai-responses": ("openai SDK, responses", OpenAIResponses),
     "langchain": ("langchain-openai ChatOpenAI (create_agent)", LangChainOpenAI),
+    "langchain-responses": ("langchain-openai ChatOpenAI, use_responses_api (create_agent)",
+                            LangChainOpenAIResponses),
     "llama-index": ("llama-index OpenAILike (FunctionAgent)", LlamaIndexOpenAILike),
     "openai-agents": ("openai-agents Agent (responses)", OpenAIAgents),
 }

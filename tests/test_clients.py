@@ -251,11 +251,13 @@ class LlamaIndexOpenAILike:
         class Steered(OpenAILike):
             """Forbids calls once the turn has a tool result (the answering call), as the examples steer."""
 
-            def _prepare_chat_with_tools(self, tools, user_msg=None, chat_history=None, **kwargs):
+            # tool_required is named: LlamaIndex passes it on only to a signature that names it
+            def _prepare_chat_with_tools(self, tools, user_msg=None, chat_history=None, tool_required=False,
+                                         **kwargs):
                 if chat_history and chat_history[-1].role.value == "tool":
                     kwargs["tool_choice"] = "none"
                 return super()._prepare_chat_with_tools(tools, user_msg=user_msg, chat_history=chat_history,
-                                                        **kwargs)
+                                                        tool_required=tool_required, **kwargs)
 
         return Steered(model=MODEL, api_base=f"{self.url}/v1", api_key="unused", is_chat_model=True,
                        is_function_calling_model=True, context_window=8192, temperature=0, max_tokens=MAX_TOKENS,

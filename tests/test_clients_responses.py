@@ -77,14 +77,15 @@ def test_streamed_text_follows_the_documented_event_sequence(scripted) -> None:
 
 @pytest.mark.parametrize("choice", [{"type": "function", "name": "get_weather"}, "required"])
 def test_a_forced_function_call_whole_and_streamed(scripted, choice) -> None:
-    if choice == "required":  # the forced prefix stops at '<tool_call>\n': the script writes the name too
+    tools = [TOOL]
+    pieces = CALL_PIECES
+    if choice == "required":  # of two tools: the forced prefix stops at '<tool_call>\n', the script writes the name
+        tools = [TOOL, {**TOOL, "name": "get_time"}]
         pieces = ['{"name": "get_weather", "arguments": ', *CALL_PIECES]
-    else:
-        pieces = CALL_PIECES
     engine = scripted(pieces)
     with running_server(engine) as url:
         client = _client(url)
-        request = {"model": MODEL, "input": "Weather in Oslo?", "tools": [TOOL], "tool_choice": choice}
+        request = {"model": MODEL, "input": "Weather in Oslo?", "tools": tools, "tool_choice": choice}
         whole = client.responses.create(**request)
         events = list(client.responses.create(**request, stream=True))
     [call] = whole.output

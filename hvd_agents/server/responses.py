@@ -64,7 +64,7 @@ def plan_response(body: ResponsesRequest, state: ServerState, store: ResponseSto
         APIError: 400 naming the field (unsupported, malformed, unknown ``previous_response_id``,
             a conversation that cannot fit the context window); 404 for an unknown model.
     """
-    body.check()
+    options = body.check()
     engine = state.engine_for(body.model)
     turn = body.turn_messages()
     history = store.history(body.previous_response_id) if body.previous_response_id else []
@@ -78,10 +78,9 @@ def plan_response(body: ResponsesRequest, state: ServerState, store: ResponseSto
         messages=messages,
         tools=body.chat_tools(),
         settings=body.settings(config.method, engine.context_window, config.request_timeout_s),
-        tool_choice=body.tool_choice_value(),
+        options=options,
         stop=body.stops(),
         session_id=session_id or body.user,
-        response_format=body.response_format_value(),
         model_name=config.model_name,
     )
     env = Envelope("resp_", config.model_name)

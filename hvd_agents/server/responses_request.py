@@ -22,8 +22,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hvd_agents.chat.request import ChatSettings
-from hvd_agents.server.errors import invalid
+from hvd_agents.chat.reply_options import ReplyOptions, check_reply_options
+from hvd_agents.chat.settings import ChatSettings
+from hvd_agents.errors import InvalidRequestError
+from hvd_agents.server.errors import invalid, param_of
 from hvd_agents.server.responses_input import turn_messages
 
 # The tool types of the Responses API that run on OpenAI's side: this server has none of them.
@@ -64,8 +66,12 @@ class ResponsesRequest(BaseModel):
     method: str | None = None
     num_draft_tokens: int | None = Field(None, ge=0)
 
-    def check(self) -> None:
+    def check(self) -> ReplyOptions:
         """Refuse what the server cannot do, naming the field.
+
+        Returns:
+            ``tool_choice`` and ``text.format`` as the chat layer checked them
+            (:func:`~hvd_agents.chat.reply_options.check_reply_options`), for the chat job.
 
         Raises:
             APIError: a 400 naming the field.
@@ -80,8 +86,11 @@ class ResponsesRequest(BaseModel):
             names = [tool["name"] for tool in self.tools or ()]
             if choice not in names:
                 raise invalid(f"tool_choice names {choice!r}, which is not among the tools {names}", "tool_choice")
-        self.response_format_value()
         self.turn_messages()
+        try:
+            return check_reply_options(self.chat_tools(), choice, self.response_format_value())
+        except InvalidRequestError as exc:
+            raise invalid(str(exc), param_of(str(exc)) or "tools") from exc
 
     def _check_unsupported(self) -> None:
         refused = {

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hvd_agents.chat.delta_stream import CollectedReply, ReplyDelta
-from hvd_agents.chat.request import ReplySummary
-from hvd_agents.chat.toolcall_deltas import ToolCallDelta
+from hvd_agents.chat.reply import ReplySummary
+from hvd_agents.chat.toolcall_stream import ToolCallDelta
 from hvd_agents.server.shaping import Envelope, hvd_extension, new_id, usage
 
 Remember = Callable[[CollectedReply], None]

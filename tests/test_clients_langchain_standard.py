@@ -87,10 +87,6 @@ class TestChatOpenAIOnTheServer(ChatModelIntegrationTests):
     async def test_tool_calling_async(self, model: BaseChatModel) -> None:
         await super().test_tool_calling_async(model)
 
-    @pytest.mark.xfail(reason=SCHEMA_ECHO.format(tool="greeting_generator", choice="any"), strict=False)
-    def test_bind_runnables_as_tools(self, model: BaseChatModel) -> None:
-        super().test_bind_runnables_as_tools(model)
-
     @pytest.mark.xfail(reason=(
         "SmolLM2-135M answers 'Hello!' under tool_choice='any' and tool_choice='magic_function' by echoing the "
         "tool schemas instead of argument values: no valid call"), strict=False)

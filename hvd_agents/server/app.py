@@ -6,6 +6,7 @@
     client = openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
 
 Routes (:mod:`.routes`): ``POST /v1/chat/completions``, ``POST /v1/completions``,
+``POST /v1/responses`` (:mod:`.responses`),
 ``GET /v1/models``, ``GET /health`` (503 while the model loads), ``GET /metrics``
 (Prometheus), ``GET /openapi.json`` (:mod:`.openapi`). Every error is an OpenAI error
 envelope (:mod:`.errors`): 400 naming the field for a bad request, 401 without the key,
@@ -42,6 +43,7 @@ from hvd_agents.server.memory import TrimMiddleware
 from hvd_agents.server.metrics import ServerMetrics, StatusCountMiddleware
 from hvd_agents.server.openapi import build_openapi
 from hvd_agents.server.queue import GenerationQueue
+from hvd_agents.server.responses_store import ResponseStore
 from hvd_agents.server.routes import guarded, router
 from hvd_agents.server.schema import validation_error
 from hvd_agents.server.state import ServerState
@@ -83,6 +85,7 @@ def create_app(
     app = FastAPI(title="hvd-agents", description="OpenAI-compatible server over hvd-agents", lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.state.hvd = ServerState(config, slot, queue, metrics)
+    app.state.responses = ResponseStore()  # what previous_response_id continues
     app.include_router(router)
     app.include_router(guarded)
     _add_error_handlers(app)

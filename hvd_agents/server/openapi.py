@@ -4,7 +4,8 @@ FastAPI generates the operations and the request bodies from the routes; this mo
 replaces what it gets wrong for this server: it declares the statuses the server
 really answers (400, not FastAPI's 422, for a bad body; 401 where a key is configured;
 404, 413, 503 and 504 with the OpenAI error envelope), the JSON or server-sent-event
-bodies of the generation routes, the text body of ``/metrics``, and the bearer key.
+bodies of the generation routes (chat completions, completions, responses), the text
+body of ``/metrics``, and the bearer key.
 """
 
 from __future__ import annotations
@@ -37,6 +38,14 @@ _STATUS_TEXT = {
     504: "the generation ran past the server's request timeout",
 }
 _GENERATION_ERRORS = (400, 404, 413, 503, 504)
+# What each generation route answers with status 200; streamed, the events' data are chunk objects
+# then "[DONE]" (completions), or typed events (responses): no one schema describes them.
+_GENERATED = {
+    "/v1/chat/completions": "the chat completion, whole or (stream=true) as server-sent chunks",
+    "/v1/completions": "the text completion, whole or (stream=true) as server-sent chunks",
+    "/v1/responses": "the response, whole or (stream=true) as server-sent events "
+                     "(response.created ... response.completed)",
+}
 
 
 def build_openapi(app: FastAPI, keyed: bool) -> dict[str, Any]:
@@ -70,8 +79,7 @@ def _fix_operation(path: str, method: str, operation: dict[str, Any], keyed: boo
         responses["200"] = {"description": "Prometheus text format",
                             "content": {"text/plain": {"schema": {"type": "string"}}}}
     elif method == "post":
-        responses["200"] = {"description": "the completion, whole or (stream=true) as server-sent events",
-                            # the events' data are chunk objects, then "[DONE]": no one schema describes both
+        responses["200"] = {"description": _GENERATED.get(path, "the generation, whole or as server-sent events"),
                             "content": {**_OBJECT, "text/event-stream": {}}}
         responses.update(_errors(_GENERATION_ERRORS))
         operation.get("requestBody", {})["required"] = True

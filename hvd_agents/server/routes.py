@@ -1,4 +1,4 @@
-"""The HTTP routes: chat completions, completions, models, health and metrics.
+"""The HTTP routes: chat completions, completions, responses, models, health and metrics.
 
 A generation request is checked in full before it is queued (a 400 names the field);
 the worker then prepares and runs it (:mod:`hvd_agents.server.jobs`). The route waits
@@ -24,6 +24,8 @@ from hvd_agents.errors import HVDError
 from hvd_agents.server.disconnect import ClientGone, until_disconnect
 from hvd_agents.server.errors import APIError, api_error_of
 from hvd_agents.server.jobs import ChatJob, CompletionJob, counted
+from hvd_agents.server.responses import plan_response
+from hvd_agents.server.responses_request import ResponsesRequest
 from hvd_agents.server.schema import ChatCompletionRequest, CompletionRequest
 from hvd_agents.server.shaping import (
     ChatChunks,
@@ -134,6 +136,14 @@ async def completions(request: Request, body: CompletionRequest) -> Response:
     env = Envelope("cmpl-", state.config.model_name)
     shaper = CompletionChunks(env, body.include_usage()) if body.stream else None
     return await _generate(request, state, job, env, shaper, text_completion)
+
+
+@guarded.post("/v1/responses")
+async def responses(request: Request, body: ResponsesRequest) -> Response:
+    """OpenAI's Responses API over the same generations (:mod:`hvd_agents.server.responses`)."""
+    state = state_of(request)
+    plan = plan_response(body, state, request.app.state.responses, request.headers.get(SESSION_HEADER))
+    return await _generate(request, state, plan.job, plan.env, plan.shaper, plan.shape)
 
 
 async def _generate(request: Request, state: ServerState, job: ChatJob | CompletionJob, env: Envelope, shaper,

@@ -68,7 +68,7 @@ from hvd_agents.errors import ContextLengthError, InvalidRequestError, RequestTi
 from hvd_agents.policy.cost import CostModel
 from hvd_agents.runtime.loading import LoadedModel, load_model
 from hvd_agents.runtime.runner import Runner
-from hvd_agents.runtime.selection import runner_for
+from hvd_agents.runtime.runner_choice import runner_for
 from hvd_agents.structure import PromptStructure
 
 logger = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ class Engine:
             any; the default) or None (no head).
         runner: the runner the target's forwards go through (a
             :class:`~hvd_agents.runtime.runner.Runner` over ``model``); by default
-            :func:`~hvd_agents.runtime.selection.runner_for` picks it: the native
+            :func:`~hvd_agents.runtime.runner_choice.runner_for` picks it: the native
             CPU runner for GGUF weights, the static graph-captured runner for
             supported models on CUDA, the HF runner otherwise.
         max_batch: concurrent requests decoded together, one forward per step for

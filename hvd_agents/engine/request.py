@@ -2,7 +2,7 @@
 
 A :class:`Request` is one running request: its tokens, KV cache, drafter, detokenizer,
 stop matcher, RNG, deadline and stats. Its step is written once, here, and a scheduler
-(:meth:`Engine.stream <hvd_agents.engine.Engine.stream>` alone, or the
+(:class:`~hvd_agents.engine.serial.SerialScheduler` for one at a time, or the
 :class:`~hvd_agents.engine.batch.Batcher` for many) only decides when each phase runs
 and whose rows share a forward::
 
@@ -380,7 +380,8 @@ class Request:
         stats.record(draft.source, len(draft), verification.num_accepted)
         if stats.step_records is not None:
             stats.step_records.append(VerifyStepRecord(stats.steps - 1, position, draft.source, len(draft),
-                                                 verification.num_accepted, emitted, feature_record(draft.features)))
+                                                       verification.num_accepted, emitted,
+                                                       feature_record(draft.features)))
 
 
 def even_chunks(tokens: list[int], most: int) -> list[list[int]]:

@@ -14,7 +14,7 @@ import torch
 
 from hvd_agents import Engine, GenerationParams
 from hvd_agents.bench.gpu import random_model, run_gpu_benchmark
-from hvd_agents.runtime.selection import runner_for
+from hvd_agents.runtime.runner_choice import runner_for
 from hvd_agents.runtime.static import Buckets, StaticRunner
 from tests.drafters_for_tests import OracleDrafter, ScriptedDrafter, TreeDrafter
 from tests.tiny import make_tiny_llama

@@ -18,7 +18,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from hvd_agents import Engine, GenerationParams
 from hvd_agents.runtime.kv import new_cache
 from hvd_agents.runtime.runner import BatchCall, HFRunner
-from hvd_agents.runtime.selection import runner_for
+from hvd_agents.runtime.runner_choice import runner_for
 from hvd_agents.runtime.static import Buckets, SlotPool, SlotsExhaustedError, StaticRunner, supports
 from hvd_agents.runtime.static.cost import measure_bucket_cost
 from tests.drafters_for_tests import ScriptedDrafter, TreeDrafter

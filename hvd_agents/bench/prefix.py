@@ -111,10 +111,6 @@ class PeerArm:
         self.messages += tool_exchange(turn, reply_text(self.tokenizer, result.token_ids, self.stop_ids))
 
 
-def _fresh_engine(base: Engine, budget: int) -> Engine:
-    return base.sibling(prefix_cache_bytes=budget)
-
-
 def run_prefix_benchmark(
     model: str | None = None, device: str | None = None, turns: int = 6, max_new_tokens: int = 48,
     budget_bytes: int = DEFAULT_PREFIX_CACHE_BYTES, peers: Sequence[str] = (),
@@ -128,7 +124,7 @@ def run_prefix_benchmark(
     check_peers(peers, model)
     base = shared_engine(model, device=device)
     tools = agent_tools()
-    arms = [Arm(name, _fresh_engine(base, budget_bytes if reuse else 0),
+    arms = [Arm(name, base.sibling(prefix_cache_bytes=budget_bytes if reuse else 0),
                 GenerationParams(max_new_tokens=max_new_tokens, method=method), first_messages())
             for name, method, reuse in ARMS]
     warm_ids = base.tokenizer("warm up the kernels").input_ids
@@ -218,7 +214,7 @@ def run_memory_benchmark(
     A conversation grows by one user message and a 4-token reply per turn and starts
     over once its prompt passes ``session_tokens``.
     """
-    engine = _fresh_engine(shared_engine(model, device=device), budget_bytes)
+    engine = shared_engine(model, device=device).sibling(prefix_cache_bytes=budget_bytes)
     tools = agent_tools()[:2]
     conversations: dict[int, list[dict]] = {}
     worst, reused, prompt_total = 0, 0, 0

@@ -4,7 +4,7 @@ from hvd_agents.engine.engine import Engine, GenerationResult
 from hvd_agents.engine.params import GenerationParams
 from hvd_agents.engine.prefix_cache import PrefixCache, PrefixCacheStats, PrefixMatch
 from hvd_agents.engine.sampling import SamplingParams
-from hvd_agents.engine.stats import RequestStats, SourceStats, StepRecord, TokenEvent
+from hvd_agents.engine.stats import RequestStats, SourceStats, StepRecord, TokenEvent, VerifyStepRecord
 
 __all__ = [
     "Engine",
@@ -18,4 +18,5 @@ __all__ = [
     "SourceStats",
     "StepRecord",
     "TokenEvent",
+    "VerifyStepRecord",
 ]

@@ -8,8 +8,13 @@ Contract:
 * The engine sees token ids only. Chat templates and tool-call formats live above
   it (:mod:`hvd_agents.chat.template`); a tokenizer, when given, is used only to turn the
   output into text incrementally and to match stop strings.
-* Each step (written once, in :mod:`hvd_agents.engine.request`, for this loop and the
-  batcher alike): the method's drafter proposes a draft (possibly empty), the target
+* An engine is built over a :class:`~hvd_agents.runtime.target.Target`: the model, the
+  runner its forwards go through, its tokenizer and EOS ids (``Engine(model, ...)`` makes
+  one; :meth:`Engine.sibling` is a second engine over the same target with one call).
+  Its drafters are a :class:`~hvd_agents.engine.drafter_set.DrafterSet`.
+* Each step (written once, in :mod:`hvd_agents.engine.request`, for both schedulers:
+  :mod:`hvd_agents.engine.serial` one request at a time, :mod:`hvd_agents.engine.batch`
+  many in one forward): the method's drafter proposes a draft (possibly empty), the target
   verifies ``[last token] + draft`` in ONE forward pass, the accepted prefix plus one
   target token are emitted, and the KV cache is truncated to what was accepted.
   A tree draft (alternative continuations, ``Draft.parents``) is verified the same
@@ -35,7 +40,7 @@ Contract:
   model for them only then.
 * The target runs behind a :class:`~hvd_agents.runtime.runner.Runner` (its forward,
   its KV cache, rollback, tree compaction, prefix export/import, its cost profile);
-  the loop here never calls the model or touches KV layers itself.
+  the engine never calls the model or touches KV layers itself.
 """
 
 from __future__ import annotations
@@ -43,32 +48,26 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from hvd_agents.draft_head import DraftHead, load_head, shipped_head_for
-from hvd_agents.drafters import (
-    CacheStore,
-    Drafter,
-    DrafterResources,
-    DraftHeadDrafter,
-    DraftModelDrafter,
-    create_drafter,
-)
+from hvd_agents.draft_head import DraftHead
+from hvd_agents.drafters import CacheStore, Drafter
 from hvd_agents.engine.batch import Batcher
+from hvd_agents.engine.drafter_set import DrafterSet
 from hvd_agents.engine.params import GenerationParams
 from hvd_agents.engine.prefix_cache import PrefixCache
 from hvd_agents.engine.request import DEFAULT_PREFILL_CHUNK, Request, RequestHost
+from hvd_agents.engine.serial import SerialScheduler
 from hvd_agents.engine.stats import RequestStats, TokenEvent
-from hvd_agents.errors import ContextLengthError, InvalidRequestError, RequestTimeoutError
+from hvd_agents.errors import ContextLengthError, InvalidRequestError
 from hvd_agents.policy.cost import CostModel
 from hvd_agents.runtime.loading import LoadedModel, load_model
 from hvd_agents.runtime.runner import Runner
-from hvd_agents.runtime.selection import runner_for
+from hvd_agents.runtime.target import Target
 from hvd_agents.structure import PromptStructure
 
 logger = logging.getLogger(__name__)
@@ -89,10 +88,13 @@ class GenerationResult:
 
 
 class Engine:
-    """Speculative decoding over one HuggingFace causal LM.
+    """Speculative decoding over one target model.
 
     Args:
-        model: the target model (any ``AutoModelForCausalLM``), in eval mode.
+        model: the target model (any ``AutoModelForCausalLM``), in eval mode; or a
+            :class:`~hvd_agents.runtime.target.Target` (model, runner, tokenizer, EOS ids),
+            taken as it is: then ``tokenizer``, ``eos_token_ids``, ``context_window``,
+            ``cost_model`` and ``runner`` are left out.
         tokenizer: its tokenizer; optional (without it events carry no text and
             stop strings are refused).
         eos_token_ids: ids that end generation by default; defaults to the
@@ -114,12 +116,12 @@ class Engine:
             any; the default) or None (no head).
         runner: the runner the target's forwards go through (a
             :class:`~hvd_agents.runtime.runner.Runner` over ``model``); by default
-            :func:`~hvd_agents.runtime.selection.runner_for` picks it: the native
+            :func:`~hvd_agents.runtime.runner_choice.runner_for` picks it: the native
             CPU runner for GGUF weights, the static graph-captured runner for
             supported models on CUDA, the HF runner otherwise.
         max_batch: concurrent requests decoded together, one forward per step for
             all of them (:mod:`hvd_agents.engine.batch`); 1 (the default) serialises
-            requests.
+            requests (:mod:`hvd_agents.engine.serial`).
         max_queue: with ``max_batch > 1``, the most requests that may wait for a
             place in the batch; one more raises :class:`~hvd_agents.errors.QueueFullError`.
             None (the default): no bound.
@@ -127,6 +129,18 @@ class Engine:
             longer prompt is prefilled in chunks (the same ones alone or batched),
             and a batching engine runs one chunk between its steps, so a long
             prompt joining the batch does not stall the requests decoding in it.
+
+    Attributes:
+        target: the :class:`~hvd_agents.runtime.target.Target`; ``model``, ``runner``,
+            ``tokenizer`` and ``eos_token_ids`` are its parts, ``device``, ``vocab_size`` and
+            ``context_window`` its runner's.
+        cache_store: the cache drafters' cross-request store.
+        prefix_cache: the prefix KV cache.
+        drafters: the engine's :class:`~hvd_agents.engine.drafter_set.DrafterSet`.
+
+    Raises:
+        InvalidRequestError: a bad ``prefill_chunk``, ``max_batch`` or ``max_queue``, a
+            draft model with another vocabulary, or target parts given twice.
 
     Example (loads the embedded SmolLM2-135M)::
 
@@ -136,7 +150,7 @@ class Engine:
 
     def __init__(
         self,
-        model: PreTrainedModel,
+        model: PreTrainedModel | Target,
         tokenizer: PreTrainedTokenizerBase | None = None,
         *,
         eos_token_ids: Sequence[int] | None = None,
@@ -153,35 +167,22 @@ class Engine:
     ) -> None:
         if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
             raise InvalidRequestError(f"prefill_chunk must be an int >= 1, got {prefill_chunk!r}")
+        target = _target(model, tokenizer, eos_token_ids=eos_token_ids, context_window=context_window,
+                         cost_model=cost_model, runner=runner)
+        self.target = target
+        self.model, self.runner, self.tokenizer = target.model, target.runner, target.tokenizer
+        self.eos_token_ids = target.eos_token_ids
+        self.device, self.vocab_size, self.context_window = (self.runner.device, self.runner.vocab_size,
+                                                             self.runner.context_window)
         self.prefill_chunk = prefill_chunk
-        self.model = model
-        self.runner: Runner = runner if runner is not None else runner_for(
-            model, context_window=context_window, cost_model=cost_model)
-        self.tokenizer = tokenizer
-        self.device = self.runner.device
-        self.vocab_size = self.runner.vocab_size
-        self.context_window = self.runner.context_window
-        self.eos_token_ids = tuple(eos_token_ids) if eos_token_ids is not None else _default_eos(model, tokenizer)
         self.cache_store = cache_store if cache_store is not None else CacheStore()
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
-        self._drafters: dict[str, Drafter] = {}
-        self._lock = threading.Lock()
-        self._added: set[str] = set()  # methods whose drafter a caller added (shared by batched requests)
+        self._lock = threading.Lock()  # held while a request runs alone, or while the batcher steps
         self._batcher = (Batcher(self.runner, self._lock, self.cost_model, max_batch, max_queue=max_queue,
                                  prefill_chunk=prefill_chunk) if max_batch > 1 else None)
-        self.draft_model = draft_model
-        self._draft_head = draft_head
-        if draft_model is not None:
-            draft_vocab = draft_model.get_output_embeddings().weight.shape[0]
-            if abs(draft_vocab - self.vocab_size) > 1024:  # padded embeddings differ a little; tokenizers don't
-                raise InvalidRequestError(
-                    f"the draft model's vocabulary ({draft_vocab}) does not match the target's ({self.vocab_size}): "
-                    "a draft model must share the target's tokenizer"
-                )
-        if isinstance(draft_head, (str, Path)) and draft_head != "auto":
-            self._draft_head = load_head(draft_head, model)
-        elif isinstance(draft_head, DraftHead) and draft_head.embed is None:
-            draft_head.attach(model)
+        self._scheduler = self._batcher if self._batcher is not None else SerialScheduler(self._lock)
+        self.drafters = DrafterSet(self.model, self.vocab_size, self.cache_store, self.cost_model,
+                                   draft_model=draft_model, draft_head=draft_head)
 
     @classmethod
     def load(
@@ -209,28 +210,41 @@ class Engine:
                                draft_head=draft_head, max_batch=max_batch, max_queue=max_queue)
 
     @classmethod
-    def from_loaded(cls, loaded: LoadedModel, **options) -> Engine:
+    def from_loaded(cls, loaded: LoadedModel, *, cost_model: CostModel | None = None, runner: Runner | None = None,
+                    **options) -> Engine:
         """A new engine over a loaded target (its model, tokenizer, EOS ids and context window).
 
         Args:
             loaded: what :func:`~hvd_agents.runtime.loading.load_model` returned.
-            **options: the constructor's keyword arguments (``prefix_cache_bytes``,
+            cost_model: the target's cost profile, when known.
+            runner: the runner to use (default: the one chosen for the loaded model).
+            **options: the constructor's other keyword arguments (``prefix_cache_bytes``,
                 ``draft_head``, ``max_batch``, ...).
         """
-        return cls(loaded.model, loaded.tokenizer, eos_token_ids=loaded.eos_token_ids,
-                   context_window=loaded.context_window, **options)
+        return cls(Target.from_loaded(loaded, cost_model=cost_model, runner=runner), **options)
 
-    def sibling(self, **options) -> Engine:
+    @classmethod
+    def from_target(cls, target: Target, **options) -> Engine:
+        """A new engine over ``target`` (its runner used as it is).
+
+        Args:
+            target: the model, runner, tokenizer and EOS ids.
+            **options: the constructor's keyword arguments other than the target's parts
+                (``cache_store``, ``prefix_cache_bytes``, ``draft_model``, ``draft_head``,
+                ``max_batch``, ``max_queue``, ``prefill_chunk``).
+        """
+        return cls(target, **options)
+
+    def sibling(self, *, cost_model: CostModel | None = None, **options) -> Engine:
         """A new engine over this engine's target: the same model, tokenizer, EOS ids, context window and
         measured cost profile; its own runner, empty cache store and prefix cache, no drafters added.
 
         Args:
+            cost_model: the new runner's cost profile (default: this engine's).
             **options: the constructor's keyword arguments for the new engine (``prefix_cache_bytes``,
-                ``draft_model``, ``draft_head``, ``max_batch``, ...; ``cost_model`` defaults to this engine's).
+                ``draft_model``, ``draft_head``, ``max_batch``, ...).
         """
-        options.setdefault("cost_model", self.cost_model())
-        return Engine(self.model, self.tokenizer, eos_token_ids=self.eos_token_ids,
-                      context_window=self.context_window, **options)
+        return Engine(self.target.sibling(cost_model), **options)
 
     @property
     def batcher(self) -> Batcher | None:
@@ -241,25 +255,25 @@ class Engine:
         """The target's verification cost profile (measured once per model and machine, then cached)."""
         return self.runner.profile()
 
+    # ---- drafters ----
+
+    @property
+    def draft_model(self) -> PreTrainedModel | None:
+        """The draft model the model drafter runs, or None."""
+        return self.drafters.draft_model
+
     @property
     def draft_head(self) -> DraftHead | None:
         """The draft head (the one shipped for this target when ``draft_head="auto"``), or None."""
-        if isinstance(self._draft_head, str):  # "auto", resolved on first use
-            self._draft_head = shipped_head_for(self.model)
-        return self._draft_head
+        return self.drafters.draft_head
 
     def model_drafter(self) -> Drafter | None:
         """A fresh model drafter: over ``draft_model`` when given, else over the draft head; None without either."""
-        if self.draft_model is not None:
-            return DraftModelDrafter(self.draft_model, self.vocab_size)
-        head = self.draft_head
-        return DraftHeadDrafter(head) if head is not None else None
+        return self.drafters.model_drafter()
 
     def drafter(self, method: str) -> Drafter:
         """The engine's drafter for ``method`` (created once, kept across requests)."""
-        if method not in self._drafters:
-            self._drafters[method] = create_drafter(method, self._drafter_resources())
-        return self._drafters[method]
+        return self.drafters.get(method)
 
     def add_drafter(self, method: str, drafter: Drafter) -> None:
         """Make ``drafter`` available as ``GenerationParams(method=method)`` on this engine.
@@ -267,10 +281,9 @@ class Engine:
         Raises:
             InvalidRequestError: ``drafter`` does not implement the Drafter protocol.
         """
-        if not isinstance(drafter, Drafter):
-            raise InvalidRequestError(f"{type(drafter).__name__} does not implement the Drafter protocol")
-        self._drafters[method] = drafter
-        self._added.add(method)
+        self.drafters.add(method, drafter)
+
+    # ---- requests ----
 
     def generate(
         self,
@@ -317,39 +330,10 @@ class Engine:
         """
         params = params or GenerationParams()
         prompt_ids = self._check_prompt(prompt_ids, params)
-        drafter = self.drafter(params.method)
-        if self._batcher is not None and params.method not in self._added:
-            drafter = create_drafter(params.method, self._drafter_resources())  # a batched request's own
+        drafter = self.drafters.for_request(params.method, batched=self._batcher is not None)
         host = RequestHost(self.runner, self.prefix_cache, self.prefill_chunk, self.tokenizer, self.eos_token_ids)
         req = Request(host, prompt_ids, params, req_id or f"req-{next(_request_counter)}", drafter, structure)
-        if self._batcher is not None:
-            return self._batcher.submit(req)
-        return self._locked_run(req)
-
-    def _drafter_resources(self) -> DrafterResources:
-        return DrafterResources(self.cache_store, self.cost_model, self.model_drafter)
-
-    def _locked_run(self, req: Request) -> Iterator[TokenEvent]:
-        """Run ``req`` alone under the engine's lock; its end (finished, failed or closed) is handled here."""
-        left = req.remaining_s()
-        if (left is not None and left <= 0) or not self._lock.acquire(timeout=-1 if left is None else left):
-            raise req.timed_out("waiting for the engine")
-        try:
-            req.start()
-            between_steps = False  # True when the cache is consistent: finished, or closed at a yield
-            try:
-                yield from self._run(req)
-                between_steps = True
-            except GeneratorExit:
-                between_steps = True
-                raise
-            except RequestTimeoutError:
-                between_steps = True  # raised between steps
-                raise
-            finally:
-                req.end(consistent=between_steps)
-        finally:
-            self._lock.release()
+        return self._scheduler.submit(req)
 
     def _check_prompt(self, prompt_ids: Sequence[int], params: GenerationParams) -> list[int]:
         ids = [int(t) for t in prompt_ids]
@@ -367,26 +351,13 @@ class Engine:
             raise InvalidRequestError("stop strings need a tokenizer; this engine was built without one")
         return ids
 
-    @staticmethod
-    def _run(req: Request) -> Iterator[TokenEvent]:
-        """The one-request scheduler: prefill, then one step per forward (:mod:`hvd_agents.engine.request`)."""
-        req.prefill()
-        finish: str | None = None
-        while finish is None:
-            req.check_deadline("while decoding")
-            draft = req.propose()
-            verify_start = time.perf_counter()
-            verification = req.verify(draft)
-            event = req.finish_step(draft, verification, time.perf_counter() - verify_start)
-            finish = event.finish_reason
-            yield event
 
-
-def _default_eos(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None) -> tuple[int, ...]:
-    ids: set[int] = set()
-    eos = getattr(model.generation_config, "eos_token_id", None)
-    if eos is not None:
-        ids.update([eos] if isinstance(eos, int) else eos)
-    if tokenizer is not None and tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return tuple(sorted(ids))
+def _target(model: PreTrainedModel | Target, tokenizer: PreTrainedTokenizerBase | None, **parts) -> Target:
+    """``model`` when it is a :class:`Target` (then no other part may be given), else the target made of the parts."""
+    if not isinstance(model, Target):
+        return Target.of(model, tokenizer, **parts)
+    given = sorted(name for name, value in {"tokenizer": tokenizer, **parts}.items() if value is not None)
+    if given:
+        raise InvalidRequestError(f"an engine over a Target takes its {', '.join(given)} from the target; "
+                                  "make the Target with them instead")
+    return model

@@ -39,7 +39,7 @@ class GenerationParams:
         num_draft_tokens: the most draft tokens verified per step (K); None means
             the method's default (:data:`METHOD_DRAFT_TOKENS`, else
             :data:`DEFAULT_DRAFT_TOKENS`).
-        record_steps: keep a :class:`~hvd_agents.engine.stats.StepRecord` per step.
+        record_steps: keep a :class:`~hvd_agents.engine.stats.VerifyStepRecord` per step.
         reuse_prefix: start from the KV of the longest prompt prefix an earlier
             request computed, and keep this request's KV for later ones (when the
             engine's prefix cache is enabled); False prefills the whole prompt.

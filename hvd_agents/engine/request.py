@@ -2,7 +2,7 @@
 
 A :class:`Request` is one running request: its tokens, KV cache, drafter, detokenizer,
 stop matcher, RNG, deadline and stats. Its step is written once, here, and a scheduler
-(:meth:`Engine.stream <hvd_agents.engine.Engine.stream>` alone, or the
+(:class:`~hvd_agents.engine.serial.SerialScheduler` for one at a time, or the
 :class:`~hvd_agents.engine.batch.Batcher` for many) only decides when each phase runs
 and whose rows share a forward::
 
@@ -35,7 +35,7 @@ from hvd_agents.engine.detok import IncrementalDetokenizer
 from hvd_agents.engine.params import GenerationParams
 from hvd_agents.engine.prefix_cache import PrefixCache, PrefixMatch
 from hvd_agents.engine.sampling import SamplingParams
-from hvd_agents.engine.stats import RequestStats, StepRecord, TokenEvent
+from hvd_agents.engine.stats import RequestStats, TokenEvent, VerifyStepRecord
 from hvd_agents.engine.stops import StopStringMatcher
 from hvd_agents.engine.verify import Verification, verify_step
 from hvd_agents.errors import RequestTimeoutError
@@ -379,8 +379,9 @@ class Request:
         stats.new_tokens = self.num_output
         stats.record(draft.source, len(draft), verification.num_accepted)
         if stats.step_records is not None:
-            stats.step_records.append(StepRecord(stats.steps - 1, position, draft.source, len(draft),
-                                                 verification.num_accepted, emitted, feature_record(draft.features)))
+            stats.step_records.append(VerifyStepRecord(stats.steps - 1, position, draft.source, len(draft),
+                                                       verification.num_accepted, emitted,
+                                                       feature_record(draft.features)))
 
 
 def even_chunks(tokens: list[int], most: int) -> list[list[int]]:

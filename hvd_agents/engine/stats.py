@@ -16,7 +16,7 @@ class SourceStats:
 
 
 @dataclass(frozen=True)
-class StepRecord:
+class VerifyStepRecord:
     """One verification step, kept when the request asks for step records.
 
     Attributes:
@@ -38,6 +38,9 @@ class StepRecord:
     accepted: int
     emitted: int
     features: dict[str, float]
+
+
+StepRecord = VerifyStepRecord  # the earlier name, kept for existing imports
 
 
 @dataclass
@@ -64,7 +67,7 @@ class RequestStats:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     per_source: dict[str, SourceStats] = field(default_factory=dict)
-    step_records: list[StepRecord] | None = None
+    step_records: list[VerifyStepRecord] | None = None
 
     @property
     def tokens_per_step(self) -> float:

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 import torch
 
 from hvd_agents.engine.sampling import SamplingParams, target_probs
-from hvd_agents.runtime.tree import ancestors
+from hvd_agents.runtime.tree_mask import ancestors
 
 _HEADER = 3  # n, logp, entropy; then d + 1 emitted tokens and d path entries
 

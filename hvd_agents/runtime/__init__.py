@@ -11,6 +11,9 @@
   native CPU forward over quantized weights (a GGUF file's own blocks, or int8/int4), the
   runner the engine uses for GGUF models on a CPU.
 * :mod:`.profile`: measuring the verification cost profile of a model on this machine.
+* :mod:`.runner_choice`: which runner a model gets; :mod:`.target`: the
+  :class:`~.target.Target` (model, runner, tokenizer, EOS ids) an engine is built over.
+* :mod:`.tree_mask`: tree drafts' ancestors, depths and attention masks as device tensors.
 
 Imports only :mod:`hvd_agents.errors`, :mod:`hvd_agents.structure` and :mod:`hvd_agents.policy`.
 """

@@ -8,7 +8,7 @@ tensor, so the same call can be captured once per shape as a CUDA graph
 
 * the rows' positions, their KV write positions and the attention mask are built on
   the device from the draft's ``parents`` and the cached length ``past`` (a one-element
-  tensor) with :mod:`hvd_agents.runtime.tree`; padding rows hang off the root, write
+  tensor) with :mod:`hvd_agents.runtime.tree_mask`; padding rows hang off the root, write
   after the real rows and are never visible to them;
 * attention reads each KV head once for its whole group of query heads (the queries of
   a group are stacked as rows of one matrix product), instead of expanding the cache to
@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from hvd_agents.runtime.tree import ancestors, tree_positions, tree_visibility
+from hvd_agents.runtime.tree_mask import ancestors, tree_positions, tree_visibility
 
 SUPPORTED_TYPES = frozenset({"llama", "mistral", "qwen2"})
 

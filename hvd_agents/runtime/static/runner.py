@@ -19,7 +19,7 @@ only synchronisation of a step is the copy of its small verification result.
 On the CPU the same forwards run eagerly (no graphs): that is how the tests check it,
 and how the single-bucket mode (``buckets=Buckets.single(rows, capacity)``) proves
 speculative output equal to plain decoding bit for bit. The engine picks this runner for
-supported models on CUDA (:func:`hvd_agents.runtime.selection.runner_for`).
+supported models on CUDA (:func:`hvd_agents.runtime.runner_choice.runner_for`).
 """
 
 from __future__ import annotations

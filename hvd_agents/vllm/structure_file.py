@@ -32,6 +32,7 @@ import os
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -39,6 +40,29 @@ from hvd_agents.structure import PromptStructure, SpanKind, TypedSpan
 
 logger = logging.getLogger(__name__)
 REMEMBERED_PROMPTS = 4096  # prompt structures kept for typing requests, the most recent first
+
+
+def structure_to_json(structure: PromptStructure) -> dict[str, Any]:
+    """One line of the structure file, as a JSON-ready dict (see the module docstring)."""
+    return {
+        "session_id": structure.session_id,
+        "prompt_ids": list(structure.prompt_ids),
+        "spans": [[span.start, span.end, span.kind.value] for span in structure.spans],
+        "extra": [[list(ids), kind.value] for ids, kind in structure.extra],
+    }
+
+
+def structure_from_json(data: dict[str, Any]) -> PromptStructure:
+    """The structure a line holds.
+
+    Raises:
+        KeyError, TypeError, ValueError: the line is not one :func:`structure_to_json` writes.
+    """
+    prompt = tuple(int(t) for t in data["prompt_ids"])
+    spans = tuple(TypedSpan(int(s), int(e), SpanKind(k)) for s, e, k in data["spans"])
+    extra = tuple((tuple(int(t) for t in ids), SpanKind(k)) for ids, k in data["extra"])
+    session = data.get("session_id")
+    return PromptStructure(prompt, spans, None if session is None else str(session), extra)
 
 
 def digest(prompt_ids: Sequence[int] | np.ndarray) -> str:
@@ -67,12 +91,7 @@ class StructureFile:
         Raises:
             OSError: the file cannot be written.
         """
-        line = json.dumps({
-            "session_id": structure.session_id,
-            "prompt_ids": list(structure.prompt_ids),
-            "spans": [[span.start, span.end, span.kind.value] for span in structure.spans],
-            "extra": [[list(ids), kind.value] for ids, kind in structure.extra],
-        })
+        line = json.dumps(structure_to_json(structure))
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, (line + "\n").encode())
@@ -112,8 +131,9 @@ class StructureFeed:
             structure = self._parse(line, number)
             if structure is not None:
                 out.append(structure)
-                self.prompts[digest(structure.prompt_ids)] = structure
-                self.prompts.move_to_end(digest(structure.prompt_ids))
+                key = digest(structure.prompt_ids)
+                self.prompts[key] = structure
+                self.prompts.move_to_end(key)
         while len(self.prompts) > REMEMBERED_PROMPTS:
             self.prompts.popitem(last=False)
         return out
@@ -124,12 +144,7 @@ class StructureFeed:
 
     def _parse(self, line: bytes, number: int) -> PromptStructure | None:
         try:
-            data = json.loads(line)
-            prompt = tuple(int(t) for t in data["prompt_ids"])
-            spans = tuple(TypedSpan(int(s), int(e), SpanKind(k)) for s, e, k in data["spans"])
-            extra = tuple((tuple(int(t) for t in ids), SpanKind(k)) for ids, k in data["extra"])
-            session = data.get("session_id")
-            return PromptStructure(prompt, spans, None if session is None else str(session), extra)
+            return structure_from_json(json.loads(line))
         except (ValueError, KeyError, TypeError) as exc:
             logger.warning("%s: skipping unreadable structure line %d of those read this time: %s",
                            self.path, number, exc)

@@ -226,3 +226,19 @@ def test_the_core_never_imports_vllm() -> None:
                                             path.name == "__init__.py")
              if target == "vllm" or target.startswith("vllm.")]
     assert found == []
+
+
+def test_an_unregistered_prompt_goes_to_the_store_when_its_sequence_leaves() -> None:
+    # while the request runs its prompt is in its own context only (not twice, through the store);
+    # once it has left, a later request with another prompt copies from it
+    proposer = _proposer(cost=0.0)
+    batch = FakeBatch(proposer.propose, K)
+    batch.add(FakeRequest("one", [1, 2, 3, *SPAN], [5, 6, 7]))
+    batch.step()
+    assert len(proposer.store) == 0
+    while batch.rows:
+        batch.step()
+    batch.step()  # the call after it left releases it
+    assert len(proposer.store) > 0
+    batch.run([FakeRequest("two", [9, 8, *SPAN[:2]], [*SPAN[2:], 4])])
+    assert proposer.stats.accepted >= len(SPAN) - 4

@@ -55,7 +55,7 @@ from hvd_agents.drafters.cache.store import CacheStore
 from hvd_agents.drafters.cache.suffix import SuffixDrafter
 from hvd_agents.drafters.hybrid.drafter import HybridDrafter
 from hvd_agents.errors import InvalidRequestError
-from hvd_agents.policy.cost import request_cost
+from hvd_agents.policy.cost import CostModel, request_cost
 from hvd_agents.structure import SpanKind
 from hvd_agents.vllm.sequences import RowMatch, SequenceTable
 from hvd_agents.vllm.settings import ProposerSettings
@@ -111,6 +111,7 @@ class HVDProposer:
         path = self.settings.structure_file
         self.feed = StructureFeed(path) if path is not None else None
         self.stats = ProposerStats()
+        self.unregistered: dict[str, list[int]] = {}  # prompts no client registered, filed in the store on release
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """Nothing to load (vLLM calls this on every proposer)."""
@@ -141,7 +142,7 @@ class HVDProposer:
             rows.append((i, token_ids_cpu[i, :n], len(sampled)))
         matches, released = self.sequences.match(rows)
         for tracked in released:
-            self.drafter.stop(tracked.seq_id)
+            self._release(tracked.seq_id)
         step_cost = request_cost(self.settings.cost, len(matches))[0] if len(matches) > 1 else None
         drafts: list[list[int]] = [[] for _ in sampled_token_ids]
         for match, (row, tokens, _) in zip(matches, rows):
@@ -169,9 +170,17 @@ class HVDProposer:
         structure = self.feed.structure_of(prompt) if self.feed is not None else None
         prompt_ids = prompt.tolist()
         self.drafter.start(match.tracked.seq_id, prompt_ids, structure)
-        if structure is None and len(prompt_ids) >= 2:
-            self.store.add(prompt_ids, SpanKind.PROMPT)  # later requests may copy from it (agents resend it)
+        if structure is None:
+            self.unregistered[match.tracked.seq_id] = prompt_ids
         self.stats.started += 1
+
+    def _release(self, seq_id: str) -> None:
+        """A sequence left the batch: its output (by the drafter) and, when no client registered its
+        prompt, the prompt as one span go into the store for later requests (agents resend much of it)."""
+        self.drafter.stop(seq_id)
+        prompt = self.unregistered.pop(seq_id, None)
+        if prompt is not None and 2 <= len(prompt) <= self.store.token_budget:
+            self.store.add(prompt, SpanKind.PROMPT)
 
     def _observe(self, match: RowMatch, sampled: tuple[int, ...]) -> None:
         """Settle the sequence's previous draft with this step's tokens."""
@@ -186,7 +195,7 @@ class HVDProposer:
         self.stats.accepted += accepted
         self.drafter.observe(Outcome(match.tracked.seq_id, draft, accepted, sampled))
 
-    def _draft(self, match: RowMatch, tokens: np.ndarray, step_cost: Any) -> Draft:
+    def _draft(self, match: RowMatch, tokens: np.ndarray, step_cost: CostModel | None) -> Draft:
         room = min(self.k, self.max_model_len - len(tokens) - 1)
         if room <= 0:
             return Draft()  # at the length limit: vLLM has no room to verify a draft

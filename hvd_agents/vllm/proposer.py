@@ -199,7 +199,9 @@ class HVDProposer:
         room = min(self.k, self.max_model_len - len(tokens) - 1)
         if room <= 0:
             return Draft()  # at the length limit: vLLM has no room to verify a draft
-        context = DraftContext(match.tracked.seq_id, tokens.tolist(), match.tracked.prompt_len, step_cost=step_cost)
+        # the row's tokens as they are (a view of vLLM's buffer, read during this call only): the suffix
+        # drafter reads the last few dozen, so copying the whole context would cost O(context) per row
+        context = DraftContext(match.tracked.seq_id, tokens, match.tracked.prompt_len, step_cost=step_cost)
         draft = self.drafter.propose(context, room)
         self.stats.drafted += len(draft)
         return draft

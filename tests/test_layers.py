@@ -47,7 +47,7 @@ ROOT = PACKAGE.parent
 INTEGRATION_SOURCES = (ROOT / "integrations" / "langchain-hvd" / "langchain_hvd",
                        ROOT / "integrations" / "llama-index-llms-hvd" / "llama_index")
 # the partner packages under integrations/, and the agent frameworks they adapt to
-INTEGRATIONS = ("langchain_hvd", "llama_index", "langchain", "langchain_core")
+INTEGRATIONS = ("langchain_hvd", "llama_index", "langchain", "langchain_core", "vllm")
 # Private names of third-party objects read because their libraries offer no public equivalent.
 THIRD_PARTY_PRIVATE = {
     "_attn_implementation": "transformers' config names its attention backend only so",

@@ -189,7 +189,7 @@ def cached_cost_model(model: torch.nn.Module, directory: Path | None = None, *, 
         directory = cache_root() / "cost-profiles"
     try:
         path = directory / f"{key or profile_key(model)}.json"
-    except Exception as exc:  # as for a failed measurement below
+    except Exception as exc:  # noqa: BLE001 - as for a failed measurement below
         return _default(exc)
     try:
         return CostModel.from_dict(json.loads(path.read_text(encoding="utf-8")))
@@ -199,7 +199,7 @@ def cached_cost_model(model: torch.nn.Module, directory: Path | None = None, *, 
         logger.warning("cost profile %s is unreadable (%s); measuring again", path, exc)
     try:
         profile = _measure(model, measure)
-    except Exception as exc:  # a profile is an optimisation: failing to measure one must never fail a load
+    except Exception as exc:  # noqa: BLE001 - a profile only tunes drafting: it must never fail a load
         return _default(exc)
     if profile is None:
         logger.warning("no plausible cost profile after %d attempts; using c=%s, not cached",

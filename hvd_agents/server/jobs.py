@@ -27,6 +27,7 @@ from hvd_agents.chat.conversation import check_fits
 from hvd_agents.chat.delta_stream import ReplyDelta, stream_reply_deltas
 from hvd_agents.chat.request import ChatSettings, ReplySummary, build_chat_request
 from hvd_agents.engine import Engine, GenerationParams
+from hvd_agents.runtime.chat_template import plain_prompt_ids
 from hvd_agents.server.metrics import ServerMetrics
 
 Job = Callable[[threading.Event], Generator[ReplyDelta, None, None]]
@@ -81,7 +82,7 @@ class CompletionJob:
         """
         params = self.settings.to_params(self.stop)
         if isinstance(self.prompt, str):
-            ids = self.engine.tokenizer(self.prompt, add_special_tokens=False).input_ids if self.engine.tokenizer else []
+            ids = plain_prompt_ids(self.engine.tokenizer, self.prompt) if self.engine.tokenizer else []
         else:
             ids = list(self.prompt)
         check_fits(self.engine, ids)

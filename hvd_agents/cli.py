@@ -42,6 +42,9 @@ from hvd_agents.runtime.progress import set_quiet
 
 logger = logging.getLogger(__name__)
 
+CHAT_TEMPLATE_HELP = ("a chat template (Jinja, as in a tokenizer_config.json) to render chats with, instead of "
+                      "the model's own (a GGUF file's tokenizer.chat_template); a model without one takes only "
+                      "plain completions")
 QUIET_HELP = "no progress lines on stderr (kernel builds, cost-profile measurement, model loading)"
 
 
@@ -87,12 +90,19 @@ def _params(args: argparse.Namespace) -> GenerationParams:
 def cmd_generate(args: argparse.Namespace) -> int:
     from hvd_agents.chat.conversation import prepare
     from hvd_agents.engine.shared import shared_engine
+    from hvd_agents.runtime.chat_template import has_chat_template, plain_prompt_ids, set_chat_template
 
     params = _params(args)  # validate before loading the model
     tools = _read_tools(args.tools) if args.tools else None
+    template = _read_template(args.chat_template)
     engine = shared_engine(args.model, device=args.device, draft_model=args.draft_model)
-    if args.raw:
-        result = engine.generate(engine.tokenizer(args.prompt, add_special_tokens=False).input_ids, params)
+    if template is not None:
+        set_chat_template(engine.tokenizer, template)
+    raw = args.raw or not has_chat_template(engine.tokenizer)
+    if raw and not args.raw:
+        _say_plain_completion(args)
+    if raw:
+        result = engine.generate(plain_prompt_ids(engine.tokenizer, args.prompt), params)
     else:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
             {"role": "user", "content": args.prompt}
@@ -112,6 +122,22 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print("---")
         print(result.stats.summary())
     return 0
+
+
+def _read_template(path: str | None) -> str | None:
+    from hvd_agents.runtime.chat_template import read_chat_template
+
+    return None if path is None else read_chat_template(path)
+
+
+def _say_plain_completion(args: argparse.Namespace) -> None:
+    """``generate`` on a model without a chat template: say that the prompt is continued as plain text
+    (on stderr), or refuse what only a chat can carry."""
+    if args.system or args.tools:
+        raise HVDError("the model has no chat template, so --system and --tools cannot be given to it: "
+                       "pass --chat-template FILE, or only --prompt to continue it as plain text")
+    print("note: the model has no chat template: --prompt is continued as plain text, not as a chat "
+          "(--chat-template FILE gives it one)", file=sys.stderr)
 
 
 def _read_tools(path: str) -> list[dict]:
@@ -260,6 +286,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.request_timeout is not None and not 0 < args.request_timeout < float("inf"):
         raise HVDError(f"--request-timeout must be a number of seconds > 0, got {args.request_timeout}")
     config = ServerConfig(
+        chat_template=_read_template(args.chat_template),
         model=args.model, device=args.device, draft_model=args.draft_model, served_model_name=args.served_model_name,
         method=args.method, host=args.host, port=args.port, api_key=args.api_key or os.environ.get("HVD_API_KEY"),
         max_pending=args.max_pending, max_body_bytes=int(args.max_body_mb * 2**20), max_batch=args.max_batch,
@@ -291,6 +318,7 @@ def _add_server_parsers(sub: argparse._SubParsersAction) -> None:
     srv.add_argument("--model", default=None, help="hub id, local path or .gguf file (default: embedded SmolLM2)")
     srv.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     srv.add_argument("--draft-model", default=None, help="a smaller model with the same tokenizer that drafts")
+    srv.add_argument("--chat-template", default=None, metavar="FILE", help=CHAT_TEMPLATE_HELP)
     srv.add_argument("--served-model-name", default=None, help="the model id clients send (default: --model's)")
     srv.add_argument("--method", default="hvd", choices=available_methods(),
                      help="decoding method when a request names none")
@@ -357,6 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--system", default=None, help="system prompt")
     gen.add_argument("--tools", default=None, help="JSON file with a list of OpenAI-style tool schemas")
     gen.add_argument("--raw", action="store_true", help="feed --prompt as raw text, no chat template")
+    gen.add_argument("--chat-template", default=None, metavar="FILE", help=CHAT_TEMPLATE_HELP)
     gen.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
     _add_generation_args(gen)
     gen.set_defaults(func=cmd_generate)

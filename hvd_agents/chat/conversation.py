@@ -20,6 +20,7 @@ from typing import Any
 from hvd_agents.chat.analyzer import analyze, register
 from hvd_agents.engine import Engine
 from hvd_agents.errors import ContextLengthError, InvalidRequestError
+from hvd_agents.runtime.chat_template import require_chat_template
 from hvd_agents.structure import PromptStructure
 
 
@@ -51,12 +52,14 @@ def prepare(
 
     Raises:
         InvalidRequestError: the messages or tools are malformed, or the engine has
-            no tokenizer.
+            no tokenizer or its tokenizer no chat template (a base model: see
+            :mod:`hvd_agents.runtime.chat_template`).
         ContextLengthError: with ``require_fit``, the prompt leaves no room for a new
             token in the engine's context window.
     """
     if engine.tokenizer is None:
         raise InvalidRequestError("chat requests need an engine with a tokenizer")
+    require_chat_template(engine.tokenizer)
     structure = analyze(engine.tokenizer, messages, tools, session_id=session_id, assistant_prefix=assistant_prefix)
     if require_fit:
         check_fits(engine, structure.prompt_ids)

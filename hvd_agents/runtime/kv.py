@@ -8,8 +8,17 @@ here (:func:`new_cache`) hold their full-attention layers in :class:`GrowingLaye
 instead: keys and values live in buffers with room to grow, a forward writes only
 its new positions, and the model reads a view of the filled part. Room is added
 geometrically (an eighth of the length, at least :data:`MIN_ROOM` positions), so
-growing costs a fraction of a copy per new token. Sliding-window and other layer
-kinds are kept as transformers makes them.
+growing costs a fraction of a copy per new token.
+
+Sliding-window layers are held the same way, at full length (:class:`WindowLayer`):
+the window is applied by the attention mask, which transformers builds over absolute
+positions (a row at position ``p`` sees ``p - window < j <= p``), not by dropping
+old positions. transformers' own sliding-window layer keeps only the last
+``window - 1`` positions and so cannot roll back a rejected draft once the window
+is full; held at full length, a window layer rolls back, keeps a tree's accepted
+path and exports a prefix exactly as a full-attention layer does, at the memory of
+a full-attention layer. Chunked and other layer kinds are kept as transformers
+makes them.
 
 Rollback after verification is one call, :func:`truncate`, which drops the
 rejected draft positions (``DynamicCache.crop`` with a negative count; in a
@@ -32,7 +41,7 @@ from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache, PretrainedConfig
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, get_layer_types_and_kwargs
 
 MIN_ROOM = 64  # positions of room a growing buffer gets at least
 
@@ -118,6 +127,24 @@ class GrowingLayer(DynamicLayer):
             self._lengths[name] = start + len(index)
 
 
+class WindowLayer(GrowingLayer):
+    """A sliding-window attention layer held at full length (see the module docstring).
+
+    ``is_sliding`` makes transformers size its sliding-window mask on this layer; the mask it
+    builds over all held positions, with offset 0, applies the window.
+
+    Args:
+        sliding_window: the layer's window: a row attends to itself and the ``sliding_window - 1``
+            positions before it.
+    """
+
+    is_sliding = True
+
+    def __init__(self, sliding_window: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.sliding_window = int(sliding_window)
+
+
 LayerKV = tuple[torch.Tensor, torch.Tensor]  # one layer's (keys, values), [batch, kv_heads, seq, head_dim] each
 
 
@@ -174,10 +201,26 @@ class EngineCache(DynamicCache):
 
 
 def new_cache(config: PretrainedConfig) -> EngineCache:
-    """An empty KV cache for a model with ``config``: its full-attention layers grow in place."""
+    """An empty KV cache for a model with ``config``: its full-attention and sliding-window layers grow in place."""
     cache = EngineCache(config=config)
-    cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    layer_types, _ = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+    cache.layers = [_in_place(layer, kind) for layer, kind in zip(cache.layers, layer_types, strict=True)]
     return cache
+
+
+def _in_place(layer: object, kind: str) -> object:
+    """The layer the engine's cache holds instead of transformers' ``layer`` (of type ``kind``)."""
+    if type(layer) is DynamicLayer:
+        return GrowingLayer()
+    if type(layer) is DynamicSlidingWindowLayer and kind == "sliding_attention":
+        return WindowLayer(layer.sliding_window)
+    return layer
+
+
+def window_of(cache: object) -> tuple[int | None, ...]:
+    """Per layer of ``cache``, its attention window (None: full attention or another kind)."""
+    return tuple(layer.sliding_window if isinstance(layer, WindowLayer) else None
+                 for layer in getattr(cache, "layers", ()))
 
 
 def cache_argument(model: torch.nn.Module) -> str:
@@ -187,8 +230,8 @@ def cache_argument(model: torch.nn.Module) -> str:
 
 
 def full_length(layer: object) -> bool:
-    """Whether ``layer`` holds every position's keys and values (no sliding window, no other kind)."""
-    return type(layer) in (DynamicLayer, GrowingLayer)
+    """Whether ``layer`` holds every position's keys and values (full attention, or a window held at full length)."""
+    return type(layer) in (DynamicLayer, GrowingLayer, WindowLayer)
 
 
 def truncate(cache: DynamicCache, length: int) -> None:

@@ -44,6 +44,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from hvd_agents.errors import InvalidRequestError, ModelLoadError, ModelNotFoundError
 from hvd_agents.runtime import quant_loading, quant_native, quant_runner, quant_weights
+from hvd_agents.runtime.chat_template import set_chat_template
 from hvd_agents.runtime.heap import freeze_loaded_objects
 from hvd_agents.runtime.kernels import check_linear_kernel_name, prepare_for_cpu
 from hvd_agents.runtime.paths import cache_root
@@ -388,6 +389,7 @@ def load_model(
     dtype: torch.dtype | str | None = None,
     cpu_linear: str = "auto",
     cpu_weights: str = "auto",
+    chat_template: str | None = None,
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer for inference.
 
@@ -407,6 +409,10 @@ def load_model(
             file's own blocks), "int8" or "int4" (quantized at load), "float32", or
             "none" to run the model's own forward. "auto" (the default; or
             ``HVD_AGENTS_CPU_WEIGHTS``) takes "gguf" for GGUF files and "none" otherwise.
+        chat_template: a chat template (its text, e.g. from
+            :func:`~hvd_agents.runtime.chat_template.read_chat_template`) to use instead of the
+            model's own (a GGUF file's ``tokenizer.chat_template``, an HF model's template), or for a
+            model that has none; None keeps the model's.
 
     Returns:
         The model in eval mode on ``device``, with its tokenizer.
@@ -429,6 +435,8 @@ def load_model(
     with waiting(f"loading {display}"):
         native = _load_native_only(kind, location, weights, dev, dtype, display)
         if native is not None:
+            if chat_template is not None:
+                set_chat_template(native.tokenizer, chat_template)
             freeze_loaded_objects()
             logger.info("loaded %s for the native CPU forward in %.1f s", display, time.perf_counter() - start)
             return native
@@ -441,6 +449,8 @@ def load_model(
             prepare_for_cpu(model, cpu_linear)
         except ValueError as exc:
             raise InvalidRequestError(str(exc)) from exc
+        if chat_template is not None:
+            set_chat_template(tokenizer, chat_template)
         loaded = LoadedModel(model=model, tokenizer=tokenizer, name=display, device=dev, dtype=dtype)
         _attach_native(loaded, weights, kind, location)
     freeze_loaded_objects()  # full collections would walk the model's objects, freezing event loops

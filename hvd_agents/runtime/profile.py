@@ -13,7 +13,8 @@ of rows. :func:`cached_cost_model` keeps the result per model, device, dtype,
 thread count and torch version under the cache directory, so it is measured
 once, at first use, per machine. A profile that breaks ``verify(d) <= 1 + d``
 (timings disturbed by other load) is measured again; after a few failures the
-linear model at :data:`~hvd_agents.policy.cost.FALLBACK_VERIFY_COST` is used for the process and nothing is cached.
+linear model at :data:`~hvd_agents.policy.cost.FALLBACK_VERIFY_COST` is used for the process and nothing is cached;
+so is it when the measurement fails (a warning names the cause): the profile never fails a load.
 """
 
 from __future__ import annotations
@@ -179,26 +180,27 @@ def cached_cost_model(model: torch.nn.Module, directory: Path | None = None, *, 
 
     ``key`` names the profile (default :func:`profile_key`) and ``measure`` takes it
     (default :func:`measure_cost_model` on ``model``): a runner with its own kernels
-    passes both. A missing, unreadable or malformed profile file is measured again (and logged).
+    passes both. A missing, unreadable or malformed profile file is measured again (and logged). A
+    measurement that fails (raises) is logged as a warning and the default linear model
+    (:meth:`~hvd_agents.policy.cost.CostModel.fallback`) is used for the process, not cached: a profile
+    only tunes how much the ``hvd`` policy drafts, and never fails a load.
     """
     if directory is None:
         directory = cache_root() / "cost-profiles"
-    path = directory / f"{key or profile_key(model)}.json"
+    try:
+        path = directory / f"{key or profile_key(model)}.json"
+    except Exception as exc:  # noqa: BLE001 - as for a failed measurement below
+        return _default(exc)
     try:
         return CostModel.from_dict(json.loads(path.read_text(encoding="utf-8")))
     except FileNotFoundError:
         pass
     except (OSError, ValueError, KeyError, TypeError) as exc:
         logger.warning("cost profile %s is unreadable (%s); measuring again", path, exc)
-    profile = None
-    with waiting("measuring the verification cost profile (once per model and machine)"):
-        for _ in range(PROFILE_ATTEMPTS):
-            measured = measure() if measure is not None else measure_cost_model(model)
-            if measured.plausible:
-                profile = measured
-                break
-            logger.warning("implausible cost profile %s (timing disturbed by other load?); measuring again",
-                           measured.to_dict())
+    try:
+        profile = _measure(model, measure)
+    except Exception as exc:  # noqa: BLE001 - a profile only tunes drafting: it must never fail a load
+        return _default(exc)
     if profile is None:
         logger.warning("no plausible cost profile after %d attempts; using c=%s, not cached",
                        PROFILE_ATTEMPTS, FALLBACK_VERIFY_COST)
@@ -212,3 +214,23 @@ def cached_cost_model(model: torch.nn.Module, directory: Path | None = None, *, 
     except OSError as exc:
         logger.warning("cannot cache the cost profile in %s: %s", directory, exc)
     return profile
+
+
+def _default(exc: Exception) -> CostModel:
+    """The default profile, used (not cached) where measuring one failed with ``exc``; the warning says so."""
+    logger.warning("cannot measure the verification cost profile (%s: %s); using the default linear model c=%s "
+                   "(not cached)", type(exc).__name__, exc, FALLBACK_VERIFY_COST)
+    return CostModel.fallback()
+
+
+def _measure(model: torch.nn.Module, measure) -> CostModel | None:
+    """A plausible measured profile (``measure()``, else :func:`measure_cost_model`), or None after
+    :data:`PROFILE_ATTEMPTS` implausible ones."""
+    with waiting("measuring the verification cost profile (once per model and machine)"):
+        for _ in range(PROFILE_ATTEMPTS):
+            measured = measure() if measure is not None else measure_cost_model(model)
+            if measured.plausible:
+                return measured
+            logger.warning("implausible cost profile %s (timing disturbed by other load?); measuring again",
+                           measured.to_dict())
+    return None

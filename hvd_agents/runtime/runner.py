@@ -36,7 +36,9 @@ Contract, per request::
   them one after another (:func:`forward_each`).
 
 :class:`HFRunner` implements it over any HuggingFace causal LM with the
-in-place cache of :mod:`hvd_agents.runtime.kv`.
+in-place cache of :mod:`hvd_agents.runtime.kv`. A tree's mask is given to the model
+as is; for a model with sliding-window layers, the window is applied to it as well
+(:func:`windowed_masks`), since a mask given to the model is used as it is.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ import torch
 from transformers import PreTrainedModel
 
 from hvd_agents.policy.cost import CostModel
-from hvd_agents.runtime.kv import LayerKV, cache_argument, new_cache
+from hvd_agents.runtime.kv import LayerKV, cache_argument, new_cache, window_of
 from hvd_agents.runtime.profile import cached_cost_model
 
 
@@ -186,6 +188,7 @@ class HFRunner:
         positions = mask = None
         if parents is not None:
             positions, mask = tree_inputs(kv.length, parents, self.device)
+            mask = windowed_masks(mask, positions, window_of(kv))
         with torch.inference_mode():
             out = self.model(
                 input_ids=input_ids,
@@ -223,3 +226,34 @@ def tree_inputs(past: int, parents: Sequence[int], device: torch.device) -> tupl
     mask = torch.cat([torch.ones(n, past, dtype=torch.bool), visible], dim=1)[None, None]  # [1, 1, n, past + n]
     positions = torch.tensor([[past + d for d in depth]], dtype=torch.long)  # [1, n]
     return positions.to(device), mask.to(device)
+
+
+def windowed_masks(mask: torch.Tensor, positions: torch.Tensor,
+                   windows: Sequence[int | None]) -> torch.Tensor | dict[str, torch.Tensor]:
+    """A tree's mask (:func:`tree_inputs`) for a model whose cache layers have the attention ``windows``.
+
+    A row at position ``p`` of a sliding-window layer of window ``w`` sees only keys at positions
+    ``> p - w``: the cached keys sit at their index, the tree's own keys at their depth's position.
+
+    Returns:
+        ``mask`` itself when no layer has a window; the windowed mask ``[1, 1, n, past + n]`` when every
+        layer has one; else ``{"full_attention": mask, "sliding_attention": windowed}``, the per-kind
+        masks the models with both kinds of layers take.
+
+    Raises:
+        ValueError: the layers have different windows.
+    """
+    sizes = {w for w in windows if w is not None}
+    if not sizes:
+        return mask
+    if len(sizes) > 1:
+        raise ValueError(f"a tree mask needs one attention window, not {sorted(sizes)}")
+    window = sizes.pop()
+    rows = positions[0]  # [n]
+    past = mask.shape[-1] - rows.shape[0]
+    keys = torch.cat([torch.arange(past, device=rows.device), rows])  # [past + n]: each key's position
+    near = (rows[:, None] - keys[None, :]) < window  # [n, past + n]
+    windowed = mask & near[None, None]  # [1, 1, n, past + n]
+    if all(w is not None for w in windows):
+        return windowed
+    return {"full_attention": mask, "sliding_attention": windowed}

@@ -33,6 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from hvd_agents.engine import Engine
 from hvd_agents.engine.shared import shared_engine
 from hvd_agents.errors import HVDError
+from hvd_agents.runtime.chat_template import set_chat_template
 from hvd_agents.server.auth import AuthMiddleware
 from hvd_agents.server.config import ServerConfig
 from hvd_agents.server.crashes import InternalErrorMiddleware
@@ -63,7 +64,8 @@ def create_app(
         engine: an engine to serve; None loads one in the background when the app
             starts (``/health`` says 503 until it is loaded).
         load: how to load it; None = ``shared_engine`` of ``config.model``, ``config.device``
-            and ``config.draft_model``.
+            and ``config.draft_model``. ``config.chat_template``, when set, is given to the loaded
+            engine's tokenizer (or to ``engine``'s).
     """
     config = config or ServerConfig()
     metrics = ServerMetrics()
@@ -73,6 +75,8 @@ def create_app(
                 return Engine.load(config.model, device=config.device, draft_model=config.draft_model,
                                    max_batch=config.max_batch)
             return shared_engine(config.model, device=config.device, draft_model=config.draft_model)
+    if config.chat_template is not None:
+        engine, load = _with_template(engine, load, config.chat_template)
     slot = EngineSlot(engine, load, config.retry_after_s)
     queue = GenerationQueue(config.max_pending, config.retry_after_s, metrics.set_pending, workers=config.max_batch)
 
@@ -104,6 +108,21 @@ def create_app(
     app.add_middleware(InternalErrorMiddleware)
     app.add_middleware(StatusCountMiddleware, metrics=metrics, routes=routes)
     return app
+
+
+def _with_template(engine: Engine | None, load: Callable[[], Engine],
+                   template: str) -> tuple[Engine | None, Callable[[], Engine]]:
+    """``engine`` and ``load`` with the chat template ``template`` given to the engine's tokenizer."""
+    if engine is not None:
+        set_chat_template(engine.tokenizer, template)
+        return engine, load
+
+    def load_with_template() -> Engine:
+        loaded = load()
+        set_chat_template(loaded.tokenizer, template)
+        return loaded
+
+    return None, load_with_template
 
 
 def _error_response(error: APIError) -> JSONResponse:

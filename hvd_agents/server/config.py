@@ -41,6 +41,9 @@ class ServerConfig:
             None: no limit.
         max_body_bytes: largest request body accepted (413 above it).
         retry_after_s: ``Retry-After`` of 503 answers, in seconds.
+        chat_template: a chat template (its text) to render chat requests with, instead of
+            the model's own; None keeps the model's (a model without one refuses chat requests
+            and takes plain completions).
     """
 
     model: str | None = None
@@ -56,6 +59,7 @@ class ServerConfig:
     request_timeout_s: float | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     retry_after_s: int = 1
+    chat_template: str | None = None
 
     @property
     def model_name(self) -> str:

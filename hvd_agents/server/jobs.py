@@ -30,6 +30,7 @@ from hvd_agents.chat.reply_options import ReplyOptions
 from hvd_agents.chat.request import build_chat_request
 from hvd_agents.chat.settings import ChatSettings
 from hvd_agents.engine import Engine, GenerationParams
+from hvd_agents.runtime.chat_template import plain_prompt_ids
 from hvd_agents.server.metrics import ServerMetrics
 
 Job = Callable[[threading.Event], Generator[ReplyDelta, None, None]]
@@ -83,7 +84,7 @@ class CompletionJob:
         """
         params = self.settings.to_params(self.stop)
         if isinstance(self.prompt, str):
-            ids = self.engine.tokenizer(self.prompt, add_special_tokens=False).input_ids if self.engine.tokenizer else []
+            ids = plain_prompt_ids(self.engine.tokenizer, self.prompt) if self.engine.tokenizer else []
         else:
             ids = list(self.prompt)
         check_fits(self.engine, ids)

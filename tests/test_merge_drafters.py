@@ -123,7 +123,7 @@ def _adversarial(kind: str, engine: Engine, reference, seed: int, prediction: fl
 
 
 @pytest.mark.parametrize("kind", ["paper", "chain", "graft"])
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     prompt=st.lists(st.integers(0, 7), min_size=1, max_size=30),
     max_new=st.integers(1, 30),
@@ -142,7 +142,7 @@ def test_greedy_equality_with_adversarial_model_drafts(engine: Engine, kind, pro
 
 
 @pytest.mark.parametrize("method", ["hvd-paper", "hvd-chain", "hvd-graft"])
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(prompt=st.lists(st.integers(0, 7), min_size=1, max_size=40), max_new=st.integers(1, 30), k=st.integers(1, 16))
 def test_registered_methods_greedy_equality(engine: Engine, method, prompt, max_new, k) -> None:
     reference = engine.generate(prompt, GenerationParams(max_new_tokens=max_new, method="ar"))

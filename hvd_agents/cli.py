@@ -244,6 +244,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         json_path=args.json, steps_path=args.steps, html_path=args.html, skip_bad=args.skip_bad,
         tokenizer=args.tokenizer, limit=args.limit, canonical_tools=args.canonical_tools,
         system_template=args.system_template, html_conversation=args.html_conversation, quiet=args.quiet,
+        payoff_threshold=args.payoff_threshold, paper_weights=args.paper_weights,
     ))
     return 0
 
@@ -263,12 +264,28 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
 def cmd_train_payoff(args: argparse.Namespace) -> int:
     from hvd_agents.policy.train import train_payoff
 
+    if args.paper:
+        return _train_paper(args)
     weights, evaluation = train_payoff(args.steps, args.output, held_out=args.held_out, l2=args.l2)
     meta = weights.meta
     print(f"trained on {meta['train_drafts']} drafts, evaluated on {meta['held_out_drafts']} held-out drafts")
     print(f"{'predictor':<24}{'MAE accepted len':>18}{'Spearman':>10}")
     print(f"{'payoff (features)':<24}{evaluation.mae:>18.3f}{evaluation.spearman:>10.3f}")
     print(f"{'per-position rates':<24}{evaluation.baseline_mae:>18.3f}{evaluation.baseline_spearman:>10.3f}")
+    print(f"weights written to {args.output}")
+    return 0
+
+
+def _train_paper(args: argparse.Namespace) -> int:
+    from hvd_agents.policy.paper_train import train_paper
+
+    mlp, ev = train_paper(args.steps, args.output, held_out=args.held_out, threshold=args.payoff_threshold,
+                          epochs=args.epochs)
+    print(f"trained on {mlp.meta['train_drafts']} drafts, evaluated on {ev.drafts} held-out drafts "
+          f"({100 * ev.mlp.high / max(ev.drafts, 1):.1f}% high-payoff: accepted >= {args.payoff_threshold:g})")
+    print(f"{'predictor':<24}{'MAE accepted len':>18}{'precision':>11}{'recall':>8}")
+    for name, mae, quality in (("paper MLP", ev.mlp_mae, ev.mlp), ("hvd hazard", ev.hazard_mae, ev.hazard)):
+        print(f"{name:<24}{mae:>18.3f}{100 * quality.precision:>10.1f}%{100 * quality.recall:>7.1f}%")
     print(f"weights written to {args.output}")
     return 0
 
@@ -369,6 +386,10 @@ def _add_analyze_parser(sub: argparse._SubParsersAction) -> None:
     ana.add_argument("--limit", type=int, default=None, help="replay only the first N conversations")
     ana.add_argument("--canonical-tools", action="store_true", help="canonicalize tool schemas first")
     ana.add_argument("--system-template", default=None, metavar="NAME", help="prepend a template to system prompts")
+    ana.add_argument("--payoff-threshold", type=float, default=6.0,
+                     help="high-payoff: a cache draft keeping at least this many tokens; hvd-paper's threshold")
+    ana.add_argument("--paper-weights", default=None, metavar="FILE",
+                     help="hvd-paper's MLP (train-payoff --paper; default: the packaged one)")
     ana.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
                      help="no progress bar, no timing line")
     ana.set_defaults(func=cmd_analyze)
@@ -434,7 +455,8 @@ def build_parser() -> argparse.ArgumentParser:
     agents.add_argument("--device", default=None)
     agents.add_argument("--arms", default=None,
                         help="comma-separated (default: all): hf-generate, hf-prompt-lookup, llama.cpp+reuse, ar, "
-                             "ar+reuse, pld+reuse, hvd-cache+reuse, model+reuse, hvd+reuse, arctic+reuse")
+                             "ar+reuse, pld+reuse, hvd-cache+reuse, model+reuse, hvd+reuse, hvd-paper+reuse, "
+                             "hvd-chain+reuse, hvd-graft+reuse, arctic+reuse")
     agents.add_argument("--conversations", default=None,
                         help="comma-separated shipped conversations (default: all): airline_langchain, "
                              "calculator_llamaindex, coding_loop, own_model")
@@ -494,6 +516,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("-o", "--output", required=True, help="where to write the weights (JSON)")
     train.add_argument("--held-out", type=float, default=0.2, help="share of conversations held out for evaluation")
     train.add_argument("--l2", type=float, default=1.0, help="ridge penalty of the fit")
+    train.add_argument("--paper", action="store_true",
+                       help="fit the HVD paper's MLP (method hvd-paper) instead of hvd's hazard model")
+    train.add_argument("--epochs", type=int, default=30, help="--paper: training epochs")
+    train.add_argument("--payoff-threshold", type=float, default=6.0, help="--paper: threshold of the evaluation")
     train.set_defaults(func=cmd_train_payoff)
 
     data_defaults, train_defaults = DataConfig(), TrainConfig()

@@ -258,3 +258,16 @@ def test_calls_for_a_request_that_is_not_started_raise_naming_it(make) -> None:
     drafter.stop("r")  # safe twice
     with pytest.raises(ValueError, match="observe for request 'r', which is not started"):
         drafter.observe(Outcome("r", Draft(), 0, (4,)))
+
+
+def test_the_other_sources_shorter_match_continues_as_an_alternative() -> None:
+    # the store matches "7 1 2" (3 tokens) and goes on 3 4 5; the live context matches only "1 2"
+    # and went on 9 9: the draft is the store's, and the context's continuation is an alternative
+    store = CacheStore()
+    store.add([6, 7, 1, 2, 3, 4, 5], SpanKind.ASSISTANT_TEXT)
+    prompt = [1, 2, 9, 9, 0, 7, 1, 2]
+    drafter = SuffixDrafter(store)
+    drafter.start("r", prompt)
+    draft = drafter.propose(DraftContext("r", prompt, len(prompt)), 3)
+    assert draft.token_ids == (3, 4, 5) and draft.features.from_store
+    assert [(a.depth, a.tokens) for a in drafter.alternatives("r", draft.token_ids, limit=4)] == [(0, (9, 9, 0))]

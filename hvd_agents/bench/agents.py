@@ -49,6 +49,9 @@ ENGINE_ARMS = {  # name: (method, prefix reuse)
     "hvd-cache+reuse": ("hvd-cache", True),
     "model+reuse": ("model", True),
     "hvd+reuse": ("hvd", True),
+    "hvd-paper+reuse": ("hvd-paper", True),
+    "hvd-chain+reuse": ("hvd-chain", True),
+    "hvd-graft+reuse": ("hvd-graft", True),
     "arctic+reuse": ("arctic", True),
 }
 PEER_ARMS = ("hf-generate", "hf-prompt-lookup", f"{llama_cpp.PEER_NAME}+reuse")

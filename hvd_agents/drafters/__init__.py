@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from hvd_agents.drafters.base import Draft, DraftContext, Drafter, NoDrafter, Outcome, never_drafts, uses_hidden_states
 from hvd_agents.drafters.cache.prompt_lookup import PromptLookupDrafter
@@ -18,11 +19,14 @@ from hvd_agents.drafters.cache.store import CacheStore
 from hvd_agents.drafters.cache.suffix import SuffixDrafter
 from hvd_agents.drafters.hybrid.config import HybridConfig
 from hvd_agents.drafters.hybrid.drafter import HybridDrafter
+from hvd_agents.drafters.hybrid.merge import ChainDrafter, GraftDrafter
+from hvd_agents.drafters.hybrid.paper import PaperDrafter
 from hvd_agents.drafters.model.draft_lm import DraftModelDrafter
 from hvd_agents.drafters.model.head import DraftHeadDrafter
 from hvd_agents.drafters.model.protocol import ModelDrafter, PlainModelDrafter
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.policy.cost import CostModel
+from hvd_agents.policy.paper import TokenClasses
 
 
 @dataclass(frozen=True)
@@ -35,11 +39,14 @@ class DrafterResources:
         model_drafter: returns a fresh model drafter for the target (a draft
             head or a draft LM, :class:`~hvd_agents.drafters.model.protocol.ModelDrafter`),
             or None when the engine has none.
+        tokenizer: the target's tokenizer, when the engine has one (``hvd-paper`` reads its punctuation
+            and bracket tokens off it).
     """
 
     store: CacheStore
     cost: Callable[[], CostModel] = CostModel.fallback
     model_drafter: Callable[[], ModelDrafter | None] = lambda: None
+    tokenizer: Any = None
 
 
 def _model_only(resources: DrafterResources) -> Drafter:
@@ -58,6 +65,10 @@ DRAFTER_FACTORIES: dict[str, Callable[[DrafterResources], Drafter]] = {
     "hvd-cache": lambda res: SuffixDrafter(res.store),
     "model": _model_only,
     "hvd": lambda res: HybridDrafter(SuffixDrafter(res.store), cost=res.cost, model=res.model_drafter()),
+    "hvd-paper": lambda res: PaperDrafter(SuffixDrafter(res.store), model=res.model_drafter(),
+                                          classes=lambda: TokenClasses.from_tokenizer(res.tokenizer)),
+    "hvd-chain": lambda res: ChainDrafter(SuffixDrafter(res.store), model=res.model_drafter()),
+    "hvd-graft": lambda res: GraftDrafter(SuffixDrafter(res.store), model=res.model_drafter()),
 }
 
 
@@ -87,17 +98,20 @@ def create_drafter(method: str, resources: DrafterResources) -> Drafter:
 
 __all__ = [
     "CacheStore",
+    "ChainDrafter",
     "Draft",
     "DraftContext",
     "DraftHeadDrafter",
     "DraftModelDrafter",
     "Drafter",
     "DrafterResources",
+    "GraftDrafter",
     "HybridConfig",
     "HybridDrafter",
     "ModelDrafter",
     "NoDrafter",
     "Outcome",
+    "PaperDrafter",
     "PlainModelDrafter",
     "PromptLookupDrafter",
     "SuffixDrafter",

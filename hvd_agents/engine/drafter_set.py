@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from transformers import PreTrainedModel
 
@@ -51,7 +52,8 @@ class DrafterSet:
 
     def __init__(self, target: PreTrainedModel, vocab_size: int, cache_store: CacheStore,
                  cost: Callable[[], CostModel], draft_model: PreTrainedModel | None = None,
-                 draft_head: DraftHead | str | Path | None = "auto") -> None:
+                 draft_head: DraftHead | str | Path | None = "auto", tokenizer: Any = None) -> None:
+        self.tokenizer = tokenizer  # handed to the drafter factories (hvd-paper reads punctuation ids off it)
         if draft_model is not None:
             draft_vocab = draft_model.get_output_embeddings().weight.shape[0]
             if abs(draft_vocab - vocab_size) > _VOCAB_PADDING:
@@ -115,4 +117,4 @@ class DrafterSet:
         return drafter
 
     def _resources(self) -> DrafterResources:
-        return DrafterResources(self.cache_store, self.cost, self.model_drafter)
+        return DrafterResources(self.cache_store, self.cost, self.model_drafter, self.tokenizer)

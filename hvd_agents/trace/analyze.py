@@ -16,6 +16,7 @@ from typing import IO, Any
 
 from hvd_agents.errors import HVDError, InvalidRequestError
 from hvd_agents.policy.cost import FALLBACK_VERIFY_COST
+from hvd_agents.policy.paper import PAPER_THRESHOLD
 from hvd_agents.trace.loader import TraceFile, load_trace
 from hvd_agents.trace.replay import ReplayConfig, ReplayResult, prepare_conversation, replay_trace
 from hvd_agents.trace.report import StepWriter, format_table, report_json, write_json
@@ -45,6 +46,8 @@ class AnalyzeOptions:
     system_template: str | None = None
     html_conversation: str | None = None
     quiet: bool = False
+    payoff_threshold: float = PAPER_THRESHOLD
+    paper_weights: str | None = None
 
 
 def _check(options: AnalyzeOptions) -> None:
@@ -52,6 +55,8 @@ def _check(options: AnalyzeOptions) -> None:
         raise InvalidRequestError(f"--k must be >= 1, got {options.k}")
     if options.verify_cost is not None and options.verify_cost < 0:
         raise InvalidRequestError(f"--verify-cost must be >= 0, got {options.verify_cost}")
+    if options.payoff_threshold < 0:
+        raise InvalidRequestError(f"--payoff-threshold must be >= 0, got {options.payoff_threshold}")
     if options.limit is not None and options.limit < 1:
         raise InvalidRequestError(f"--limit must be >= 1, got {options.limit}")
 
@@ -79,7 +84,8 @@ def run_analyze(options: AnalyzeOptions, out: IO[str] | None = None) -> dict[str
     if verify_cost is None:
         verify_cost = measured_verify_cost(options.tokenizer, notes)
     config = ReplayConfig(tuple(names), options.k, verify_cost, options.threshold,
-                          options.canonical_tools, template, options.html_conversation)
+                          options.canonical_tools, template, options.html_conversation,
+                          payoff_threshold=options.payoff_threshold, paper_weights=options.paper_weights)
     start = time.perf_counter()
     if options.steps_path:
         with StepWriter(options.steps_path) as writer:
@@ -129,6 +135,8 @@ def _meta(options: AnalyzeOptions, tokenizer: Any, names: list[str], skipped: in
         "tokenizer": options.tokenizer or f"embedded ({getattr(tokenizer, 'name_or_path', '?')})",
         "k": options.k,
         "threshold": options.k if options.threshold is None else options.threshold,
+        "payoff_threshold": options.payoff_threshold,
+        "paper_weights": options.paper_weights or "packaged",
         "policies": names,
         "canonical_tools": options.canonical_tools,
         "system_template": options.system_template,

@@ -36,10 +36,11 @@ from hvd_agents.chat.templates import Template, apply_system_template, canonical
 from hvd_agents.drafters import Draft, DraftContext, Outcome
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.policy.cost import FALLBACK_VERIFY_COST
+from hvd_agents.policy.paper import PAPER_THRESHOLD, PaperMLP, TokenClasses
 from hvd_agents.structure import PromptStructure
 from hvd_agents.trace.loader import Conversation, TraceFile
 from hvd_agents.trace.stats import TARGET_KIND, PolicyStats, StepRecord, source_kind
-from hvd_agents.trace.strategies import Policy, make_policy
+from hvd_agents.trace.strategies import Policy, common_prefix, make_policy
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,9 @@ class ReplayConfig:
             (None: the first conversation with an assistant turn).
         highlight_policy: the policy whose provenance is kept (None: the first of
             ``suffix``, ``suffix-local``, ``pld``, ... that is replayed).
+        payoff_threshold: a cache draft is high-payoff when it keeps at least this many tokens; ``hvd-paper``
+            verifies a cache draft predicted to keep more.
+        paper_weights: the ``hvd-paper`` MLP's weights file (None: the packaged one).
     """
 
     policies: tuple[str, ...]
@@ -73,6 +77,8 @@ class ReplayConfig:
     system_template: Template | None = None
     highlight: str | None = None
     highlight_policy: str | None = None
+    payoff_threshold: float = PAPER_THRESHOLD
+    paper_weights: str | None = None
 
 
 @dataclass(frozen=True)
@@ -174,9 +180,12 @@ def conversation_turns(tokenizer: Any, conversation: Conversation) -> list[Turn]
 
 
 def replay_turn(
-    policy: Policy, turn: Turn, k: int, sink: StepSink, highlight: HighlightTurn | None = None
+    policy: Policy, turn: Turn, k: int, sink: StepSink, highlight: HighlightTurn | None = None,
+    classes: TokenClasses | None = None,
 ) -> None:
-    """Replay one turn with one policy, the engine's loop; every step goes to ``sink``."""
+    """Replay one turn with one policy, the engine's loop; every step goes to ``sink`` (with the
+    punctuation and bracket flags of ``classes``, when given)."""
+    classes = classes if classes is not None else TokenClasses()
     req_id = f"{turn.conversation}#{turn.message_index}"
     prompt = turn.structure.prompt_ids
     context = list(prompt)
@@ -190,10 +199,15 @@ def replay_turn(
             draft = policy.propose(ctx, k_step, target[position:]).truncated(k_step) if k_step > 0 else Draft()
             accepted = len(draft.path(target[position:]))  # a chain's common prefix; a tree's matching path
             emitted = target[position : position + accepted + 1]
+            probe = policy.probe(req_id) if k_step > 0 else None
             policy.observe(Outcome(req_id, draft, accepted, emitted))
-            context.extend(emitted)
+            cache = probe.cache_tokens if probe is not None else ()
+            arm = probe.arm if probe is not None else ("cache" if draft.token_ids else "none")
+            flags = classes.flags(context[-1] if context else None, cache[0] if cache else None)
             sink(StepRecord(policy.name, turn.conversation, turn.turn, turn.message_index, position,
-                            draft.source, len(draft), accepted, draft.features))
+                            draft.source, len(draft), accepted, draft.features, arm, len(cache),
+                            common_prefix(cache, target[position:]), probe.predicted if probe else None, flags))
+            context.extend(emitted)
             if highlight is not None:
                 highlight.tokens.extend(emitted)
                 highlight.kinds.extend([source_kind(draft.source)] * accepted + [TARGET_KIND])
@@ -227,8 +241,12 @@ def replay_trace(
     if not config.policies:
         raise InvalidRequestError("no policy to replay")
     threshold = float(config.k if config.threshold is None else config.threshold)
-    policies = [make_policy(name, threshold=threshold, verify_cost=config.verify_cost) for name in config.policies]
-    result = ReplayResult({p.name: PolicyStats(p.name) for p in policies})
+    classes = TokenClasses.from_tokenizer(tokenizer) if "hvd-paper" in config.policies or step_sink else None
+    paper = PaperMLP.load(config.paper_weights) if config.paper_weights else None
+    policies = [make_policy(name, threshold=threshold, verify_cost=config.verify_cost,
+                            payoff_threshold=config.payoff_threshold, paper=paper, classes=classes)
+                for name in config.policies]
+    result = ReplayResult({p.name: PolicyStats(p.name, payoff_threshold=config.payoff_threshold) for p in policies})
     result.highlight_policy = config.highlight_policy or _default_highlight_policy(config.policies)
 
     def sink(step: StepRecord) -> None:
@@ -247,7 +265,8 @@ def replay_trace(
             mark = HighlightTurn(turn.message_index) if keep else None
             for policy in policies:
                 result.stats[policy.name].add_request(len(turn.target))
-                replay_turn(policy, turn, config.k, sink, mark if policy.name == result.highlight_policy else None)
+                replay_turn(policy, turn, config.k, sink, mark if policy.name == result.highlight_policy else None,
+                            classes)
             if mark is not None:
                 result.highlight_turns.append(mark)
     if config.highlight is not None and result.highlight_id is None:

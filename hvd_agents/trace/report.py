@@ -4,7 +4,7 @@
   output tokens, steps, tokens/step, % of steps with a draft, mean accepted when
   drafted, wasted verified tokens (drafted - accepted) and their share of the
   drafted tokens, estimated speedup; then the share of accepted tokens by
-  provenance kind.
+  provenance kind; then the paper's measures (:func:`format_paper_table`).
 * :func:`report_json` is ``{policy: {figures..., "est_speedup": x,
   "accepted_by_kind": {kind: share}}, "_meta": {file, tokenizer, k, verify_cost,
   conversations, skipped, ...}}``.
@@ -59,7 +59,33 @@ def format_table(result: ReplayResult, verify_cost: float) -> str:
             shares = fig["accepted_by_kind"]
             if shares:
                 lines.append(f"{name:<17}" + "".join(f"{100 * shares.get(k, 0.0):>{width}.1f}" for k in kinds))
+    lines += ["", format_paper_table(result, verify_cost)]
     return "\n".join(lines)
+
+
+def format_paper_table(result: ReplayResult, verify_cost: float) -> str:
+    """The HVD paper's measures per policy, as text: cache proposals, their high-payoff share, the
+    predictor's precision and recall at the threshold (``-`` for a policy that predicts nothing), the
+    share of steps on each arm, verification cycles per 1K output tokens and wasted verified tokens."""
+    figures = policy_figures(result, verify_cost)
+    if not figures:
+        return ""
+    threshold = next(iter(figures.values()))["payoff_threshold"]
+    header = (f"{'policy':<17}{'cache drafts':>13}{'%high':>7}{'prec':>7}{'recall':>7}{'%cache':>8}{'%model':>8}"
+              f"{'%merged':>8}{'%none':>7}{'cyc/1K':>8}{'wasted':>9}")
+    title = (f"the paper's measures (high-payoff: a cache draft that keeps >= {threshold:g} tokens; the predictor "
+             f"flags a draft predicted to keep more than {threshold:g}):")
+    lines = [title, header, "-" * len(header)]
+    for name, fig in figures.items():
+        arms = fig["pct_steps_by_arm"]
+        lines.append(f"{name:<17}{fig['cache_drafts']:>13}{fig['pct_high_payoff']:>7.1f}{_pct(fig['precision']):>7}"
+                     f"{_pct(fig['recall']):>7}{arms['cache']:>8.1f}{arms['model']:>8.1f}{arms['merged']:>8.1f}"
+                     f"{arms['none']:>7.1f}{fig['cycles_per_1k']:>8.1f}{fig['wasted_tokens']:>9}")
+    return "\n".join(lines)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}"
 
 
 def _width(fmt: str) -> int:

@@ -5,6 +5,14 @@ costs ``1 + c * d`` target forward-equivalents (``c`` = ``verify_cost``; plain
 decoding costs 1 per token), so the estimated speedup over plain decoding is
 ``output tokens / sum over steps of (1 + c * drafted)``.
 
+The paper's measures, per policy (:meth:`PolicyStats.figures`): of the steps where the
+cache drafter had a proposal (``cache_drafts``), the share that is *high-payoff* (its
+whole proposal would have kept at least ``payoff_threshold`` tokens, 6 by default); for
+a policy that predicts that length (``hvd``, ``hvd-paper``), the precision and recall of
+"predicted above the threshold" for high-payoff proposals; the share of steps on each
+arm (cache, model, merged, none); verification cycles (target forwards) per 1,000
+output tokens.
+
 Provenance kind of a draft: the part after ``:`` of ``Draft.source`` (the cache
 drafter reports ``"suffix:<span kind>"``), else the whole source (``"pld"``,
 ``"arctic"``). Tokens the target produced itself (the one bonus / recovered token
@@ -19,8 +27,10 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from hvd_agents.policy.features import DraftFeatures, feature_record
+from hvd_agents.policy.paper import FLAG_NAMES, PAPER_THRESHOLD
 
 TARGET_KIND = "target"
+ARMS: tuple[str, ...] = ("cache", "model", "merged", "none")
 
 
 def source_kind(source: str) -> str:
@@ -45,6 +55,12 @@ class StepRecord:
             :class:`~hvd_agents.policy.features.CacheDraftFeatures`); :meth:`to_dict`
             writes them by name (:func:`~hvd_agents.policy.features.feature_record`),
             which ``hvd-agents train-payoff`` reads back.
+        arm: what the step verified: ``"cache"``, ``"model"``, ``"merged"`` or ``"none"``.
+        cache_drafted: the cache drafter's whole proposal this step, in tokens (0: none), used or not.
+        cache_accepted: how many of them the reply would have accepted.
+        predicted: the policy's predicted accepted length of that proposal (None: it predicts none).
+        flags: punctuation and bracket flags of the last context token and the proposal's first token
+            (:data:`~hvd_agents.policy.paper.FLAG_NAMES`; the ``hvd-paper`` predictor's inputs).
     """
 
     policy: str
@@ -56,10 +72,16 @@ class StepRecord:
     drafted: int
     accepted: int
     features: DraftFeatures | Mapping[str, float]
+    arm: str = "none"
+    cache_drafted: int = 0
+    cache_accepted: int = 0
+    predicted: float | None = None
+    flags: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0)
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["features"] = {key: float(value) for key, value in feature_record(self.features).items()}
+        out["flags"] = dict(zip(FLAG_NAMES, map(float, self.flags)))
         return out
 
 
@@ -76,6 +98,14 @@ class PolicyStats:
     accepted_tokens: int = 0
     accepted_lengths: Counter = field(default_factory=Counter)  # accepted per drafted step -> count
     accepted_by_kind: Counter = field(default_factory=Counter)  # kind -> accepted tokens
+    payoff_threshold: float = PAPER_THRESHOLD
+    arm_steps: Counter = field(default_factory=Counter)  # arm -> steps
+    cache_drafts: int = 0  # steps with a cache proposal
+    high_payoff: int = 0  # ... whose whole proposal would have kept >= payoff_threshold tokens
+    predicted_drafts: int = 0  # ... that the policy predicted a length for
+    predicted_high: int = 0  # ... those with a high-payoff actual, among the predicted
+    flagged: int = 0  # ... predicted above the threshold
+    hits: int = 0  # ... flagged and high-payoff
 
     def add_request(self, output_tokens: int) -> None:
         """Count one assistant turn of ``output_tokens`` tokens."""
@@ -85,6 +115,17 @@ class PolicyStats:
     def add_step(self, step: StepRecord) -> None:
         """Count one step."""
         self.steps += 1
+        self.arm_steps[step.arm] += 1
+        if step.cache_drafted:
+            high = step.cache_accepted >= self.payoff_threshold
+            self.cache_drafts += 1
+            self.high_payoff += high
+            if step.predicted is not None:
+                flagged = step.predicted > self.payoff_threshold
+                self.predicted_drafts += 1
+                self.predicted_high += high
+                self.flagged += flagged
+                self.hits += flagged and high
         if step.drafted:
             self.drafted_steps += 1
             self.drafted_tokens += step.drafted
@@ -118,6 +159,13 @@ class PolicyStats:
             "accepted_by_kind": {k: v / accepted for k, v in sorted(self.accepted_by_kind.items(), key=_by_count)},
             "accepted_tokens_by_kind": dict(sorted(self.accepted_by_kind.items(), key=_by_count)),
             "accepted_length_hist": {str(k): v for k, v in sorted(self.accepted_lengths.items())},
+            "cycles_per_1k": 1000.0 * _ratio(self.steps, self.output_tokens),
+            "pct_steps_by_arm": {arm: 100.0 * _ratio(self.arm_steps[arm], self.steps) for arm in ARMS},
+            "cache_drafts": self.cache_drafts,
+            "pct_high_payoff": 100.0 * _ratio(self.high_payoff, self.cache_drafts),
+            "payoff_threshold": self.payoff_threshold,
+            "precision": _ratio(self.hits, self.flagged) if self.predicted_drafts else None,
+            "recall": _ratio(self.hits, self.predicted_high) if self.predicted_drafts else None,
         }
 
 

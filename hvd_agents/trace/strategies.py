@@ -25,6 +25,13 @@ Policies (:data:`POLICIES`; ``hvd-cache`` is an alias of ``suffix``):
   model ``1 + c * d`` of the replay (``--verify-cost``); where the candidates
   disagree, the draft may carry alternative branches (a tree: its ``d`` counts
   every token, and the target follows whichever branch the reply does).
+* ``hvd-paper``: the HVD paper's rule (:class:`~hvd_agents.drafters.hybrid.paper.PaperDrafter`):
+  the whole ``suffix`` draft when the paper's MLP predicts more than ``--payoff-threshold``
+  accepted tokens, else the model drafter (none in a replay: a plain step).
+* ``hvd-chain`` / ``hvd-graft``: the merge baselines
+  (:mod:`hvd_agents.drafters.hybrid.merge`): model draft then cache continuation, and
+  the cache draft grafted onto the model's confident prefix. A replay has no model
+  drafter, so both verify the ``suffix`` draft; they differ only live.
 * ``oracle``: the ``suffix`` draft truncated to exactly the tokens that will be
   accepted: the same steps as ``suffix`` with no wasted verification, i.e. the
   upper bound of any draft-length rule applied to that drafter's single path.
@@ -46,22 +53,28 @@ from typing import Protocol
 from hvd_agents.chat.analyzer import register
 from hvd_agents.drafters import (
     CacheStore,
+    ChainDrafter,
     Draft,
     DraftContext,
     Drafter,
+    GraftDrafter,
     HybridDrafter,
     NoDrafter,
     Outcome,
+    PaperDrafter,
     PromptLookupDrafter,
     SuffixDrafter,
 )
+from hvd_agents.drafters.hybrid import CacheProbe, CombinedDrafter
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.policy import FALLBACK_VERIFY_COST, CostModel, PayoffPredictor
+from hvd_agents.policy.paper import PAPER_THRESHOLD, PaperMLP, TokenClasses
 from hvd_agents.structure import PromptStructure
 
 logger = logging.getLogger(__name__)
 
-POLICIES: tuple[str, ...] = ("ar", "pld", "suffix-local", "suffix", "suffix-threshold", "hvd", "oracle", "arctic")
+POLICIES: tuple[str, ...] = ("ar", "pld", "suffix-local", "suffix", "suffix-threshold", "hvd", "hvd-paper",
+                             "hvd-chain", "hvd-graft", "oracle", "arctic")
 ALIASES = {"hvd-cache": "suffix"}
 ARCTIC_DEPTH = 64
 
@@ -83,6 +96,9 @@ class Policy(Protocol):
     def stop(self, req_id: str) -> None:
         """End the turn."""
 
+    def probe(self, req_id: str) -> CacheProbe | None:
+        """The last proposal's cache draft, prediction and arm (None: not known for this policy)."""
+
 
 @dataclass
 class DrafterPolicy:
@@ -91,6 +107,7 @@ class DrafterPolicy:
     name: str
     drafter: Drafter
     store: CacheStore | None = None
+    last: CacheProbe | None = None  # the last proposal's probe, for a plain cache drafter
 
     def start(self, req_id: str, structure: PromptStructure) -> None:
         if self.store is not None:
@@ -99,7 +116,20 @@ class DrafterPolicy:
 
     def propose(self, ctx: DraftContext, k: int, lookahead: Sequence[int]) -> Draft:
         del lookahead
-        return self.drafter.propose(ctx, k)
+        return self.remember(self.drafter.propose(ctx, k))
+
+    def remember(self, proposal: Draft, used: Draft | None = None) -> Draft:
+        """Keep a plain cache drafter's ``proposal`` as the step's probe; return what is verified
+        (``used``, default the proposal)."""
+        used = proposal if used is None else used
+        if isinstance(self.drafter, SuffixDrafter):
+            self.last = CacheProbe(proposal.token_ids, None, "cache" if used.token_ids else "none")
+        return used
+
+    def probe(self, req_id: str) -> CacheProbe | None:
+        if isinstance(self.drafter, (HybridDrafter, CombinedDrafter)):
+            return self.drafter.probe(req_id)
+        return self.last
 
     def observe(self, outcome: Outcome) -> None:
         self.drafter.observe(outcome)
@@ -116,7 +146,7 @@ class ThresholdPolicy(DrafterPolicy):
 
     def propose(self, ctx: DraftContext, k: int, lookahead: Sequence[int]) -> Draft:
         draft = self.drafter.propose(ctx, k)
-        return draft if draft.score >= self.threshold else Draft()
+        return self.remember(draft, draft if draft.score >= self.threshold else Draft())
 
 
 @dataclass
@@ -125,7 +155,7 @@ class OraclePolicy(DrafterPolicy):
 
     def propose(self, ctx: DraftContext, k: int, lookahead: Sequence[int]) -> Draft:
         draft = self.drafter.propose(ctx, k)
-        return draft.truncated(common_prefix(draft.token_ids, lookahead))
+        return self.remember(draft, draft.truncated(common_prefix(draft.token_ids, lookahead)))
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -205,8 +235,14 @@ def resolve_policy_names(spec: str | Sequence[str] | None) -> tuple[list[str], l
     return names, notes
 
 
-def make_policy(name: str, *, threshold: float, verify_cost: float = FALLBACK_VERIFY_COST, store_tokens: int = 1_000_000) -> Policy:
-    """A fresh policy by (resolved) name; store-based policies get a new store of ``store_tokens``."""
+def make_policy(name: str, *, threshold: float, verify_cost: float = FALLBACK_VERIFY_COST, store_tokens: int = 1_000_000,
+                payoff_threshold: float = PAPER_THRESHOLD, paper: PaperMLP | None = None,
+                classes: TokenClasses | None = None) -> Policy:
+    """A fresh policy by (resolved) name; store-based policies get a new store of ``store_tokens``.
+
+    ``payoff_threshold``, ``paper`` (the MLP; the packaged one when None) and ``classes`` (the tokenizer's
+    punctuation and bracket ids) configure ``hvd-paper``.
+    """
     if name == "ar":
         return DrafterPolicy(name, NoDrafter())
     if name == "pld":
@@ -223,6 +259,13 @@ def make_policy(name: str, *, threshold: float, verify_cost: float = FALLBACK_VE
     if name == "hvd":
         return DrafterPolicy(name, HybridDrafter(SuffixDrafter(store), PayoffPredictor(), CostModel.linear(verify_cost)),
                              store)
+    if name == "hvd-paper":
+        return DrafterPolicy(name, PaperDrafter(SuffixDrafter(store), paper, threshold=payoff_threshold,
+                                                classes=classes), store)
+    if name == "hvd-chain":
+        return DrafterPolicy(name, ChainDrafter(SuffixDrafter(store)), store)
+    if name == "hvd-graft":
+        return DrafterPolicy(name, GraftDrafter(SuffixDrafter(store)), store)
     if name == "oracle":
         return OraclePolicy(name, SuffixDrafter(store), store)
     raise InvalidRequestError(f"unknown policy {name!r}")

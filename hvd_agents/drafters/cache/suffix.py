@@ -73,6 +73,7 @@ class _RequestState:
     prompt_kinds: list[SpanKind]
     session_id: str | None
     candidates: list[_Candidate] = field(default_factory=list)  # of the last proposal
+    backups: list[list[int]] = field(default_factory=list)  # its other source's shorter-match continuations
     k: int = 0
     last_span: int | None = None
     last_kind: SpanKind | None = None
@@ -151,12 +152,14 @@ class SuffixDrafter:
         recent). ``draft`` is the proposal's tokens (a prefix of them is fine).
         """
         state = started(self._requests, req_id, self.source, "alternatives")
-        if limit <= 0 or len(state.candidates) < 2:
+        if limit <= 0 or not state.candidates:
             return []
         groups: dict[tuple[int, ...], int] = {}
         for candidate in state.candidates:
             key = tuple(candidate.tokens[: state.k])
             groups[key] = groups.get(key, 0) + 1
+        for tokens in state.backups:  # the other source's, at a shorter match: after every longest-match one
+            groups.setdefault(tuple(tokens[: state.k]), 0)
         if len(groups) < 2:
             return []
         draft = tuple(draft)
@@ -170,7 +173,7 @@ class SuffixDrafter:
                 continue  # agrees with the draft as far as either goes, or departs like an earlier one
             seen.add((depth, tokens[depth]))
             agreeing = sum(w for t, w in groups.items() if len(t) > depth and t[:depth] == draft[:depth])
-            out.append(Alternative(depth, weight / agreeing, tokens[depth:]))
+            out.append(Alternative(depth, weight / agreeing if agreeing else 0.0, tokens[depth:]))
             if len(out) >= limit:
                 break
         return out
@@ -183,6 +186,11 @@ class SuffixDrafter:
         if self.store is not None:
             shared_len, shared = self.store.continuations(context, k, self.max_match, self.max_candidates)
         best = max(local[0].length if local else 0, shared_len)
+        state.backups = []
+        if local and local[0].length < best:
+            state.backups = [state.index.continuation(m.end, k) for m in local[: self.max_candidates]]
+        elif shared and shared_len < best:
+            state.backups = [tokens for tokens, _ in shared]
         out: list[_Candidate] = []
         for match in local[: self.max_candidates]:
             if match.length == best:

@@ -9,13 +9,24 @@ Read in this order (one step of the policy):
 * :mod:`.tree`: growing the cache draft into a tree of alternatives (pure functions).
 * :mod:`.pricing`: what a step costs, calibrated to the engine's step timings.
 * :mod:`.config`: every prior, running-estimate weight and limit, in one frozen record.
+* :mod:`.probe`: what a combining drafter tells a trace replay about its step.
+
+Beside ``hvd``, the rules others ship, as drafters over the same parts
+(:mod:`.combined` is their shared lifecycle): :mod:`.paper` (method ``hvd-paper``, the
+HVD paper's predicted-length threshold) and :mod:`.merge` (methods ``hvd-chain`` and
+``hvd-graft``: model and cache tokens merged into one draft).
 
 What the policy needs of a model drafter is declared in
 :mod:`hvd_agents.drafters.model.protocol`.
 """
 
+from hvd_agents.drafters.hybrid.combined import CombinedDrafter
 from hvd_agents.drafters.hybrid.config import HybridConfig
 from hvd_agents.drafters.hybrid.drafter import HybridDrafter, StepDecision
+from hvd_agents.drafters.hybrid.merge import ChainDrafter, GraftDrafter
+from hvd_agents.drafters.hybrid.paper import PaperDrafter
 from hvd_agents.drafters.hybrid.pricing import StepPricing
+from hvd_agents.drafters.hybrid.probe import CacheProbe
 
-__all__ = ["HybridConfig", "HybridDrafter", "StepDecision", "StepPricing"]
+__all__ = ["CacheProbe", "ChainDrafter", "CombinedDrafter", "GraftDrafter", "HybridConfig", "HybridDrafter",
+           "PaperDrafter", "StepDecision", "StepPricing"]

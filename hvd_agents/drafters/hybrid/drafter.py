@@ -63,6 +63,7 @@ from hvd_agents.drafters.base import Draft, DraftContext, Drafter, Outcome, star
 from hvd_agents.drafters.cache.suffix import SuffixDrafter
 from hvd_agents.drafters.hybrid.config import HybridConfig
 from hvd_agents.drafters.hybrid.pricing import StepPricing
+from hvd_agents.drafters.hybrid.probe import CacheProbe
 from hvd_agents.drafters.hybrid.tree import grow_tree, tried_alternatives
 from hvd_agents.drafters.model.protocol import ModelDrafter, as_model_drafter
 from hvd_agents.policy.calibration import StepCalibration
@@ -87,6 +88,8 @@ class StepDecision:
         draft_s: seconds the model drafter took (0 when it was not asked).
         policy_s: the policy's own seconds in ``propose``: cache drafting and the decision,
             model drafting excluded.
+        cache_tokens: the cache drafter's whole proposal, used or not (empty: none).
+        predicted: the predictor's expected accepted length of that whole proposal (None: no proposal).
     """
 
     source: str = "none"
@@ -96,6 +99,8 @@ class StepDecision:
     verified: int = 0
     draft_s: float = 0.0
     policy_s: float = 0.0
+    cache_tokens: tuple[int, ...] = ()
+    predicted: float | None = None
 
 
 @dataclass(frozen=True)
@@ -218,6 +223,14 @@ class HybridDrafter:
         request = self._requests.get(req_id)
         return None if request is None else request.decision
 
+    def probe(self, req_id: str) -> CacheProbe | None:
+        """The step's cache proposal, prediction and arm (:class:`~.probe.CacheProbe`), between ``propose`` and
+        ``observe`` (None: no proposal this step, or the request is not started)."""
+        decision = self.decision(req_id)
+        if decision is None:
+            return None
+        return CacheProbe(decision.cache_tokens, decision.predicted, decision.source)
+
     # ------------------------------------------------------------------ lifecycle
 
     def start(self, req_id: str, prompt_ids: Sequence[int], structure: PromptStructure | None = None) -> None:
@@ -284,8 +297,9 @@ class HybridDrafter:
         # 4. the record observe learns from
         policy_s = time.perf_counter() - begun - draft_s
         main = cache_main if best.source == "cache" else 0
+        predicted = float(survival.sum()) if cached.token_ids else None
         request.decision = StepDecision(best.source, features, main, best.choice.cost, len(best.draft), draft_s,
-                                        policy_s)
+                                        policy_s, cached.token_ids, predicted)
         if best.source != "cache":
             return best.draft
         judged = ChosenDraftFeatures(features, len(cached), best.choice.expected_tokens - 1.0, rate)

@@ -122,6 +122,13 @@ def test_bad_requests_are_400_naming_the_field(url, body, param) -> None:
     assert error["param"] == param and error["type"] == "invalid_request_error" and error["message"]
 
 
+@pytest.mark.parametrize("prompt", [[True, False], [1, True]])
+def test_json_booleans_are_not_token_ids(url, prompt) -> None:
+    response = httpx.post(f"{url}/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 2})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["type"] == "invalid_request_error"
+
+
 def test_other_caller_errors(url, client) -> None:
     with pytest.raises(openai.NotFoundError) as missing:
         client.chat.completions.create(model="gpt-4o", messages=MESSAGES)

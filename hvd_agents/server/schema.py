@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from hvd_agents.chat.render import unsupported_part
 from hvd_agents.chat.reply_options import ReplyOptions, check_reply_options
@@ -195,7 +195,8 @@ class ChatCompletionRequest(_Sampling):
 class CompletionRequest(_Sampling):
     """The body of ``POST /v1/completions`` (one prompt: text, or token ids)."""
 
-    prompt: str | list[str] | list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
+    # strict: JSON booleans are not token ids (lax mode would read true as 1)
+    prompt: str | list[str] | list[Annotated[StrictInt, Field(ge=0)]] = Field(min_length=1)
     max_tokens: int | None = Field(16, ge=1)
     echo: bool = False
     suffix: str | None = None

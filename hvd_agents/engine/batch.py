@@ -51,6 +51,7 @@ from hvd_agents.engine.stats import TokenEvent
 from hvd_agents.errors import InvalidRequestError, QueueFullError
 from hvd_agents.policy.cost import CostModel, request_cost
 from hvd_agents.runtime.runner import Runner
+from hvd_agents.runtime.threads import step_threads
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +140,7 @@ class Batcher:
                 self._active += joining
             for item in expired:
                 item.events.put(item.req.timed_out("waiting for a place in the batch"))
-            with self.lock:
+            with self.lock, step_threads(self.runner):
                 active = [item for item in self._active
                           if (item not in joining or self._start(item)) and not self._left(item) and not self._expire(item)]
                 self._prefill_some([item for item in active if item.prefill is not None])

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from hvd_agents.engine.request import Request
 from hvd_agents.engine.stats import TokenEvent
 from hvd_agents.errors import RequestTimeoutError
+from hvd_agents.runtime.threads import step_threads
 
 
 class SerialScheduler:
@@ -59,13 +60,15 @@ class SerialScheduler:
 
 def run_alone(req: Request) -> Iterator[TokenEvent]:
     """The one-request loop: prefill, then one step per forward (:mod:`hvd_agents.engine.request`)."""
-    req.prefill()
+    with step_threads(req.host.runner):
+        req.prefill()
     finish: str | None = None
     while finish is None:
-        req.check_deadline("while decoding")
-        draft = req.propose()
-        verify_start = time.perf_counter()
-        verification = req.verify(draft)
-        event = req.finish_step(draft, verification, time.perf_counter() - verify_start)
+        with step_threads(req.host.runner):  # never across a yield: the consumer's code runs on its own threads
+            req.check_deadline("while decoding")
+            draft = req.propose()
+            verify_start = time.perf_counter()
+            verification = req.verify(draft)
+            event = req.finish_step(draft, verification, time.perf_counter() - verify_start)
         finish = event.finish_reason
         yield event

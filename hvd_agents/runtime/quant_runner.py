@@ -41,6 +41,7 @@ from hvd_agents.runtime.profile import cached_cost_model, machine_key_parts, mea
 from hvd_agents.runtime.quant_arch import architecture
 from hvd_agents.runtime.quant_weights import MATRICES, WeightSet
 from hvd_agents.runtime.runner import BatchCall, add_hidden
+from hvd_agents.runtime.threads import team_threads
 
 MAX_NATIVE_ROWS = 64  # rows a request may verify in one step (a draft, a tree) and rows of a batched step's calls
 PREFILL_ROWS = 256  # rows per native call of a longer chain (a prefill): any split gives the same bits
@@ -211,6 +212,8 @@ class QuantRunner:
             runner at first use (and cached per weights and machine) otherwise.
     """
 
+    runs_own_threads = True  # its forward runs on the native team (the engine keeps torch's ops off its cores)
+
     def __init__(self, model: torch.nn.Module, *, context_window: int | None = None,
                  cost_model: CostModel | None = None) -> None:
         native = attached(model)
@@ -279,7 +282,7 @@ class QuantRunner:
         want_hidden = any(call.hidden is not None for call in calls)
         logits, rows = self.native.native.forward_batch(tokens, positions, visible, starts, [c.kv.k for c in calls],
                                                         [c.kv.v for c in calls], [c.kv.length for c in calls], m,
-                                                        want_hidden)
+                                                        want_hidden, team_threads())
         for call, s0, n in zip(calls, starts, sizes):
             call.kv._length += n
             if call.hidden is not None:
@@ -315,7 +318,7 @@ class QuantRunner:
         tokens = torch.tensor(list(token_ids), dtype=torch.long)
         if parents is not None or n <= PREFILL_ROWS:
             logits, rows = self.native.native.forward(tokens, positions, visible, kv.k, kv.v, past, keep,
-                                                      hidden is not None)
+                                                      hidden is not None, team_threads())
         else:
             logits, rows = self._chunked(kv, tokens, positions, keep, hidden is not None)
         kv._length = past + n
@@ -332,7 +335,7 @@ class QuantRunner:
             s1 = min(n, s0 + PREFILL_ROWS)
             wanted = max(1, s1 - max(s0, n - keep))  # this chunk's rows among the last `keep`
             out, hidden = self.native.native.forward(tokens[s0:s1], positions[s0:s1], self._no_tree, kv.k, kv.v,
-                                                     past + s0, wanted, want_hidden)
+                                                     past + s0, wanted, want_hidden, team_threads())
             if s1 > n - keep:
                 logits.append(out)
             rows.append(hidden)

@@ -34,6 +34,10 @@ Contract, per request::
   a ``forward`` of its own; a runner that can share one forward among them (the
   quantized CPU runner: the weights are read once for all rows) does, the others run
   them one after another (:func:`forward_each`).
+* ``runs_own_threads`` (optional, default False): the forward runs on the runner's own
+  threads rather than torch's; the engine then runs its steps inside
+  :func:`hvd_agents.runtime.threads.step_threads`, so torch's small ops between forwards
+  stay on the calling thread and never compete with the forward's threads for cores.
 
 :class:`HFRunner` implements it over any HuggingFace causal LM with the
 in-place cache of :mod:`hvd_agents.runtime.kv`. A tree's mask is given to the model

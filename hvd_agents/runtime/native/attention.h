@@ -26,11 +26,51 @@ constexpr int64_t kMaxLanes = kMaxHeadDim / 8;
 using hvd_lanes::exp8;
 using hvd_lanes::hsum;
 
+// acc[i] += p[t] * row(t, i) for t = 0 .. n - 1 in order, for the L 8-lane chunks i of an output (held in
+// registers for the whole loop: L is a constant).
+template <int L, class Row>
+inline void weigh(__m256* acc, const float* p, int64_t n, const Row& row) {
+  __m256 a[L];
+  for (int i = 0; i < L; ++i) a[i] = acc[i];
+  for (int64_t t = 0; t < n; ++t) {
+    const __m256 pv = _mm256_set1_ps(p[t]);
+    for (int i = 0; i < L; ++i) a[i] = _mm256_fmadd_ps(pv, row(t, i), a[i]);
+  }
+  for (int i = 0; i < L; ++i) acc[i] = a[i];
+}
+
+// The same for an output of `lanes` chunks, eight chunks at a time: every element's sum runs over t in order,
+// as one loop over all the chunks would run it.
+template <class Row>
+inline void weigh_lanes(__m256* acc, int64_t lanes, const float* p, int64_t n, const Row& row) {
+  int64_t i0 = 0;
+  const auto at = [&](int64_t base) { return [&row, base](int64_t t, int i) { return row(t, base + i); }; };
+  for (; i0 + 8 <= lanes; i0 += 8) weigh<8>(acc + i0, p, n, at(i0));
+  switch (lanes - i0) {
+    case 1: weigh<1>(acc + i0, p, n, at(i0)); break;
+    case 2: weigh<2>(acc + i0, p, n, at(i0)); break;
+    case 3: weigh<3>(acc + i0, p, n, at(i0)); break;
+    case 4: weigh<4>(acc + i0, p, n, at(i0)); break;
+    case 5: weigh<5>(acc + i0, p, n, at(i0)); break;
+    case 6: weigh<6>(acc + i0, p, n, at(i0)); break;
+    case 7: weigh<7>(acc + i0, p, n, at(i0)); break;
+    default: break;
+  }
+}
+
 // scores[0, T) -> exp(score - max), in place (scores padded to a multiple of 8); returns 1 / their sum.
 inline float softmax(float* scores, int64_t T) {
   const int64_t T8 = (T + 7) / 8 * 8;
+  // the largest score (a maximum is the same in any order: lanes first, then across them; scores of -0 and +0 give
+  // the same exp either way)
+  __m256 mv8 = _mm256_set1_ps(-INFINITY);
+  int64_t k = 0;
+  for (; k + 8 <= T; k += 8) mv8 = _mm256_max_ps(mv8, _mm256_loadu_ps(scores + k));
+  alignas(32) float lanes8[8];
+  _mm256_store_ps(lanes8, mv8);
   float mx = -INFINITY;
-  for (int64_t t = 0; t < T; ++t) mx = std::max(mx, scores[t]);
+  for (int j = 0; j < 8; ++j) mx = std::max(mx, lanes8[j]);
+  for (; k < T; ++k) mx = std::max(mx, scores[k]);
   for (int64_t t = T; t < T8; ++t) scores[t] = mx;
   __m256 sum = _mm256_setzero_ps();
   const __m256 mv = _mm256_set1_ps(mx);
@@ -81,12 +121,10 @@ inline void attend(const float* q, const at::Half* K, const at::Half* V, int64_t
   __m256 acc[kMaxLanes];
   const int64_t lanes = hd / 8;
   for (int64_t i = 0; i < lanes; ++i) acc[i] = _mm256_setzero_ps();
-  for (int64_t t = 0; t < T; ++t) {
-    const uint16_t* v = reinterpret_cast<const uint16_t*>(V + static_cast<int64_t>(slots[t]) * hd);
-    const __m256 p = _mm256_set1_ps(scores[t]);
-    for (int64_t i = 0; i < lanes; ++i)
-      acc[i] = _mm256_fmadd_ps(p, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v + 8 * i))), acc[i]);
-  }
+  const uint16_t* V16 = reinterpret_cast<const uint16_t*>(V);
+  weigh_lanes(acc, lanes, scores, T, [V16, slots, hd](int64_t t, int64_t i) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(V16 + static_cast<int64_t>(slots[t]) * hd + 8 * i)));
+  });
   const __m256 iv = _mm256_set1_ps(inv);
   for (int64_t i = 0; i < lanes; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(acc[i], iv));
 }
@@ -126,6 +164,11 @@ inline void attend_block(const float* const* q, const int64_t* lo, const int64_t
       const int64_t n = std::min<int64_t>(8, Q - u0);
       const float* qs[8];
       for (int64_t u = 0; u < 8; ++u) qs[u] = q[u0 + std::min(u, n - 1)];
+      int64_t all_lo = 0, all_T = Tmax;  // the keys every one of the eight sees
+      for (int64_t u = 0; u < n; ++u) {
+        all_lo = std::max(all_lo, lo[u0 + u]);
+        all_T = std::min(all_T, T[u0 + u]);
+      }
       for (int64_t t = t0; t < t1; ++t) {
         const float* k = kv + (t - t0) * hd;
         __m256 a[8];
@@ -136,8 +179,12 @@ inline void attend_block(const float* const* q, const int64_t* lo, const int64_t
         }
         alignas(32) float s[8];
         _mm256_store_ps(s, _mm256_mul_ps(hvd_lanes::hsum8(a), sv));
-        for (int64_t u = 0; u < n; ++u)
-          if (t >= lo[u0 + u] && t < T[u0 + u]) scores[(u0 + u) * ld + t - lo[u0 + u]] = s[u];
+        if (t >= all_lo && t < all_T) {  // every query of the eight sees key t
+          for (int64_t u = 0; u < n; ++u) scores[(u0 + u) * ld + t - lo[u0 + u]] = s[u];
+        } else {
+          for (int64_t u = 0; u < n; ++u)
+            if (t >= lo[u0 + u] && t < T[u0 + u]) scores[(u0 + u) * ld + t - lo[u0 + u]] = s[u];
+        }
       }
     }
   }
@@ -155,12 +202,9 @@ inline void attend_block(const float* const* q, const int64_t* lo, const int64_t
       if (end <= begin) continue;
       __m256 a[kMaxLanes];
       for (int64_t i = 0; i < lanes; ++i) a[i] = _mm256_loadu_ps(acc + u * hd + 8 * i);
-      const float* p = scores + u * ld;
-      for (int64_t t = begin; t < end; ++t) {
-        const __m256 pv = _mm256_set1_ps(p[t - lo[u]]);
-        const float* v = kv + (t - t0) * hd;
-        for (int64_t i = 0; i < lanes; ++i) a[i] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + 8 * i), a[i]);
-      }
+      const float* v = kv + (begin - t0) * hd;
+      weigh_lanes(a, lanes, scores + u * ld + begin - lo[u], end - begin,
+                  [v, hd](int64_t t, int64_t i) { return _mm256_loadu_ps(v + t * hd + 8 * i); });
       for (int64_t i = 0; i < lanes; ++i) _mm256_storeu_ps(acc + u * hd + 8 * i, a[i]);
     }
   }

@@ -94,6 +94,11 @@ struct Layer {
   int64_t rope;    // the rope table the layer uses
 };
 
+// A call's team: `threads` when given, else ATen's count on the calling thread.
+inline int team_size(int64_t threads) {
+  return threads > 0 ? static_cast<int>(threads) : std::max(1, at::get_num_threads());
+}
+
 inline bool has(const at::Tensor& t) { return t.defined() && t.numel() > 0; }
 inline const float* fp(const at::Tensor& t) { return has(t) ? t.data_ptr<float>() : nullptr; }
 
@@ -146,10 +151,12 @@ class QuantModel {
   // tokens, positions: int64 [M]; visible: bool [M, M] (row i sees new row j) or an empty tensor for a chain;
   // kc, vc: float16 [layers, kv_heads, cap, head_dim], positions [0, past) filled; rows are written at past + i.
   // Returns (logits of the last `keep` rows [keep, vocab], normed hidden states [M, hidden] or empty).
+  // threads: the team's size (0: ATen's thread count on the calling thread).
   std::vector<at::Tensor> forward(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& visible,
-                                  at::Tensor kc, at::Tensor vc, int64_t past, int64_t keep, bool want_hidden) {
+                                  at::Tensor kc, at::Tensor vc, int64_t past, int64_t keep, bool want_hidden,
+                                  int64_t threads) {
     const int64_t M = tokens.numel();
-    return forward_batch(tokens, positions, visible, {0, M}, {kc}, {vc}, {past}, keep, want_hidden);
+    return forward_batch(tokens, positions, visible, {0, M}, {kc}, {vc}, {past}, keep, want_hidden, threads);
   }
 
   // Several sequences in one forward: sequence b owns rows [starts[b], starts[b + 1]) and its own cache
@@ -160,8 +167,9 @@ class QuantModel {
   std::vector<at::Tensor> forward_batch(const at::Tensor& tokens, const at::Tensor& positions,
                                         const at::Tensor& visible, std::vector<int64_t> starts,
                                         std::vector<at::Tensor> kcs, std::vector<at::Tensor> vcs,
-                                        std::vector<int64_t> pasts, int64_t keep, bool want_hidden) {
+                                        std::vector<int64_t> pasts, int64_t keep, bool want_hidden, int64_t threads) {
     const int64_t M = tokens.numel();
+    TORCH_CHECK(threads >= 0, "threads must be 0 (ATen's count) or more, not ", threads);
     TORCH_CHECK(M >= 1 && M <= kMaxRows, "this path takes 1 to ", kMaxRows, " tokens, not ", M);
     TORCH_CHECK(keep >= 1 && keep <= M, "keep must be in 1..", M);
     const int64_t B = static_cast<int64_t>(kcs.size());
@@ -211,7 +219,7 @@ class QuantModel {
     const int64_t H = H_, qd = nh_ * hd_, kd = nkv_ * hd_, I = I_;
     std::vector<float> x(M * H), xn(M * H), qkv(M * (qd + 2 * kd)), att(M * qd), tmp(M * H), gu(M * 2 * I), act(M * I);
     const int64_t smax = (longest + 7) / 8 * 8;
-    const int nt = std::max(1, at::get_num_threads());
+    const int nt = team_size(threads);
     std::vector<float> scores(static_cast<size_t>(nt) * smax);
     QRows qx, qa, qf, qo;
     qx.resize(M, H);
@@ -408,7 +416,7 @@ class QuantModel {
 
 // y = x W^T (+ bias) for 1..64 float32 rows on the kernel the forward uses (inputs quantized per block
 // for quantized weights): what the batch-invariance tests call directly.
-at::Tensor linear(const Matrix& W, const at::Tensor& x) {
+at::Tensor linear(const Matrix& W, const at::Tensor& x, int64_t threads) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.size(1) == W.K, "x must be float32 [M, ", W.K, "]");
   const at::Tensor xs = x.contiguous();
   const int64_t M = xs.size(0);
@@ -420,7 +428,8 @@ at::Tensor linear(const Matrix& W, const at::Tensor& x) {
     for (int64_t r = 0; r < M; ++r)
       quantize_row(xs.data_ptr<float>() + r * W.K, W.K, q, r);
   }
-  const int nt = std::max(1, at::get_num_threads());
+  TORCH_CHECK(threads >= 0, "threads must be 0 (ATen's count) or more, not ", threads);
+  const int nt = team_size(threads);
   hvd_team::team().run(nt, [&](hvd_team::Ctx& c) { multi_linear(c, W, q, xs.data_ptr<float>(), M, y.data_ptr<float>(), W.N); });
   return y;
 }
@@ -468,11 +477,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, int64_t, double, double, std::vector<at::Tensor>,
                     std::vector<at::Tensor>, Matrix, at::Tensor, Matrix>())
       .def("add_layer", &QuantModel::add_layer)
-      .def("forward", &QuantModel::forward, py::call_guard<py::gil_scoped_release>())
-      .def("forward_batch", &QuantModel::forward_batch, py::call_guard<py::gil_scoped_release>())
+      .def("forward", &QuantModel::forward, py::arg("tokens"), py::arg("positions"), py::arg("visible"), py::arg("kc"),
+           py::arg("vc"), py::arg("past"), py::arg("keep"), py::arg("want_hidden"), py::arg("threads") = 0,
+           py::call_guard<py::gil_scoped_release>())
+      .def("forward_batch", &QuantModel::forward_batch, py::arg("tokens"), py::arg("positions"), py::arg("visible"),
+           py::arg("starts"), py::arg("kcs"), py::arg("vcs"), py::arg("pasts"), py::arg("keep"), py::arg("want_hidden"),
+           py::arg("threads") = 0, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("num_layers", &QuantModel::num_layers)
       .def_property_readonly("vocab", &QuantModel::vocab);
-  m.def("linear", &linear, py::call_guard<py::gil_scoped_release>());
+  m.def("linear", &linear, py::arg("weight"), py::arg("x"), py::arg("threads") = 0, py::call_guard<py::gil_scoped_release>());
   m.def("rope_table", &rope_table, py::call_guard<py::gil_scoped_release>());
   m.def("dequantize", &dequantize, py::call_guard<py::gil_scoped_release>());
   m.attr("MAX_ROWS") = kMaxRows;

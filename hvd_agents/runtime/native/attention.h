@@ -155,36 +155,47 @@ inline void attend_block(const float* const* q, const int64_t* lo, const int64_t
   }
   const int64_t lanes = hd / 8;
   const __m256 sv = _mm256_set1_ps(scale);
-  // 1. scores, eight queries' chains at a time against each converted key
+  // 1. scores: four queries' chains at a time against two converted keys
   for (int64_t t0 = Lmin; t0 < Tmax; t0 += kChunk) {
     const int64_t t1 = std::min(Tmax, t0 + kChunk);
     for (int64_t i = 0; i < (t1 - t0) * hd; i += 8)
       _mm256_storeu_ps(kv + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(K + t0 * hd + i))));
-    for (int64_t u0 = 0; u0 < Q; u0 += 8) {
-      const int64_t n = std::min<int64_t>(8, Q - u0);
-      const float* qs[8];
-      for (int64_t u = 0; u < 8; ++u) qs[u] = q[u0 + std::min(u, n - 1)];
-      int64_t all_lo = 0, all_T = Tmax;  // the keys every one of the eight sees
+    for (int64_t u0 = 0; u0 < Q; u0 += 4) {
+      const int64_t n = std::min<int64_t>(4, Q - u0);
+      const float* qs[4];
+      for (int64_t u = 0; u < 4; ++u) qs[u] = q[u0 + std::min(u, n - 1)];
+      int64_t all_lo = 0, all_T = Tmax;  // the keys every one of the four sees
       for (int64_t u = 0; u < n; ++u) {
         all_lo = std::max(all_lo, lo[u0 + u]);
         all_T = std::min(all_T, T[u0 + u]);
       }
-      for (int64_t t = t0; t < t1; ++t) {
-        const float* k = kv + (t - t0) * hd;
-        __m256 a[8];
-        for (int u = 0; u < 8; ++u) a[u] = _mm256_setzero_ps();
-        for (int64_t i = 0; i < hd; i += 8) {
-          const __m256 kk = _mm256_loadu_ps(k + i);
-          for (int u = 0; u < 8; ++u) a[u] = _mm256_fmadd_ps(_mm256_loadu_ps(qs[u] + i), kk, a[u]);
-        }
-        alignas(32) float s[8];
-        _mm256_store_ps(s, _mm256_mul_ps(hvd_lanes::hsum8(a), sv));
-        if (t >= all_lo && t < all_T) {  // every query of the eight sees key t
+      const auto keep = [&](int64_t t, const float* s) {
+        if (t >= all_lo && t < all_T) {
           for (int64_t u = 0; u < n; ++u) scores[(u0 + u) * ld + t - lo[u0 + u]] = s[u];
         } else {
           for (int64_t u = 0; u < n; ++u)
             if (t >= lo[u0 + u] && t < T[u0 + u]) scores[(u0 + u) * ld + t - lo[u0 + u]] = s[u];
         }
+      };
+      // two keys at a time, each query's chunk loaded once for both
+      for (int64_t t = t0; t < t1; t += 2) {
+        const int64_t t2 = std::min(t + 1, t1 - 1);  // the pair's second key (the first again at an odd end)
+        const float* ka = kv + (t - t0) * hd;
+        const float* kb = kv + (t2 - t0) * hd;
+        __m256 a[8];  // a[u]: query u against key t; a[4 + u]: against key t2
+        for (int u = 0; u < 8; ++u) a[u] = _mm256_setzero_ps();
+        for (int64_t i = 0; i < hd; i += 8) {
+          const __m256 x = _mm256_loadu_ps(ka + i), y = _mm256_loadu_ps(kb + i);
+          for (int u = 0; u < 4; ++u) {
+            const __m256 qv = _mm256_loadu_ps(qs[u] + i);
+            a[u] = _mm256_fmadd_ps(qv, x, a[u]);
+            a[4 + u] = _mm256_fmadd_ps(qv, y, a[4 + u]);
+          }
+        }
+        alignas(32) float s[8];
+        _mm256_store_ps(s, _mm256_mul_ps(hvd_lanes::hsum8(a), sv));
+        keep(t, s);
+        if (t2 != t) keep(t2, s + 4);
       }
     }
   }

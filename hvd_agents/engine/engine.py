@@ -116,9 +116,11 @@ class Engine:
             any; the default) or None (no head).
         runner: the runner the target's forwards go through (a
             :class:`~hvd_agents.runtime.runner.Runner` over ``model``); by default
-            :func:`~hvd_agents.runtime.runner_choice.runner_for` picks it: the native
-            CPU runner for GGUF weights, the static graph-captured runner for
-            supported models on CUDA, the HF runner otherwise.
+            :func:`~hvd_agents.runtime.runner_choice.runner_for` picks it: the static
+            graph-captured runner for supported models on CUDA, the HF runner otherwise.
+            A loaded model's native CPU forward (GGUF weights) comes with its
+            :class:`~hvd_agents.runtime.loading.LoadedModel`: :meth:`from_loaded` (or a
+            :class:`~hvd_agents.runtime.target.Target` made with ``native``) runs it.
         max_batch: concurrent requests decoded together, one forward per step for
             all of them (:mod:`hvd_agents.engine.batch`); 1 (the default) serialises
             requests (:mod:`hvd_agents.engine.serial`).

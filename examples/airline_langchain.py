@@ -47,7 +47,7 @@ from langchain_hvd import ChatHVD
 from langgraph.checkpoint.memory import InMemorySaver
 
 from hvd_agents.bench.recorder import record_calls
-from hvd_agents.chat.templates import apply_system_template, load_template
+from hvd_agents.chat.prompt_templates import apply_system_template, load_template
 from hvd_agents.drafters import available_methods
 from hvd_agents.engine import Engine, GenerationParams
 from hvd_agents.engine.shared import shared_engine

@@ -6,7 +6,7 @@ Contract:
   has a ``finish_reason`` and the request's :class:`RequestStats`.
   ``Engine.generate`` aggregates the stream.
 * The engine sees token ids only. Chat templates and tool-call formats live above
-  it (:mod:`hvd_agents.chat.template`); a tokenizer, when given, is used only to turn the
+  it (:mod:`hvd_agents.chat.render`); a tokenizer, when given, is used only to turn the
   output into text incrementally and to match stop strings.
 * An engine is built over a :class:`~hvd_agents.runtime.target.Target`: the model, the
   runner its forwards go through, its tokenizer and EOS ids (``Engine(model, ...)`` makes

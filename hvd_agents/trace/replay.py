@@ -17,8 +17,8 @@ so each assistant message is replayed as a generation target:
   policy's :class:`~hvd_agents.trace.stats.PolicyStats` and passed to an optional sink.
 
 Optional transforms applied to each conversation first: canonical tool schemas
-(:func:`hvd_agents.chat.templates.canonicalize_tools`) and a system-prompt template
-(:func:`hvd_agents.chat.templates.apply_system_template`). They change the prompts
+(:func:`hvd_agents.chat.prompt_templates.canonicalize_tools`) and a system-prompt template
+(:func:`hvd_agents.chat.prompt_templates.apply_system_template`). They change the prompts
 only: the recorded replies, hence the targets, stay as they are.
 """
 
@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hvd_agents.chat.analyzer import analyze
-from hvd_agents.chat.template import render_prompt, to_template_messages
-from hvd_agents.chat.templates import Template, apply_system_template, canonicalize_tools
+from hvd_agents.chat.prompt_templates import Template, apply_system_template, canonicalize_tools
+from hvd_agents.chat.render import render_prompt, to_template_messages
 from hvd_agents.drafters import Draft, DraftContext, DraftOutcome
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.policy.cost import FALLBACK_VERIFY_COST

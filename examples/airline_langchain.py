@@ -110,10 +110,9 @@ class Conversation:
 
 
 def _plain_engine(engine: Engine) -> Engine:
-    """An engine over ``engine``'s model and runner (nothing loaded again) with a prefix cache and a store of its
-    own: the plain run neither reuses nor copies anything from the other."""
-    return Engine(engine.model, engine.tokenizer, eos_token_ids=engine.eos_token_ids, runner=engine.runner,
-                  draft_head=None)
+    """An engine over ``engine``'s target (its model, runner, tokenizer and EOS ids: nothing loaded again) with a
+    prefix cache and a store of its own: the plain run neither reuses nor copies anything from the other."""
+    return Engine(engine.target, draft_head=None)
 
 
 def _warm_up(engine: Engine, method: str) -> None:

@@ -83,9 +83,9 @@ def _full_weights_on_first_forward(model: torch.nn.Module, full_load: Callable[[
 
 def load_native_only(gguf: Path, context_window: Callable[[torch.nn.Module], int],
                      full_load: Callable[[], torch.nn.Module]) -> tuple[quant_runner.NativeModel | None, str]:
-    """``(native, "")``, the model's native forward (``native.model`` the model); ``(None, why)`` when the file
-    needs transformers' forward
-    (``why`` is "" when transformers cannot read its config: its own load then says why).
+    """``(native, "")``: the file's native forward, ``native.model`` its model; ``(None, why)`` when the file
+    needs transformers' forward (``why`` is "" when transformers cannot read its config: its own load then says
+    why).
 
     Args:
         gguf: the file.

@@ -46,6 +46,7 @@ MAX_NATIVE_ROWS = 64  # rows a request may verify in one step (a draft, a tree) 
 PREFILL_ROWS = 256  # rows per native call of a longer chain (a prefill): any split gives the same bits
 MIN_ROOM = 256  # positions of room a KV buffer gets at least
 
+
 class NativeModel:
     """A model's weights in the native forward (built once per model, shared by its runners).
 

@@ -47,7 +47,7 @@ from langchain_hvd import ChatHVD
 from langgraph.checkpoint.memory import InMemorySaver
 
 from hvd_agents.bench.recorder import record_calls
-from hvd_agents.chat.templates import apply_system_template, load_template
+from hvd_agents.chat.prompt_templates import apply_system_template, load_template
 from hvd_agents.drafters import available_methods
 from hvd_agents.engine import Engine, GenerationParams
 from hvd_agents.engine.shared import shared_engine
@@ -110,10 +110,9 @@ class Conversation:
 
 
 def _plain_engine(engine: Engine) -> Engine:
-    """An engine over ``engine``'s model and runner (nothing loaded again) with a prefix cache and a store of its
-    own: the plain run neither reuses nor copies anything from the other."""
-    return Engine(engine.model, engine.tokenizer, eos_token_ids=engine.eos_token_ids, runner=engine.runner,
-                  draft_head=None)
+    """An engine over ``engine``'s target (its model, runner, tokenizer and EOS ids: nothing loaded again) with a
+    prefix cache and a store of its own: the plain run neither reuses nor copies anything from the other."""
+    return Engine(engine.target, draft_head=None)
 
 
 def _warm_up(engine: Engine, method: str) -> None:

@@ -35,7 +35,7 @@ from llama_index.core.tools import FunctionTool
 from llama_index.llms.hvd import HVD
 
 from hvd_agents.bench.recorder import save_calls
-from hvd_agents.chat.templates import apply_system_template, load_template
+from hvd_agents.chat.prompt_templates import apply_system_template, load_template
 from hvd_agents.drafters import available_methods
 from hvd_agents.engine import Engine
 from hvd_agents.engine.shared import shared_engine

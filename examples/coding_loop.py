@@ -32,8 +32,8 @@ from _report import Report
 from _tools import call_tool, string_tool
 
 from hvd_agents.bench.recorder import save_calls
+from hvd_agents.chat.prompt_templates import apply_system_template, canonicalize_tools, load_template
 from hvd_agents.chat.request import ChatSettings
-from hvd_agents.chat.templates import apply_system_template, canonicalize_tools, load_template
 from hvd_agents.drafters import available_methods
 from hvd_agents.engine import Engine
 from hvd_agents.engine.shared import shared_engine

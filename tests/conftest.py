@@ -1,4 +1,5 @@
-"""Shared fixtures: the embedded model is loaded once per test session; tiny and scripted engines."""
+"""Shared fixtures: the embedded model is loaded once per test session; tiny and scripted engines; the server
+tests' engine, server and client (``engine``, ``url``, ``client``: one of each per test module that uses them)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import hvd_agents.chat.toolcall_parser
 from hvd_agents.chat.toolcalls import parse_tool_calls
 from tests.helpers import make_byte_tokenizer
 from tests.scripted import ScriptedEngine
+from tests.server_helpers import client_of, running_server, tiny_engine
 from tests.tiny import make_tiny_llama
 
 
@@ -53,3 +55,22 @@ def fixed_call_ids(monkeypatch):
         return parse_tool_calls(text)
 
     monkeypatch.setattr("hvd_agents.chat.reply.parse_tool_calls", parse)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model, byte_tokenizer):
+    """The module's engine on the tiny random model, for the server tests (:func:`tests.server_helpers.tiny_engine`)."""
+    return tiny_engine(tiny_model, byte_tokenizer)
+
+
+@pytest.fixture(scope="module")
+def url(engine):
+    """The base URL of a server over ``engine`` on a loopback port, running for the module."""
+    with running_server(engine) as base:
+        yield base
+
+
+@pytest.fixture
+def client(url):
+    """An OpenAI client of the server at ``url``."""
+    return client_of(url)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from hvd_agents.drafters import Draft, DraftContext, Outcome
+from hvd_agents.drafters import Draft, DraftContext, DraftOutcome
 
 
 class ScriptedDrafter:
@@ -51,7 +51,7 @@ class ScriptedDrafter:
             tokens = []
         return Draft(tuple(tokens), source=f"mode{mode}")
 
-    def observe(self, outcome: Outcome) -> None:
+    def observe(self, outcome: DraftOutcome) -> None:
         pass
 
     def stop(self, req_id: str) -> None:
@@ -73,7 +73,7 @@ class FixedDrafter:
             return Draft(self.tokens, source="fixed-tree", parents=self.parents)
         return Draft(self.tokens[:k], source="fixed")
 
-    def observe(self, outcome: Outcome) -> None:
+    def observe(self, outcome: DraftOutcome) -> None:
         pass
 
     def stop(self, req_id: str) -> None:
@@ -97,7 +97,7 @@ class RandomQDrafter:
         probs = self.q.expand(k, -1)  # [k, vocab]
         return Draft(tuple(tokens.tolist()), probs=probs, source="q")
 
-    def observe(self, outcome: Outcome) -> None:
+    def observe(self, outcome: DraftOutcome) -> None:
         pass
 
     def stop(self, req_id: str) -> None:
@@ -117,7 +117,7 @@ class OracleDrafter:
         pos = ctx.num_output_tokens
         return Draft(self.reference[pos : pos + k], source="oracle")
 
-    def observe(self, outcome: Outcome) -> None:
+    def observe(self, outcome: DraftOutcome) -> None:
         pass
 
     def stop(self, req_id: str) -> None:
@@ -185,7 +185,7 @@ class TreeDrafter:
         self.trees += draft.is_tree
         return draft
 
-    def observe(self, outcome: Outcome) -> None:
+    def observe(self, outcome: DraftOutcome) -> None:
         assert len(outcome.draft.path(outcome.new_token_ids)) == outcome.num_accepted
 
     def stop(self, req_id: str) -> None:

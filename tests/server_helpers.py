@@ -7,12 +7,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+import openai
 import uvicorn
 
 from hvd_agents.engine import Engine
 from hvd_agents.server.app import create_app
 from hvd_agents.server.config import ServerConfig
 from tests.helpers import IM_END_ID
+
+MODEL = "SmolLM2-135M-Instruct"  # the name the server gives the tiny engine's model
 
 
 @contextlib.contextmanager
@@ -38,3 +41,8 @@ def running_server(engine: Engine | None, load: Callable[[], Engine] | None = No
 def tiny_engine(model, tokenizer) -> Engine:
     """An engine on the tiny random model, ending at ``<|im_end|>``, without prefix reuse budget limits."""
     return Engine(model, tokenizer, eos_token_ids=(IM_END_ID,))
+
+
+def client_of(url: str) -> openai.OpenAI:
+    """An OpenAI client of the server at ``url`` (no API key, no retries)."""
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)

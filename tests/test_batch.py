@@ -24,7 +24,8 @@ from hvd_agents.engine.batch import allocate
 from hvd_agents.errors import ContextLengthError, InvalidRequestError
 from hvd_agents.policy import CostModel
 from hvd_agents.runtime import quant_native, quant_weights
-from hvd_agents.runtime.quant_runner import QuantRunner, attach
+from hvd_agents.runtime.quant_runner import NativeModel, QuantRunner
+from hvd_agents.runtime.target import Target
 from tests.drafters_for_tests import FixedDrafter, ScriptedDrafter, TreeDrafter
 from tests.test_engine_lossless import SMALL_VOCAB, chi_square, chi_square_critical, exact_two_token_distribution
 from tests.tiny import make_tiny_llama
@@ -32,10 +33,9 @@ from tests.tiny import make_tiny_llama
 VOCAB = 96
 
 
-def quant_model():
+def quant_model() -> NativeModel:
     model = make_tiny_llama(VOCAB, seed=0, dtype=torch.float32)
-    attach(model, quant_weights.from_model(model, "int8"), 512)
-    return model
+    return NativeModel(model, quant_weights.from_model(model, "int8"), 512)
 
 
 RUNNERS = ["native", "hf"] if quant_native.available() else ["hf"]
@@ -44,10 +44,11 @@ RUNNERS = ["native", "hf"] if quant_native.available() else ["hf"]
 @pytest.fixture(scope="module", params=RUNNERS)
 def engines(request):
     """(serial engine, batched engine) over one model."""
-    model = quant_model() if request.param == "native" else make_tiny_llama(VOCAB, seed=1)
+    native = quant_model() if request.param == "native" else None
+    model = native.model if native is not None else make_tiny_llama(VOCAB, seed=1)
     cost = CostModel.linear(0.1)  # a fixed profile: nothing to measure in the tests
-    serial = Engine(model, eos_token_ids=(), draft_head=None, cost_model=cost)
-    batched = Engine(model, eos_token_ids=(), draft_head=None, max_batch=6, cost_model=cost)
+    serial = Engine(Target.of(model, eos_token_ids=(), cost_model=cost, native=native), draft_head=None)
+    batched = Engine(Target.of(model, eos_token_ids=(), cost_model=cost, native=native), draft_head=None, max_batch=6)
     if request.param == "native":
         assert isinstance(batched.runner, QuantRunner)
     return serial, batched

@@ -25,7 +25,7 @@ from hvd_agents.bench.llama_cpp import (
 )
 from hvd_agents.bench.prefix import PeerArm, TurnFigures, peer_summary
 from hvd_agents.bench.prompts import AgentPrompt
-from hvd_agents.chat.template import encode_prompt
+from hvd_agents.chat.render import encode_prompt
 from hvd_agents.cli import main
 from hvd_agents.errors import HVDError
 

@@ -6,7 +6,7 @@ import pytest
 
 from hvd_agents.bench.live import Split, Tally, _cache_runner, _engine_runner, _hf_runner, _Item, _timed, table_rows
 from hvd_agents.bench.prompts import AgentPrompt
-from hvd_agents.chat.template import encode_prompt
+from hvd_agents.chat.render import encode_prompt
 from hvd_agents.engine import Engine, GenerationParams
 from hvd_agents.policy import CostModel
 

@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from hvd_agents import Engine, GenerationParams
-from hvd_agents.runtime import quant_native, quant_runner, quant_weights
-from hvd_agents.runtime.quant_runner import QuantRunner, attach
+from hvd_agents.runtime import quant_native, quant_weights
+from hvd_agents.runtime.quant_runner import NativeModel, QuantRunner
+from hvd_agents.runtime.target import Target
 from tests.tiny import make_tiny_llama
 
 pytestmark = pytest.mark.skipif(not quant_native.available(), reason="the native kernel needs x86-64 with AVX2")
@@ -41,8 +42,7 @@ def test_a_path_with_another_accumulation_order_fails_the_comparison() -> None:
 
 
 def _on_path(model: torch.nn.Module, weights, path: str) -> QuantRunner:
-    attach(model, weights, 512, path)
-    return QuantRunner(model)
+    return QuantRunner(NativeModel(model, weights, 512, path))
 
 
 @pytest.mark.parametrize("scheme", ["int8", "int4"])
@@ -98,31 +98,30 @@ def test_a_path_that_fails_its_self_check_is_not_used(monkeypatch, tmp_path, cap
 @pytest.mark.real_model
 def test_the_embedded_model_gives_the_same_bits_and_tokens_on_every_path(real_engine) -> None:
     model = real_engine.model
-    native = quant_runner.attached(model)
+    native = real_engine.target.native
     ids = real_engine.tokenizer("The capital of France is Paris. " * 40)["input_ids"]  # a prompt of 2 native calls
-    try:
-        results = {}
-        for path in PATHS:
-            attach(model, native.weights, native.context_window, path)
-            engine = Engine(model, real_engine.tokenizer, cost_model=real_engine.runner.profile())
-            runner = engine.runner
-            logits = runner.forward(runner.new_kv(), ids, logits_to_keep=4)
-            tokens = engine.generate(ids, GenerationParams(method="hvd", max_new_tokens=24)).token_ids
-            results[path] = (logits, tokens)
-        reference = results[quant_native.REFERENCE]
-        for path, (logits, tokens) in results.items():
-            assert torch.equal(logits, reference[0]) and tokens == reference[1], path
-    finally:
-        attach(model, native.weights, native.context_window, native.path)
+    results = {}
+    for path in PATHS:
+        on_path = NativeModel(model, native.weights, native.context_window, path)
+        engine = Engine(Target.of(model, real_engine.tokenizer, cost_model=real_engine.runner.profile(),
+                                  native=on_path))
+        runner = engine.runner
+        assert runner.native.path == path
+        logits = runner.forward(runner.new_kv(), ids, logits_to_keep=4)
+        tokens = engine.generate(ids, GenerationParams(method="hvd", max_new_tokens=24)).token_ids
+        results[path] = (logits, tokens)
+    reference = results[quant_native.REFERENCE]
+    for path, (logits, tokens) in results.items():
+        assert torch.equal(logits, reference[0]) and tokens == reference[1], path
 
 
 @pytest.mark.real_model
 def test_bench_paths_prints_every_path_and_their_bits(real_engine, capsys) -> None:
     from hvd_agents.bench.cpu_paths import run_path_benchmark
 
-    figures = run_path_benchmark(loaded=real_engine, rounds=1, repeats=1, context=32, drafts=(1, 4), prefills=(40,))
+    figures = run_path_benchmark(loaded=real_engine.target, rounds=1, repeats=1, context=32, drafts=(1, 4), prefills=(40,))
     assert list(figures) == PATHS
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.split()[:1] and line.split()[0] in PATHS]
     assert [row[0] for row in rows] == PATHS and all(row[-1] == "yes" for row in rows)
     assert all(float(v) > 0 for row in rows for v in row[1:-1])
-    assert quant_runner.attached(real_engine.model).path == quant_native.path()  # the engine's path is put back
+    assert real_engine.runner.native.path == quant_native.path()  # the engine's own path is untouched

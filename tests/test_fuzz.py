@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from hvd_agents.chat.analyzer import _token_spans, analyze, kind_by_token, register
-from hvd_agents.chat.template import encode_prompt
+from hvd_agents.chat.render import encode_prompt
 from hvd_agents.chat.toolcalls import (
     TOOL_CALL_CLOSE,
     TOOL_CALL_OPEN,

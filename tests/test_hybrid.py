@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from hvd_agents.drafters import CacheStore, Draft, DraftContext, HybridDrafter, Outcome, SuffixDrafter
+from hvd_agents.drafters import CacheStore, Draft, DraftContext, DraftOutcome, HybridDrafter, SuffixDrafter
 from hvd_agents.drafters.model.protocol import ModelDrafter, PlainModelDrafter
 from hvd_agents.policy import CostModel, PayoffPredictor, PayoffWeights, RateEstimate, best_length
 from hvd_agents.policy.features import FEATURE_NAMES, NUM_FEATURES
@@ -196,7 +196,7 @@ class CountingDrafter:
 
     def __init__(self) -> None:
         self.proposed = 0
-        self.observed: list[Outcome] = []
+        self.observed: list[DraftOutcome] = []
 
     def start(self, req_id, prompt_ids, structure=None) -> None:
         pass
@@ -207,7 +207,7 @@ class CountingDrafter:
         probs[:, 7] = 1.0
         return Draft((7,) * k, probs, source="model")
 
-    def observe(self, outcome: Outcome) -> None:
+    def observe(self, outcome: DraftOutcome) -> None:
         self.observed.append(outcome)
 
     def stop(self, req_id) -> None:
@@ -243,7 +243,7 @@ def test_model_draft_where_the_cache_has_nothing_and_not_where_it_is_confident()
     ctx = start(drafter, [1, 2, 3, 4])  # no repeat: the cache has no draft
     draft = drafter.propose(ctx, 4)
     assert draft.source == "model" and model.proposed == 1
-    drafter.observe(Outcome("r", draft, 0, (9,)))  # rejected at once
+    drafter.observe(DraftOutcome("r", draft, 0, (9,)))  # rejected at once
     assert model.observed[-1].draft is draft
 
     confident = HybridDrafter(SuffixDrafter(None), constant_predictor(6.0), CostModel.linear(0.02), model=model)
@@ -308,7 +308,7 @@ def test_a_gated_model_drafter_is_asked_where_no_cache_draft_pays_and_its_first_
     # a plain step is worth 1 - R; one drafted token 1 + p - R * verify(1): the first token needs p > 0.2 R
     assert sure.min_first == [pytest.approx(rate * 0.2)]
     assert draft.source == "model" and len(draft) == 4
-    drafter.observe(Outcome("r", draft, 4, (7, 7, 7, 7, 9)))
+    drafter.observe(DraftOutcome("r", draft, 4, (7, 7, 7, 7, 9)))
     # unsure of its first token: it was asked, drafted nothing, and the step is a plain one
     unsure = GatedModelDrafter(reach=0.1)
     drafter = HybridDrafter(SuffixDrafter(None), constant_predictor(6.0), cost, model=unsure,
@@ -350,7 +350,7 @@ def test_model_rejections_make_the_model_drafter_give_way() -> None:
     for step in range(12):
         draft = drafter.propose(ctx, 4)
         token = 50 + step
-        drafter.observe(Outcome("r", draft, 0, (token,)))
+        drafter.observe(DraftOutcome("r", draft, 0, (token,)))
         ctx.token_ids.append(token)
     assert model.proposed < 12  # after repeated rejections, plain steps are cheaper
 
@@ -362,7 +362,7 @@ def test_cache_history_only_learns_from_its_own_drafts() -> None:
     ctx = start(drafter, [1, 2, 3, 4])
     draft = drafter.propose(ctx, 4)
     assert draft.source == "model"
-    drafter.observe(Outcome("r", draft, 0, (9,)))
+    drafter.observe(DraftOutcome("r", draft, 0, (9,)))
     state = cache._requests["r"]
     assert state.history.drafts == 0  # the model's rejection is not the cache's
     assert state.index.tokens.tolist()[-1] == 9  # but the cache follows the context
@@ -374,7 +374,7 @@ def test_store_drafts_and_stop_release_state() -> None:
     ctx = start(first, [1, 2, 3])
     out = [40, 41, 42, 43, 44, 45]
     for token in out:
-        first.observe(Outcome("r", Draft(), 0, (token,)))
+        first.observe(DraftOutcome("r", Draft(), 0, (token,)))
         ctx.token_ids.append(token)
     first.stop("r")
     assert first._requests == {}
@@ -391,7 +391,7 @@ def test_disagreeing_candidates_grow_a_tree_and_its_outcome_teaches_the_alternat
     roots = [draft.token_ids[i] for i, parent in enumerate(draft.parents) if parent == -1]
     assert roots == [3, 4]
     before = drafter.alternative_rate
-    drafter.observe(Outcome("r", draft, 3, (4, 9, 7, 5)))  # the target took the alternative
+    drafter.observe(DraftOutcome("r", draft, 3, (4, 9, 7, 5)))  # the target took the alternative
     assert drafter.alternative_rate > before
     # at the prior rate (0.1) an alternative's first token (S = 0.5 * 0.1) does not pay at c = 0.1
     plain = HybridDrafter(SuffixDrafter(None), constant_predictor(0.0), CostModel.linear(0.1))
@@ -438,7 +438,7 @@ def test_hvd_calibrates_a_measured_profile_to_the_engine_step_timings(monkeypatc
                 fresh += 1
             else:  # after a fresh token the cycle starts again
                 emitted = (1,)
-            drafter.observe(Outcome("r", draft, len(draft), emitted, verify_s=verify_s))
+            drafter.observe(DraftOutcome("r", draft, len(draft), emitted, verify_s=verify_s))
             ctx.token_ids.extend(emitted)
         assert drafter.calibration.plain_s == pytest.approx(0.1)
     assert measured.calibration.steps > 30
@@ -476,7 +476,7 @@ def test_model_drafting_is_timed_only_once_the_drafter_is_caught_up(monkeypatch)
         draft = drafter.propose(ctx, 4)
         assert draft.source == "model"
         # the target's step, as the engine times it
-        drafter.observe(Outcome("r", draft, 4, (7, 7, 7, 7, 60 + step), verify_s=0.1 * profile.verify(4)))
+        drafter.observe(DraftOutcome("r", draft, 4, (7, 7, 7, 7, 60 + step), verify_s=0.1 * profile.verify(4)))
         ctx.token_ids.extend((7, 7, 7, 7, 60 + step))
         if step == 0:
             assert drafter.model_cost().verify(4) == pytest.approx(profile.verify(4) + 4 * 0.1)  # still the prior
@@ -534,11 +534,11 @@ def test_calibration_times_verification_and_the_policy_not_the_streams_consumer(
     for step in range(5):
         draft = drafter.propose(ctx, 4)
         assert draft == Draft()  # plain steps
-        drafter.observe(Outcome("r", draft, 0, (50 + step,), verify_s=0.1))
+        drafter.observe(DraftOutcome("r", draft, 0, (50 + step,), verify_s=0.1))
         ctx.token_ids.append(50 + step)
         clock.now += 3.0  # the consumer's time
     assert drafter.calibration.plain_s == pytest.approx(0.1)
-    drafter.observe(Outcome("r", Draft(), 0, (60,)))  # a step the engine did not time (verify_s 0) is not folded
+    drafter.observe(DraftOutcome("r", Draft(), 0, (60,)))  # a step the engine did not time (verify_s 0) is not folded
     assert drafter.calibration.plain_s == pytest.approx(0.1)
 
 
@@ -547,16 +547,16 @@ def test_propose_and_observe_outside_a_started_request_raise() -> None:
     with pytest.raises(ValueError, match="'never'"):
         drafter.propose(DraftContext("never", [1, 2, 3], 3), 4)
     with pytest.raises(ValueError, match="'never'"):
-        drafter.observe(Outcome("never", Draft(), 0, (4,)))
+        drafter.observe(DraftOutcome("never", Draft(), 0, (4,)))
     ctx = start(drafter, [1, 2, 3])
     drafter.propose(ctx, 4)
-    drafter.observe(Outcome("r", Draft(), 0, (4,)))
+    drafter.observe(DraftOutcome("r", Draft(), 0, (4,)))
     drafter.stop("r")
     drafter.stop("r")  # safe twice
     with pytest.raises(ValueError, match="'r'.*not started"):
         drafter.propose(ctx, 4)
     with pytest.raises(ValueError, match="'r'"):
-        drafter.observe(Outcome("r", Draft(), 0, (5,)))
+        drafter.observe(DraftOutcome("r", Draft(), 0, (5,)))
 
 
 def test_a_plain_drafter_is_wrapped_with_what_it_does_not_declare() -> None:
@@ -598,7 +598,7 @@ def test_decisions_are_kept_per_request() -> None:
     from_model = drafter.propose(DraftContext("model", [1, 2, 3, 4], 4), 4)
     assert from_cache.source.startswith("suffix:") and from_model.source == "model"
     before = drafter.model_acceptance
-    drafter.observe(Outcome("cache", from_cache, 4, (12, 13, 20, 21, 5)))
+    drafter.observe(DraftOutcome("cache", from_cache, 4, (12, 13, 20, 21, 5)))
     assert drafter.model_acceptance == before  # the cache step did not move the model's acceptance
-    drafter.observe(Outcome("model", from_model, 0, (9,)))
+    drafter.observe(DraftOutcome("model", from_model, 0, (9,)))
     assert drafter.model_acceptance < before  # the model step did

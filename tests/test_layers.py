@@ -15,7 +15,8 @@ Every import counts, at module level or inside a function: a lazy import does no
 make an upward dependency acceptable. The core imports no integration (the partner
 packages under ``integrations/`` sit on top of it), and no module of the core or of an
 integration reads another object's private member (``other._name``): what one object
-needs of another is public.
+needs of another is public. A module kept only as an earlier public import path
+(:data:`KEPT_IMPORT_PATHS`) is imported by nothing in the package: it re-exports, it is not used.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "hvd_agents.server", "hvd_agents"),
 )
 NUMPY_ONLY = "hvd_agents.policy"
+# earlier public import paths, kept for users' code: the package itself imports the modules they re-export
+KEPT_IMPORT_PATHS = {"hvd_agents.chat.templates": "hvd_agents.chat.prompt_templates"}
 HEAVY = ("torch", "transformers")
 ROOT = PACKAGE.parent
 INTEGRATION_SOURCES = (ROOT / "integrations" / "langchain-hvd" / "langchain_hvd",
@@ -163,6 +166,9 @@ def violations(root: Path) -> list[str]:
                 problems.append(f"{where}: {name} imports {target}, but the policy layer is numpy only")
             if any(target == i or target.startswith(i + ".") for i in INTEGRATIONS):
                 problems.append(f"{where}: {name} imports {target}, an integration or agent framework: the core must not depend on one")
+            if target in KEPT_IMPORT_PATHS and name != target:
+                problems.append(f"{where}: {name} imports {target}, an earlier import path kept for users; "
+                                f"import {KEPT_IMPORT_PATHS[target]}")
             if target not in modules:
                 continue
             if target != name:
@@ -241,6 +247,9 @@ def _plant(tmp_path: Path, files: dict[str, str]) -> Path:
         # a benchmark importing an integration, inside a function
         ({"bench/__init__.py": "", "bench/burst.py": "def f():\n    from langchain_hvd import ChatHVD\n"},
          "an integration"),
+        # the package importing an earlier path kept for users, not the module it re-exports
+        ({"chat/__init__.py": "", "chat/templates.py": "", "trace/__init__.py": "",
+          "trace/replay.py": "from hvd_agents.chat import templates\n"}, "an earlier import path"),
         # a scheduler driving another object's step through its private members
         ({"engine/__init__.py": "", "engine/batch.py": "def step(engine, req):\n    engine._emit(req)\n"},
          "private member"),

@@ -18,8 +18,8 @@ from hvd_agents.drafters import (
     ChainDrafter,
     Draft,
     DraftContext,
+    DraftOutcome,
     GraftDrafter,
-    Outcome,
     PaperDrafter,
     SuffixDrafter,
     available_methods,
@@ -53,7 +53,7 @@ def test_paper_rule_verifies_the_whole_cache_draft_only_above_the_threshold() ->
     assert draft.token_ids == (4, 5, 9, 9)  # predicted 7 > 6: the cache draft, whole
     probe = high.probe("r")
     assert probe.arm == "cache" and probe.predicted == pytest.approx(7.0) and probe.cache_tokens == (4, 5, 9, 9)
-    high.observe(Outcome("r", draft, 4, (4, 5, 9, 9, 1)))
+    high.observe(DraftOutcome("r", draft, 4, (4, 5, 9, 9, 1)))
     assert high.probe("r") is None  # consumed by observe
 
     low = PaperDrafter(SuffixDrafter(None), constant_mlp(6.0), model=FixedDrafter([8, 8]))
@@ -91,7 +91,7 @@ def test_the_cache_drafter_learns_only_from_its_own_drafts() -> None:
     chain = ChainDrafter(SuffixDrafter(None), FixedDrafter([4, 5]))
     ctx = started(chain)
     draft = chain.propose(ctx, 6)
-    chain.observe(Outcome("r", draft, 6, (4, 5, 9, 9, 1, 2, 3)))
+    chain.observe(DraftOutcome("r", draft, 6, (4, 5, 9, 9, 1, 2, 3)))
     state_drafts = chain.cache.propose(DraftContext("r", [*ctx.token_ids, 4, 5, 9, 9, 1, 2, 3], len(PROMPT)), 2)
     assert state_drafts.features.history.drafts == 0  # the merged draft was not the cache drafter's
 

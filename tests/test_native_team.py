@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from hvd_agents.runtime import quant_native, quant_weights
-from hvd_agents.runtime.quant_runner import QuantRunner, attach
+from hvd_agents.runtime.quant_runner import NativeModel, QuantRunner
 from tests.tiny import make_tiny_llama
 
 pytestmark = pytest.mark.skipif(not quant_native.available(), reason="the native forward needs AVX2 and a compiler")
@@ -25,8 +25,7 @@ VOCAB = 97
 @pytest.fixture(scope="module")
 def runner() -> QuantRunner:
     model = make_tiny_llama(VOCAB, seed=3, dtype=torch.float32)
-    attach(model, quant_weights.from_model(model, "int4"), 512)
-    return QuantRunner(model)
+    return QuantRunner(NativeModel(model, quant_weights.from_model(model, "int4"), 512))
 
 
 def _decode(runner: QuantRunner, seed: int, steps: int = 12) -> list[torch.Tensor]:

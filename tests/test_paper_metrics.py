@@ -17,14 +17,14 @@ from hvd_agents.policy.paper import (
 from hvd_agents.trace.loader import load_trace
 from hvd_agents.trace.replay import ReplayConfig, replay_trace
 from hvd_agents.trace.report import format_table
-from hvd_agents.trace.stats import PolicyStats, StepRecord
+from hvd_agents.trace.stats import PolicyStats, ReplayStepRecord
 from tests.helpers import make_byte_tokenizer
 from tests.trace_data import conversations, write_jsonl
 
 
 def step(arm: str, cache_drafted: int, cache_accepted: int, predicted: float | None, drafted: int = 0,
-         accepted: int = 0) -> StepRecord:
-    return StepRecord("p", "c", 0, 1, 0, "suffix:user", drafted, accepted, {}, arm, cache_drafted, cache_accepted,
+         accepted: int = 0) -> ReplayStepRecord:
+    return ReplayStepRecord("p", "c", 0, 1, 0, "suffix:user", drafted, accepted, {}, arm, cache_drafted, cache_accepted,
                       predicted)
 
 
@@ -63,7 +63,7 @@ def tok():
 def test_analyze_reports_the_paper_measures_for_every_policy(tok, tmp_path) -> None:
     trace = load_trace(write_jsonl(tmp_path / "t.jsonl", conversations() * 2))
     names = ("suffix", "hvd", "hvd-paper", "hvd-chain", "hvd-graft", "oracle")
-    steps: list[StepRecord] = []
+    steps: list[ReplayStepRecord] = []
     result = replay_trace(tok, trace, ReplayConfig(names, k=16, payoff_threshold=4), step_sink=steps.append,
                           progress=False)
     for name in names:

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
-from hvd_agents.drafters import Draft, DraftContext, Outcome, PromptLookupDrafter
+from hvd_agents.drafters import Draft, DraftContext, DraftOutcome, PromptLookupDrafter
 
 
 def propose(context: list[int], k: int, max_ngram: int = 2) -> tuple[int, ...]:
@@ -36,7 +36,7 @@ def test_hand_written(context, k, expected, intent) -> None:
 def test_observe_extends_the_context() -> None:
     drafter = PromptLookupDrafter()
     drafter.start("r", [1, 2, 3])
-    drafter.observe(Outcome("r", Draft(), 0, (1, 2)))  # context is now [1, 2, 3, 1, 2]
+    drafter.observe(DraftOutcome("r", Draft(), 0, (1, 2)))  # context is now [1, 2, 3, 1, 2]
     assert drafter.propose(DraftContext("r", [1, 2, 3, 1, 2], 3), 4).token_ids == (3, 1, 2)
     drafter.stop("r")
     drafter.stop("r")  # idempotent

@@ -25,9 +25,10 @@ from transformers import AutoModelForCausalLM
 
 from hvd_agents import Engine, GenerationParams
 from hvd_agents.bench.gguf_files import write_gguf
-from hvd_agents.runtime import quant_native, quant_runner, quant_weights
+from hvd_agents.runtime import quant_native, quant_weights
 from hvd_agents.runtime.quant_arch import architecture
-from hvd_agents.runtime.quant_runner import QuantRunner, attach, detach
+from hvd_agents.runtime.quant_runner import NativeModel, QuantRunner
+from hvd_agents.runtime.target import Target
 from tests.arch_models import FAMILIES, VOCAB, WINDOW, make_model
 from tests.drafters_for_tests import ScriptedDrafter, TreeDrafter
 
@@ -54,12 +55,11 @@ def _from_transformers(path) -> torch.nn.Module:
 
 @pytest.fixture(scope="module")
 def q8_models(files):
-    """family -> the Q8_0 file as transformers loads it, with the native forward over the file's blocks."""
+    """family -> the native forward over the Q8_0 file's blocks, its model the file as transformers loads it."""
     models = {}
     for family in FAMILIES:
         model = _from_transformers(files[family][1])
-        attach(model, quant_weights.from_gguf(files[family][1], model), CONTEXT)
-        models[family] = model
+        models[family] = NativeModel(model, quant_weights.from_gguf(files[family][1], model), CONTEXT)
     return models
 
 
@@ -71,10 +71,10 @@ def _reference(model, ids):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_f32_file_matches_the_transformers_forward(files, family) -> None:
     model = make_model(family)
-    native = attach(model, quant_weights.from_gguf(files[family][0], model), CONTEXT)
+    native = NativeModel(model, quant_weights.from_gguf(files[family][0], model), CONTEXT)
     assert set(native.weights.formats) == {"F32"}
     ids = _ids(3 * WINDOW + 5, seed=1)  # longer than the window: its layers see only the last 16 positions
-    runner = QuantRunner(model)
+    runner = QuantRunner(native)
     got, expected = runner.forward(runner.new_kv(), ids), _reference(model, ids)
     scale = expected.abs().max().item()
     assert scale > 1.0  # varied logits, not noise around zero
@@ -83,10 +83,10 @@ def test_f32_file_matches_the_transformers_forward(files, family) -> None:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_q8_file_matches_the_transformers_forward_of_the_same_file(q8_models, family) -> None:
-    model = q8_models[family]
+    native = q8_models[family]
     ids = _ids(3 * WINDOW + 5, seed=2)
-    runner = QuantRunner(model)
-    got, expected = runner.forward(runner.new_kv(), ids), _reference(model, ids)
+    runner = QuantRunner(native)
+    got, expected = runner.forward(runner.new_kv(), ids), _reference(native.model, ids)
     diff = got - expected
     assert diff.pow(2).mean().sqrt() <= 0.04 * expected.std()
     assert diff.abs().max() <= 0.06 * expected.abs().max()
@@ -97,14 +97,13 @@ def test_q8_file_matches_the_transformers_forward_of_the_same_file(q8_models, fa
 def test_a_window_changes_what_a_layer_sees(files) -> None:
     # the comparison above would pass for a window applied nowhere only if windows changed nothing: they do
     model = make_model("mistral")
-    attach(model, quant_weights.from_gguf(files["mistral"][0], model), CONTEXT)
     ids = _ids(3 * WINDOW, seed=3)
-    windowed = QuantRunner(model).forward(QuantRunner(model).new_kv(), ids)
+    runner = QuantRunner(NativeModel(model, quant_weights.from_gguf(files["mistral"][0], model), CONTEXT))
+    windowed = runner.forward(runner.new_kv(), ids)
     model.config.sliding_window = None
-    attach(model, quant_weights.from_gguf(files["mistral"][0], model), CONTEXT)
-    full = QuantRunner(model).forward(QuantRunner(model).new_kv(), ids)
+    runner = QuantRunner(NativeModel(model, quant_weights.from_gguf(files["mistral"][0], model), CONTEXT))
+    full = runner.forward(runner.new_kv(), ids)
     assert torch.equal(windowed[:WINDOW], full[:WINDOW]) and not torch.allclose(windowed[-1], full[-1], atol=1e-3)
-    detach(model)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -164,7 +163,8 @@ def test_windows_stay_exact_across_drafts_rollbacks_and_tree_compaction(q8_model
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_speculation_is_exactly_the_plain_decode(q8_models, family) -> None:
-    engine = Engine(q8_models[family], eos_token_ids=())
+    native = q8_models[family]
+    engine = Engine(Target.of(native.model, eos_token_ids=(), native=native))
     assert isinstance(engine.runner, QuantRunner)
     for seed in range(3):
         prompt = _ids(5 + 7 * seed, seed=10 + seed)
@@ -187,11 +187,9 @@ def test_every_cpu_path_gives_the_avx2_bits(files, family) -> None:
     ids = _ids(70, seed=8)
     logits = {}
     for path in quant_native.cpu_paths():
-        attach(model, weights, CONTEXT, path=path)
-        runner = QuantRunner(model)
+        runner = QuantRunner(NativeModel(model, weights, CONTEXT, path=path))
         kv = runner.new_kv()
         logits[path] = torch.cat([runner.forward(kv, ids[:40]), *(runner.forward(kv, [t]) for t in ids[40:])])
-    detach(model)
     for path, got in logits.items():
         assert torch.equal(got.view(torch.int32), logits["avx2"].view(torch.int32)), path
 
@@ -205,7 +203,7 @@ def test_what_each_family_is(q8_models) -> None:
     llama = architecture(make_model("llama"))
     hf = make_model("llama").model.rotary_emb.inv_freq.to(torch.float64)
     torch.testing.assert_close(llama.ropes[0].inv_freq, hf, rtol=1e-6, atol=0)  # Llama 3 scaling, as transformers
-    assert architecture(q8_models["qwen2"]).family == "qwen2"
+    assert architecture(q8_models["qwen2"].model).family == "qwen2"
 
 
 @pytest.fixture
@@ -218,12 +216,12 @@ def test_a_gguf_file_loads_with_no_float32_copy_of_its_layers(files, own_cache) 
 
     loaded = load_model(files["qwen3"][1], device="cpu")
     model = loaded.model
-    assert quant_runner.attached(model) is not None
+    assert loaded.native is not None and loaded.native.model is model
     layers = [p for name, p in model.named_parameters() if ".layers." in name]
     assert layers and all(p.device.type == "meta" for p in layers)  # the file's blocks are the only copy
     assert model.get_input_embeddings().weight.device.type == "cpu"  # real rows, for what reads them
     ids = _ids(20, seed=9)
-    runner = QuantRunner(model)
+    runner = QuantRunner(loaded.native)
     native = runner.forward(runner.new_kv(), ids)
     reference = _reference(_from_transformers(files["qwen3"][1]), ids)
     assert torch.equal(native, runner.forward(runner.new_kv(), ids))
@@ -239,7 +237,7 @@ def test_a_family_the_native_forward_lacks_loads_through_transformers_with_a_not
     monkeypatch.setattr(quant_arch, "FAMILIES", tuple(f for f in quant_arch.FAMILIES if f != "qwen3"))
     with caplog.at_level("WARNING", logger="hvd_agents.runtime.loading"):
         loaded = load_model(files["qwen3"][1], device="cpu")
-    assert quant_runner.attached(loaded.model) is None
+    assert loaded.native is None
     notice = [r.getMessage() for r in caplog.records if "float32 forward" in r.getMessage()]
     assert len(notice) == 1 and "architecture 'qwen3'" in notice[0] and "GB of weights in memory" in notice[0]
 
@@ -256,7 +254,7 @@ def test_a_head_size_transformers_does_not_read_comes_from_the_file(tmp_path, ow
     model = Qwen3ForCausalLM(config).eval()
     path = write_gguf(model, tmp_path / "qwen3-head32.gguf", "F32")
     loaded = load_model(path, device="cpu")
-    assert quant_runner.attached(loaded.model) is not None and loaded.model.config.head_dim == 32
+    assert loaded.native is not None and loaded.model.config.head_dim == 32
     ids = _ids(12, seed=11)
-    runner = QuantRunner(loaded.model)
+    runner = QuantRunner(loaded.native)
     torch.testing.assert_close(runner.forward(runner.new_kv(), ids), _reference(model, ids), atol=2e-3, rtol=0)

@@ -20,9 +20,10 @@ from hypothesis import strategies as st
 
 from hvd_agents import Engine, GenerationParams
 from hvd_agents.errors import InvalidRequestError
-from hvd_agents.runtime import quant_native, quant_runner, quant_weights
-from hvd_agents.runtime.quant_runner import QuantKV, QuantRunner, attach
+from hvd_agents.runtime import quant_native, quant_weights
+from hvd_agents.runtime.quant_runner import NativeModel, QuantKV, QuantRunner
 from hvd_agents.runtime.runner import BatchCall
+from hvd_agents.runtime.target import Target
 from tests.drafters_for_tests import FixedDrafter, RandomQDrafter, ScriptedDrafter, TreeDrafter
 from tests.test_engine_lossless import assert_samples_follow
 from tests.tiny import make_tiny_llama
@@ -147,10 +148,9 @@ def test_gguf_block_conversions_are_exact() -> None:
 # ---------------------------------------------------------------- whole forwards on a tiny llama
 
 
-def _tiny(scheme: str, seed: int = 0):
+def _tiny(scheme: str, seed: int = 0) -> NativeModel:
     model = make_tiny_llama(VOCAB, seed=seed, dtype=torch.float32)
-    attach(model, quant_weights.from_model(model, scheme), 512)
-    return model
+    return NativeModel(model, quant_weights.from_model(model, scheme), 512)
 
 
 @pytest.fixture(scope="module", params=["int8", "int4", "float32"])
@@ -230,7 +230,7 @@ def test_hidden_states_and_logits_to_keep(tiny_quant) -> None:
     hidden: list = []
     kv = runner.new_kv()
     logits = runner.forward(kv, [1, 2, 3], logits_to_keep=1, hidden=hidden)
-    assert logits.shape == (1, VOCAB) and hidden[0].shape == (3, tiny_quant.config.hidden_size)
+    assert logits.shape == (1, VOCAB) and hidden[0].shape == (3, tiny_quant.model.config.hidden_size)
     kv2 = runner.new_kv()
     assert torch.equal(runner.forward(kv2, [1, 2, 3])[-1], logits[0])
 
@@ -255,15 +255,15 @@ def test_a_prompt_whole_in_chunks_and_resumed_is_bitwise_the_same(tiny_quant) ->
     assert torch.equal(runner.forward(resumed, ids[123:])[-3:], whole)
     hidden: list = []
     runner.forward(runner.new_kv(), ids, logits_to_keep=1, hidden=hidden)
-    assert hidden[0].shape == (300, tiny_quant.config.hidden_size)
+    assert hidden[0].shape == (300, tiny_quant.model.config.hidden_size)
 
 
 def test_float32_weights_match_the_models_own_forward() -> None:
-    model = _tiny("float32", seed=2)
-    runner = QuantRunner(model)
+    native = _tiny("float32", seed=2)
+    runner = QuantRunner(native)
     ids = [3, 17, 42, 5, 9, 3, 17]
     with torch.no_grad():
-        expected = model(torch.tensor([ids])).logits[0]
+        expected = native.model(torch.tensor([ids])).logits[0]
     got = runner.forward(runner.new_kv(), ids)
     torch.testing.assert_close(got, expected, atol=5e-3, rtol=1e-3)  # the KV cache is float16
 
@@ -277,7 +277,7 @@ def test_float32_weights_match_the_models_own_forward() -> None:
     tree=st.booleans(),
 )
 def test_greedy_equality_on_the_quantized_runner(tiny_quant, prompt, max_new, k, seed, tree) -> None:
-    engine = Engine(tiny_quant, eos_token_ids=())
+    engine = Engine(Target.of(tiny_quant.model, eos_token_ids=(), native=tiny_quant))
     assert isinstance(engine.runner, QuantRunner)
     reference = engine.generate(prompt, GenerationParams(max_new_tokens=max_new, method="ar"))
     drafter = (TreeDrafter(reference.token_ids, VOCAB, seed) if tree and k
@@ -299,8 +299,8 @@ def test_sampling_on_the_quantized_runner_follows_its_distribution(kind) -> None
     model = make_tiny_llama(vocab, seed=3, dtype=torch.float32)
     with torch.no_grad():
         model.lm_head.weight.mul_(0.15)
-    attach(model, quant_weights.from_model(model, "int8"), 512)
-    engine = Engine(model, eos_token_ids=())
+    native = NativeModel(model, quant_weights.from_model(model, "int8"), 512)
+    engine = Engine(Target.of(model, eos_token_ids=(), native=native))
     engine.add_drafter("fixed", FixedDrafter([2, 2, 5]))
     engine.add_drafter("q", RandomQDrafter(vocab, seed=5))
     engine.add_drafter("tree", FixedDrafter([2, 5, 2, 3], parents=[-1, -1, 0, 1]))
@@ -348,8 +348,8 @@ def test_kv_rollback_compact_export_import_and_errors() -> None:
 
 
 def test_bad_inputs_are_refused_with_their_cause() -> None:
-    model = _tiny("int8")
-    runner = QuantRunner(model)
+    native = _tiny("int8")
+    runner = QuantRunner(native)
     with pytest.raises(ValueError, match="parents"):
         runner.forward(runner.new_kv(), [1, 2, 3], parents=[-1])
     with pytest.raises(RuntimeError, match="vocabulary"):
@@ -357,9 +357,11 @@ def test_bad_inputs_are_refused_with_their_cause() -> None:
     with pytest.raises(ValueError, match="context window"):
         runner.forward(runner.new_kv(), list(range(10)) * 52)
     with pytest.raises(ValueError, match="int8, int4 or float32"):
-        quant_weights.from_model(model, "int3")
-    with pytest.raises(ValueError, match="no native forward"):
-        QuantRunner(make_tiny_llama(VOCAB, dtype=torch.float32))
+        quant_weights.from_model(native.model, "int3")
+    with pytest.raises(ValueError, match="another model"):
+        Target.of(make_tiny_llama(VOCAB, dtype=torch.float32), native=native)
+    with pytest.raises(ValueError, match="another model"):
+        Target(make_tiny_llama(VOCAB, dtype=torch.float32), runner, native=native)
     with pytest.raises(InvalidRequestError, match="cpu_weights='int2'"):
         from hvd_agents.runtime.loading import load_model
 
@@ -370,7 +372,8 @@ def test_bad_inputs_are_refused_with_their_cause() -> None:
 def test_the_embedded_model_runs_its_gguf_blocks(real_engine) -> None:
     runner = real_engine.runner
     assert isinstance(runner, QuantRunner)
-    native = quant_runner.attached(real_engine.model)
+    native = real_engine.target.native
+    assert runner.native is native
     assert native.weights.scheme == "gguf" and native.weights.formats == {"Q4_1": 210, "Q8_0": 1}
     ids = real_engine.tokenizer("The capital of France is Paris. The capital of Italy is")["input_ids"]
     with torch.no_grad():  # the model's own forward (its first call loads the float32 weights)

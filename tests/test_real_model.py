@@ -9,7 +9,7 @@ import torch
 
 from hvd_agents import GenerationParams
 from hvd_agents.bench.prompts import agent_prompts
-from hvd_agents.chat.template import encode_prompt
+from hvd_agents.chat.render import encode_prompt
 from hvd_agents.cli import main
 
 pytestmark = pytest.mark.real_model

@@ -7,7 +7,7 @@ import torch
 
 from hvd_agents import GenerationParams
 from hvd_agents.bench.prompts import chat_prompts
-from hvd_agents.chat.template import encode_prompt
+from hvd_agents.chat.render import encode_prompt
 from hvd_agents.cli import main
 from hvd_agents.distill.prompts import TOPICS
 from hvd_agents.draft_head.model import target_signature

@@ -13,26 +13,9 @@ import openai
 import pytest
 from langchain_hvd import ChatHVD
 
-from tests.server_helpers import running_server, tiny_engine
+from tests.server_helpers import MODEL, running_server
 
-MODEL = "SmolLM2-135M-Instruct"
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name three primes."}]
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_model, byte_tokenizer):
-    return tiny_engine(tiny_model, byte_tokenizer)
-
-
-@pytest.fixture(scope="module")
-def url(engine):
-    with running_server(engine) as base:
-        yield base
-
-
-@pytest.fixture
-def client(url):
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
 
 
 def test_health_and_models(url, client) -> None:

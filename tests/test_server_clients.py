@@ -4,28 +4,15 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from langchain_hvd import ChatHVD
 from langchain_openai import ChatOpenAI
 from llama_index.core.llms import ChatMessage
 from llama_index.llms.openai_like import OpenAILike
 
 from hvd_agents.server.loadtest import run_load_test
-from tests.server_helpers import running_server, tiny_engine
+from tests.server_helpers import MODEL, running_server
 
-MODEL = "SmolLM2-135M-Instruct"
 QUESTION = [("system", "Be brief."), ("human", "Name a colour.")]
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_model, byte_tokenizer):
-    return tiny_engine(tiny_model, byte_tokenizer)
-
-
-@pytest.fixture(scope="module")
-def url(engine):
-    with running_server(engine) as base:
-        yield base
 
 
 def test_chat_openai_equals_chat_hvd(url, engine) -> None:

@@ -20,9 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import checks
 
-from tests.server_helpers import running_server, tiny_engine
+from tests.server_helpers import MODEL, running_server, tiny_engine
 
-MODEL = "SmolLM2-135M-Instruct"
 KEY = "fuzz-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 BOUNDED = settings(max_examples=150, deadline=None, derandomize=True,

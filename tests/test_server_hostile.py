@@ -18,24 +18,12 @@ import pytest
 from hvd_agents.drafters.cache.store import CacheStore
 from hvd_agents.engine import Engine
 from tests.helpers import IM_END_ID
-from tests.server_helpers import running_server, tiny_engine
+from tests.server_helpers import MODEL, running_server
 
-MODEL = "SmolLM2-135M-Instruct"
 # generous: the first generation measures the tiny model's cost profile, and the machine may be busy
 post = functools.partial(httpx.post, timeout=120)
 get = functools.partial(httpx.get, timeout=120)
 MESSAGES = [{"role": "user", "content": "Name three primes."}]
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_model, byte_tokenizer):
-    return tiny_engine(tiny_model, byte_tokenizer)
-
-
-@pytest.fixture(scope="module")
-def url(engine):
-    with running_server(engine) as base:
-        yield base
 
 
 def metric(url: str, name: str) -> float:

@@ -11,20 +11,15 @@ import threading
 import time
 
 import httpx
-import openai
 import pytest
 
-from tests.server_helpers import running_server
+from tests.server_helpers import client_of, running_server
 
 MODEL = "SmolLM2-135M-Instruct"
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather of a city.",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
-
-
-def client_of(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
 
 
 def prompt_text(engine, index: int = -1) -> str:

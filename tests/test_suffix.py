@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hvd_agents.drafters import CacheStore, DraftContext, Outcome, PromptLookupDrafter, SuffixDrafter
+from hvd_agents.drafters import CacheStore, DraftContext, DraftOutcome, PromptLookupDrafter, SuffixDrafter
 from hvd_agents.drafters.base import Draft
 from hvd_agents.drafters.cache.ngram_index import NgramIndex, _bulk_keys, ngram_key
 from hvd_agents.errors import InvalidRequestError, StoreFormatError
@@ -119,7 +119,7 @@ def test_finished_output_is_registered_and_reused() -> None:
     store = CacheStore()
     drafter = SuffixDrafter(store)
     drafter.start("a", [1, 2], PromptStructure((1, 2), (), "sess"))
-    drafter.observe(Outcome("a", Draft(), 0, (60, 61, 62, 63)))
+    drafter.observe(DraftOutcome("a", Draft(), 0, (60, 61, 62, 63)))
     drafter.stop("a")
     assert [(s.kind, s.session_id, s.length) for s in store.spans] == [(SpanKind.GENERATED, "sess", 4)]
     assert propose(drafter, [9, 60, 61], 2, req="b").token_ids == (62, 63)
@@ -131,7 +131,7 @@ def test_accepted_store_draft_marks_span_used() -> None:
     store.add([7, 8, 9], SpanKind.USER)
     drafter = SuffixDrafter(store, register_outputs=False)
     draft = propose(drafter, [0, 1, 2], 2)
-    drafter.observe(Outcome("r", draft, 2, (3, 4, 5)))
+    drafter.observe(DraftOutcome("r", draft, 2, (3, 4, 5)))
     assert [s.kind for s in store.spans] == [SpanKind.USER, SpanKind.SYSTEM]  # SYSTEM is now most recent
 
 
@@ -234,7 +234,7 @@ def test_alternatives_are_the_candidates_that_depart_from_the_draft() -> None:
     assert [a.share for a in alternatives] == pytest.approx([1 / 3, 1 / 2])
     assert len(drafter.alternatives("r", draft.token_ids, limit=1)) == 1
     assert drafter.alternatives("r", draft.token_ids, limit=0) == []
-    drafter.observe(Outcome("r", draft, 0, (5,)))
+    drafter.observe(DraftOutcome("r", draft, 0, (5,)))
     assert drafter.alternatives("r", draft.token_ids, limit=4) == []  # they belong to the last proposal only
 
 
@@ -253,11 +253,11 @@ def test_calls_for_a_request_that_is_not_started_raise_naming_it(make) -> None:
     with pytest.raises(ValueError, match="propose for request 'ghost', which is not started"):
         drafter.propose(DraftContext("ghost", [1, 2, 3], 3), 4)
     drafter.start("r", [1, 2, 3, 1, 2])
-    drafter.observe(Outcome("r", Draft(), 0, (3,)))
+    drafter.observe(DraftOutcome("r", Draft(), 0, (3,)))
     drafter.stop("r")
     drafter.stop("r")  # safe twice
     with pytest.raises(ValueError, match="observe for request 'r', which is not started"):
-        drafter.observe(Outcome("r", Draft(), 0, (4,)))
+        drafter.observe(DraftOutcome("r", Draft(), 0, (4,)))
 
 
 def test_the_other_sources_shorter_match_continues_as_an_alternative() -> None:

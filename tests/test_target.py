@@ -8,7 +8,9 @@ import torch
 from hvd_agents import Engine, GenerationParams
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.policy.cost import CostModel
+from hvd_agents.runtime import quant_native, quant_weights
 from hvd_agents.runtime.loading import LoadedModel
+from hvd_agents.runtime.quant_runner import NativeModel, QuantRunner
 from hvd_agents.runtime.runner import HFRunner
 from hvd_agents.runtime.target import Target, default_eos
 from tests.helpers import make_byte_tokenizer
@@ -59,3 +61,21 @@ def test_a_target_from_a_loaded_model_takes_its_tokenizer_eos_and_window() -> No
     assert target.tokenizer is tokenizer and target.eos_token_ids == loaded.eos_token_ids
     assert target.runner.context_window == loaded.context_window and isinstance(target.runner, HFRunner)
     assert Target.of(model, tokenizer).eos_token_ids == default_eos(model, tokenizer)
+
+
+@pytest.mark.skipif(not quant_native.available(), reason="the native forward needs AVX2 and a compiler")
+def test_a_loaded_models_native_forward_is_its_targets_runner_and_its_siblings() -> None:
+    tokenizer = make_byte_tokenizer()
+    model = make_tiny_llama(len(tokenizer), dtype=torch.float32)
+    native = NativeModel(model, quant_weights.from_model(model, "int8"), 96)
+    loaded = LoadedModel(model=model, tokenizer=tokenizer, name="tiny", device=torch.device("cpu"),
+                         dtype=torch.float32, native=native)
+    target = Target.from_loaded(loaded, cost_model=CostModel.linear(0.2))
+    assert target.native is native and isinstance(target.runner, QuantRunner) and target.runner.native is native
+    sibling = target.sibling()
+    assert isinstance(sibling.runner, QuantRunner) and sibling.runner is not target.runner
+    assert sibling.native is native and sibling.runner.native is native
+    assert sibling.runner.profile() == CostModel.linear(0.2)
+    assert isinstance(Target.of(model, tokenizer).runner, HFRunner)  # the model alone runs its own forward
+    with pytest.raises(ValueError, match="another model"):
+        Target.of(make_tiny_llama(len(tokenizer), dtype=torch.float32), native=native)

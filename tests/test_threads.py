@@ -20,7 +20,7 @@ import torch
 from hvd_agents.engine import Engine, GenerationParams
 from hvd_agents.policy.cost import CostModel
 from hvd_agents.runtime import quant_native, quant_weights, threads
-from hvd_agents.runtime.quant_runner import QuantRunner, attach
+from hvd_agents.runtime.quant_runner import NativeModel, QuantRunner
 from tests.tiny import make_tiny_llama
 
 needs_openmp = pytest.mark.skipif("OpenMP" not in torch.__config__.parallel_info(),
@@ -95,8 +95,8 @@ def test_the_step_scope_leaves_a_torch_runner_alone(two_threads) -> None:
 @needs_openmp
 def test_engine_steps_run_the_native_team_full_and_torch_on_one_thread(two_threads, byte_tokenizer) -> None:
     model = make_tiny_llama(len(byte_tokenizer), seed=5, dtype=torch.float32)
-    attach(model, quant_weights.from_model(model, "int8"), 256)
-    runner = QuantRunner(model, cost_model=CostModel.linear(0.05))
+    runner = QuantRunner(NativeModel(model, quant_weights.from_model(model, "int8"), 256),
+                         cost_model=CostModel.linear(0.05))
     seen: list[tuple[int, int]] = []
     forward = runner.forward
 

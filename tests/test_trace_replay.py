@@ -7,8 +7,8 @@ from collections import defaultdict
 
 import pytest
 
-from hvd_agents.chat.template import to_template_messages
-from hvd_agents.chat.templates import load_template
+from hvd_agents.chat.prompt_templates import load_template
+from hvd_agents.chat.render import to_template_messages
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.policy.features import CacheDraftFeatures
 from hvd_agents.trace.loader import TraceFile, load_trace

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hvd_agents.chat.templates import (
+from hvd_agents.chat.prompt_templates import (
     Template,
     apply_system_template,
     available_templates,
@@ -109,6 +109,13 @@ def test_apply_system_template() -> None:
     assert with_system[0]["content"] == "Own."
     without = [{"role": "user", "content": "hi"}]
     assert apply_system_template(without, template) == [{"role": "system", "content": "RULES"}, without[0]]
+
+
+def test_the_earlier_import_path_gives_the_same_objects() -> None:
+    from hvd_agents.chat import prompt_templates, templates
+
+    assert templates.__all__ and all(getattr(templates, name) is getattr(prompt_templates, name)
+                                     for name in templates.__all__)
 
 
 def test_a_wheel_carries_the_templates(tmp_path) -> None:

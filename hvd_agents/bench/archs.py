@@ -83,9 +83,10 @@ def _prompt(vocab: int) -> list[int]:
 def measure_ours(path: Path) -> Figures:
     from hvd_agents import Engine, GenerationParams
     from hvd_agents.runtime.loading import load_model
+    from hvd_agents.runtime.target import Target
 
     loaded = load_model(path, device="cpu")
-    engine = Engine(loaded.model, eos_token_ids=())
+    engine = Engine(Target.of(loaded.model, eos_token_ids=(), native=loaded.native))
     prompt = _prompt(engine.runner.vocab_size)
     kv = engine.runner.new_kv()
     start = time.perf_counter()

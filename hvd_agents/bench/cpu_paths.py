@@ -1,7 +1,7 @@
 """CPU path benchmark (``hvd-agents bench-paths``): the native forward on every instruction-set path this CPU runs.
 
-One model is loaded once; its GGUF weights are attached to the native forward of each
-path in turn (:mod:`hvd_agents.runtime.quant_native`), and every path is timed on the same
+One model is loaded once; its GGUF weights get a native forward (and a runner) on each
+path (:mod:`hvd_agents.runtime.quant_native`), and every path is timed on the same
 prompt in the same run, interleaved round by round:
 
 1. **Step and verification**: a one-token step after ``context`` cached tokens
@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hvd_agents.runtime import quant_native, quant_runner
+from hvd_agents.runtime import quant_native
 from hvd_agents.runtime.loading import load_model
+from hvd_agents.runtime.quant_runner import NativeModel, QuantRunner
 
 DRAFT_LENGTHS = (1, 2, 4, 8, 16, 32, 64)
 PREFILL_LENGTHS = (512, 3000)
@@ -70,8 +71,8 @@ def run_path_benchmark(model: str | None = None, *, rounds: int = 2, repeats: in
     """Print the table described in the module docstring; returns each path's figures.
 
     Args:
-        model: what to load (the embedded model when None), unless ``loaded`` (anything with ``model`` and
-            ``tokenizer``, e.g. an engine) is given.
+        model: what to load (the embedded model when None), unless ``loaded`` (anything with ``native`` and
+            ``tokenizer``: a :class:`~hvd_agents.runtime.loading.LoadedModel`, an engine's ``target``) is given.
         rounds: rounds over all paths (minima are kept).
         repeats: plain steps timed per round.
         context: cached tokens before the step and the drafts.
@@ -79,7 +80,7 @@ def run_path_benchmark(model: str | None = None, *, rounds: int = 2, repeats: in
         prefills: the prompt lengths of the prefill rates.
     """
     loaded = loaded if loaded is not None else load_model(model, device="cpu", cpu_weights="gguf")
-    native = quant_runner.attached(loaded.model)
+    native = loaded.native
     if native is None:
         raise ValueError("bench-paths needs a model on the native forward (a GGUF file of a supported architecture)")
     text = "The assistant calls get_weather(city) for each city the user names, then answers briefly. " * 200
@@ -87,11 +88,8 @@ def run_path_benchmark(model: str | None = None, *, rounds: int = 2, repeats: in
     need = max(max(prefills), context + 1 + max(drafts))
     ids = (ids * (need // max(1, len(ids)) + 1))[:need]
     paths = quant_native.cpu_paths()
-    runners = {}
-    for path in paths:
-        quant_runner.attach(loaded.model, native.weights, native.context_window, path)
-        runners[path] = quant_runner.QuantRunner(loaded.model)
-    quant_runner.attach(loaded.model, native.weights, native.context_window, native.path)
+    runners = {path: QuantRunner(NativeModel(native.model, native.weights, native.context_window, path))
+               for path in paths}
     figures = {path: PathFigures() for path in paths}
     with torch.inference_mode():
         for _ in range(rounds):

@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from hvd_agents.drafters import CacheStore, DraftContext, Outcome, SuffixDrafter
+from hvd_agents.drafters import CacheStore, DraftContext, DraftOutcome, SuffixDrafter
 from hvd_agents.drafters.base import Draft
 from hvd_agents.policy import CostModel, PayoffPredictor, best_length
 from hvd_agents.structure import SpanKind
@@ -59,7 +59,7 @@ def run_drafter_benchmark(
         draft = drafter.propose(DraftContext("bench", context, context_tokens), k)
         t1 = time.perf_counter()
         new = tuple(stream[position : position + 3])  # as if 2 draft tokens + 1 bonus were accepted
-        drafter.observe(Outcome("bench", Draft(), 0, new))
+        drafter.observe(DraftOutcome("bench", Draft(), 0, new))
         t2 = time.perf_counter()
         context.extend(new)
         position += len(new)

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 
 from hvd_agents.bench.prompts import agent_prompts, chat_prompts
-from hvd_agents.chat.template import encode_prompt
+from hvd_agents.chat.render import encode_prompt
 from hvd_agents.engine import Engine, GenerationParams
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.runtime.loading import load_model, resolve_device

@@ -45,7 +45,7 @@ from hvd_agents.bench.digest import output_digest
 from hvd_agents.bench.llama_cpp import PEER_NAME, LlamaCppPeer, check_peers, same_count
 from hvd_agents.bench.prompts import AgentPrompt, agent_prompts, chat_prompts
 from hvd_agents.chat.conversation import prepare
-from hvd_agents.chat.template import encode_prompt
+from hvd_agents.chat.render import encode_prompt
 from hvd_agents.engine import Engine, GenerationParams
 from hvd_agents.engine.shared import shared_engine
 from hvd_agents.engine.stats import RequestStats, SourceStats

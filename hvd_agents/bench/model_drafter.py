@@ -30,7 +30,7 @@ from hvd_agents.bench.digest import output_digest
 from hvd_agents.bench.live import Tally, _cache_runner, _engine_runner, _Item, _timed
 from hvd_agents.bench.prompts import agent_prompts, chat_prompts
 from hvd_agents.bench.timed import TimedDrafter
-from hvd_agents.chat.template import encode_prompt
+from hvd_agents.chat.render import encode_prompt
 from hvd_agents.engine import GenerationParams
 from hvd_agents.engine.shared import shared_engine
 from hvd_agents.engine.stats import SourceStats

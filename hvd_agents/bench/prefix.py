@@ -43,7 +43,7 @@ from hvd_agents.bench.agent_session import agent_tools, first_messages, tool_exc
 from hvd_agents.bench.digest import output_digest
 from hvd_agents.bench.llama_cpp import PEER_NAME, LlamaCppPeer, check_peers, reply_text
 from hvd_agents.chat.conversation import prepare
-from hvd_agents.chat.template import encode_prompt
+from hvd_agents.chat.render import encode_prompt
 from hvd_agents.engine import Engine, GenerationParams
 from hvd_agents.engine.engine import DEFAULT_PREFIX_CACHE_BYTES
 from hvd_agents.engine.shared import shared_engine

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from hvd_agents.drafters import Draft, DraftContext, Drafter, HybridDrafter, Outcome, uses_hidden_states
+from hvd_agents.drafters import Draft, DraftContext, Drafter, DraftOutcome, HybridDrafter, uses_hidden_states
 from hvd_agents.structure import PromptStructure
 
 
@@ -54,7 +54,7 @@ class TimedDrafter:
             self.model_draft_s += decision.draft_s if decision is not None else 0.0
         return draft
 
-    def observe(self, outcome: Outcome) -> None:
+    def observe(self, outcome: DraftOutcome) -> None:
         begun = time.perf_counter()
         self.inner.observe(outcome)
         self.observe_s += time.perf_counter() - begun

@@ -1,7 +1,8 @@
-"""The public import path of :mod:`hvd_agents.chat.prompt_templates` (prompt templates tuned for cache reuse).
+"""The earlier import path of :mod:`hvd_agents.chat.prompt_templates` (prompt templates tuned for cache reuse).
 
-``from hvd_agents.chat.templates import load_template, canonicalize_tools`` is what the
-documentation and the examples show, so it keeps working.
+``from hvd_agents.chat.templates import load_template, canonicalize_tools`` is what earlier
+documentation showed, so it keeps working; nothing in the package imports this module
+(``tests/test_layers.py`` checks it), and new code imports :mod:`hvd_agents.chat.prompt_templates`.
 """
 
 from hvd_agents.chat.prompt_templates import (

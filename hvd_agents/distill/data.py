@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from hvd_agents.chat.template import encode_prompt
+from hvd_agents.chat.render import encode_prompt
 
 logger = logging.getLogger(__name__)
 

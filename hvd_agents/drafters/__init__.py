@@ -13,7 +13,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from hvd_agents.drafters.base import Draft, DraftContext, Drafter, NoDrafter, Outcome, never_drafts, uses_hidden_states
+from hvd_agents.drafters.base import (
+    Draft,
+    DraftContext,
+    Drafter,
+    DraftOutcome,
+    NoDrafter,
+    Outcome,
+    never_drafts,
+    uses_hidden_states,
+)
 from hvd_agents.drafters.cache.prompt_lookup import PromptLookupDrafter
 from hvd_agents.drafters.cache.store import CacheStore
 from hvd_agents.drafters.cache.suffix import SuffixDrafter
@@ -103,6 +112,7 @@ __all__ = [
     "DraftContext",
     "DraftHeadDrafter",
     "DraftModelDrafter",
+    "DraftOutcome",
     "Drafter",
     "DrafterResources",
     "GraftDrafter",

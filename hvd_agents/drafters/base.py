@@ -130,7 +130,7 @@ class Draft:
 
         For a chain this is ``range(common prefix length)``. Verification accepts
         the path of the target's own tokens; a drafter can recover which tokens
-        were accepted from ``Outcome.new_token_ids`` the same way.
+        were accepted from ``DraftOutcome.new_token_ids`` the same way.
         """
         if self.parents is None:
             n = 0
@@ -221,7 +221,7 @@ class DraftContext:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class DraftOutcome:
     """The result of verifying one draft.
 
     Attributes:
@@ -247,6 +247,9 @@ class Outcome:
     verify_s: float = 0.0
 
 
+Outcome = DraftOutcome  # the earlier name, kept for existing imports
+
+
 @runtime_checkable
 class Drafter(Protocol):
     """The protocol every drafter implements (see the module docstring)."""
@@ -257,7 +260,7 @@ class Drafter(Protocol):
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         """Propose at most ``k`` tokens to follow ``ctx.token_ids`` (``k >= 1``)."""
 
-    def observe(self, outcome: Outcome) -> None:
+    def observe(self, outcome: DraftOutcome) -> None:
         """Learn the verification outcome; ``outcome.new_token_ids`` extend the context."""
 
     def stop(self, req_id: str) -> None:
@@ -291,7 +294,7 @@ class NoDrafter:
         del ctx, k
         return Draft()
 
-    def observe(self, outcome: Outcome) -> None:
+    def observe(self, outcome: DraftOutcome) -> None:
         del outcome
 
     def stop(self, req_id: str) -> None:

@@ -6,7 +6,7 @@ Contract:
   has a ``finish_reason`` and the request's :class:`RequestStats`.
   ``Engine.generate`` aggregates the stream.
 * The engine sees token ids only. Chat templates and tool-call formats live above
-  it (:mod:`hvd_agents.chat.template`); a tokenizer, when given, is used only to turn the
+  it (:mod:`hvd_agents.chat.render`); a tokenizer, when given, is used only to turn the
   output into text incrementally and to match stop strings.
 * An engine is built over a :class:`~hvd_agents.runtime.target.Target`: the model, the
   runner its forwards go through, its tokenizer and EOS ids (``Engine(model, ...)`` makes
@@ -116,9 +116,11 @@ class Engine:
             any; the default) or None (no head).
         runner: the runner the target's forwards go through (a
             :class:`~hvd_agents.runtime.runner.Runner` over ``model``); by default
-            :func:`~hvd_agents.runtime.runner_choice.runner_for` picks it: the native
-            CPU runner for GGUF weights, the static graph-captured runner for
-            supported models on CUDA, the HF runner otherwise.
+            :func:`~hvd_agents.runtime.runner_choice.runner_for` picks it: the static
+            graph-captured runner for supported models on CUDA, the HF runner otherwise.
+            A loaded model's native CPU forward (GGUF weights) comes with its
+            :class:`~hvd_agents.runtime.loading.LoadedModel`: :meth:`from_loaded` (or a
+            :class:`~hvd_agents.runtime.target.Target` made with ``native``) runs it.
         max_batch: concurrent requests decoded together, one forward per step for
             all of them (:mod:`hvd_agents.engine.batch`); 1 (the default) serialises
             requests (:mod:`hvd_agents.engine.serial`).

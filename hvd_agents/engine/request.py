@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from hvd_agents.drafters import Draft, DraftContext, Drafter, Outcome, uses_hidden_states
+from hvd_agents.drafters import Draft, DraftContext, Drafter, DraftOutcome, uses_hidden_states
 from hvd_agents.engine.detok import IncrementalDetokenizer
 from hvd_agents.engine.params import GenerationParams
 from hvd_agents.engine.prefix_cache import PrefixCache, PrefixMatch
@@ -326,7 +326,7 @@ class Request:
         """4. Emit the verified tokens, account the step, tell the drafter, and make the step's event."""
         emitted, text, finish = self._emit(verification.token_ids)
         self._account(draft, verification, len(emitted))
-        self.drafter.observe(Outcome(self.req_id, draft, verification.num_accepted, emitted,
+        self.drafter.observe(DraftOutcome(self.req_id, draft, verification.num_accepted, emitted,
                                      verification.target_logprob, verification.target_entropy, verify_s=verify_s))
         if finish is None and self.num_output >= self.budget:
             finish = "length"

@@ -2,7 +2,7 @@
 
 Input: step records, one JSON object per line, as ``hvd-agents analyze --steps``
 writes them (``drafted``, ``accepted``, ``features``, ``conversation``, ...); or
-the engine's live :class:`~hvd_agents.engine.stats.StepRecord` s as dicts. Only
+the engine's live :class:`~hvd_agents.engine.stats.VerifyStepRecord` s as dicts. Only
 drafted steps are used. A draft of ``d`` tokens with ``a`` accepted labels
 positions ``0..a-1`` as accepted and position ``a`` (when ``a < d``) as rejected;
 later positions are unobserved. A record's ``features`` are read by

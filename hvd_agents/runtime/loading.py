@@ -34,7 +34,7 @@ import shutil
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +82,9 @@ class LoadedModel:
         name: what the caller asked for, or ``EMBEDDED_NAME`` for the default model.
         device: where the weights live.
         dtype: the weights' dtype.
+        native: the model's weights in the native CPU forward
+            (:class:`~hvd_agents.runtime.quant_runner.NativeModel`: a GGUF file's blocks, int8 or int4),
+            what its engines run; None when the model runs its own forward.
     """
 
     model: PreTrainedModel
@@ -89,6 +92,7 @@ class LoadedModel:
     name: str
     device: torch.device
     dtype: torch.dtype
+    native: quant_runner.NativeModel | None = None
 
     @property
     def context_window(self) -> int:
@@ -433,13 +437,13 @@ def load_model(
     display = EMBEDDED_NAME if name is None or str(name).strip().lower() in _EMBEDDED_ALIASES else os.fspath(name)
     start = time.perf_counter()
     with waiting(f"loading {display}"):
-        native = _load_native_only(kind, location, weights, dev, dtype, display)
-        if native is not None:
+        native_only = _load_native_only(kind, location, weights, dev, dtype, display)
+        if native_only is not None:
             if chat_template is not None:
-                set_chat_template(native.tokenizer, chat_template)
+                set_chat_template(native_only.tokenizer, chat_template)
             freeze_loaded_objects()
             logger.info("loaded %s for the native CPU forward in %.1f s", display, time.perf_counter() - start)
-            return native
+            return native_only
         if kind == "gguf":
             model, tokenizer = _load_cached_gguf(Path(location), dtype)
         else:
@@ -452,7 +456,7 @@ def load_model(
         if chat_template is not None:
             set_chat_template(tokenizer, chat_template)
         loaded = LoadedModel(model=model, tokenizer=tokenizer, name=display, device=dev, dtype=dtype)
-        _attach_native(loaded, weights, kind, location)
+        loaded = replace(loaded, native=_native_forward(loaded, weights, kind, location))
     freeze_loaded_objects()  # full collections would walk the model's objects, freezing event loops
     logger.info("loaded %s on %s (%s) in %.1f s", display, dev, dtype, time.perf_counter() - start)
     return loaded
@@ -486,25 +490,27 @@ def _load_native_only(kind: str, location: str, weights: str, dev: torch.device,
     def full_load() -> torch.nn.Module:
         return _load_cached_gguf(gguf, dtype)[0].eval()
 
-    model, why = quant_loading.load_native_only(gguf, window, full_load)
-    if model is None:
+    native, why = quant_loading.load_native_only(gguf, window, full_load)
+    if native is None:
         if why:
             logger.warning("%s runs transformers' float32 forward, not the native one (%s): %.1f GB of weights in "
                            "memory for a %.2f GB file, and slower decoding", display, why,
                            quant_loading.float32_bytes(gguf) / 1e9, gguf.stat().st_size / 1e9)
         return None
-    loaded = LoadedModel(model=model, tokenizer=tokenizers[0], name=display, device=dev, dtype=dtype)
-    logger.info("native CPU forward on %s", quant_runner.attached(model).summary)
+    loaded = LoadedModel(model=native.model, tokenizer=tokenizers[0], name=display, device=dev, dtype=dtype,
+                         native=native)
+    logger.info("native CPU forward on %s", native.summary)
     return loaded
 
 
-def _attach_native(loaded: LoadedModel, weights: str, kind: str, location: str) -> None:
-    """Attach the native CPU forward to ``loaded.model`` as ``weights`` asks (see :func:`load_model`)."""
+def _native_forward(loaded: LoadedModel, weights: str, kind: str, location: str) -> quant_runner.NativeModel | None:
+    """The native CPU forward over ``loaded.model`` as ``weights`` asks (see :func:`load_model`); None when the
+    model runs its own forward."""
     model, explicit = loaded.model, weights != "auto"
     if weights == "auto":
         weights = "gguf" if kind == "gguf" else "none"
     if weights == "none":
-        return
+        return None
     why = ""
     if loaded.device.type != "cpu" or loaded.dtype != torch.float32:
         why = f"it runs float32 models on the CPU, not {loaded.dtype} on {loaded.device.type}"
@@ -521,14 +527,15 @@ def _attach_native(loaded: LoadedModel, weights: str, kind: str, location: str) 
                 weight_set = quant_weights.from_gguf(location, model)
             else:
                 weight_set = quant_weights.from_model(model, weights)
-            native = quant_runner.attach(model, weight_set, loaded.context_window)
+            native = quant_runner.NativeModel(model, weight_set, loaded.context_window)
             logger.info("native CPU forward on %s in %.1f s", native.summary, time.perf_counter() - start)
-            return
+            return native
         except ValueError as exc:
             why = str(exc)
     if explicit:
         raise InvalidRequestError(f"cpu_weights={weights!r} cannot be used for {loaded.name}: {why}")
     logger.info("%s runs its own forward (native CPU forward not used: %s)", loaded.name, why)
+    return None
 
 
 def get_model(name: str | os.PathLike | None = None, *, device: str | torch.device | None = None) -> LoadedModel:

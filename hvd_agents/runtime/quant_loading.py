@@ -82,9 +82,10 @@ def _full_weights_on_first_forward(model: torch.nn.Module, full_load: Callable[[
 
 
 def load_native_only(gguf: Path, context_window: Callable[[torch.nn.Module], int],
-                     full_load: Callable[[], torch.nn.Module]) -> tuple[torch.nn.Module | None, str]:
-    """``(model, "")`` with the native forward attached; ``(None, why)`` when the file needs transformers' forward
-    (``why`` is "" when transformers cannot read its config: its own load then says why).
+                     full_load: Callable[[], torch.nn.Module]) -> tuple[quant_runner.NativeModel | None, str]:
+    """``(native, "")``: the file's native forward, ``native.model`` its model; ``(None, why)`` when the file
+    needs transformers' forward (``why`` is "" when transformers cannot read its config: its own load then says
+    why).
 
     Args:
         gguf: the file.
@@ -102,10 +103,10 @@ def load_native_only(gguf: Path, context_window: Callable[[torch.nn.Module], int
         weights = quant_weights.from_gguf(gguf, model)
     except ValueError as exc:
         return None, str(exc)
-    quant_runner.attach(model, weights, context_window(model))
+    native = quant_runner.NativeModel(model, weights, context_window(model))
     _set_embeddings(model, weights)
     _full_weights_on_first_forward(model, full_load)
-    return model, ""
+    return native, ""
 
 
 def float32_bytes(gguf: Path) -> int:

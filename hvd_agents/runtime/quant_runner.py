@@ -1,8 +1,9 @@
 """The CPU runner: a decoder's forward over quantized weights, in one native call per step.
 
-:class:`QuantRunner` implements :class:`~hvd_agents.runtime.runner.Runner` for a
-model whose weights were attached with :func:`attach` (the loader does it for GGUF
-files, and for ``load_model(..., cpu_weights="int8" | "int4")``):
+:class:`QuantRunner` implements :class:`~hvd_agents.runtime.runner.Runner` over a
+:class:`NativeModel`, a model's weights in the native forward (the loader makes one for GGUF
+files, and for ``load_model(..., cpu_weights="int8" | "int4")``, and its
+:class:`~hvd_agents.runtime.loading.LoadedModel` carries it as ``native``):
 
 Every forward, of any number of new tokens (a decode step, a draft, a tree, a prefill
 or a chunk of one, several requests batched), runs in ``native/quant_forward.cpp``:
@@ -29,7 +30,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import weakref
 from collections.abc import Sequence
 
 import torch
@@ -47,11 +47,19 @@ MAX_NATIVE_ROWS = 64  # rows a request may verify in one step (a draft, a tree) 
 PREFILL_ROWS = 256  # rows per native call of a longer chain (a prefill): any split gives the same bits
 MIN_ROOM = 256  # positions of room a KV buffer gets at least
 
-_attached: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
 
 class NativeModel:
-    """A model's weights in the native forward (built once per model, shared by its runners)."""
+    """A model's weights in the native forward (built once per model, shared by its runners).
+
+    Args:
+        model: the model (its config, rope and, for engines, its tokenizer-facing parts).
+        weights: the weights the native forward reads.
+        context_window: most positions a request may hold.
+        path: the instruction-set path to run (``quant_native.PATHS``); the one chosen for this machine when None.
+
+    Raises:
+        RuntimeError: the native kernel is unavailable here.
+    """
 
     def __init__(self, model: torch.nn.Module, weights: WeightSet, context_window: int, path: str | None = None) -> None:
         native = quant_native.build(path) if path else quant_native.module()
@@ -91,33 +99,6 @@ class NativeModel:
     def summary(self) -> str:
         formats = ", ".join(f"{n} {k}" for k, n in sorted(self.weights.formats.items()))
         return f"{self.weights.scheme} weights ({formats}; {self.weights.nbytes / 2**20:.0f} MiB)"
-
-
-def attach(model: torch.nn.Module, weights: WeightSet, context_window: int, path: str | None = None) -> NativeModel:
-    """Give ``model`` a native forward over ``weights``: engines on ``model`` then run :class:`QuantRunner`.
-
-    Args:
-        model: the model (its config, rope and, for engines, its tokenizer-facing parts).
-        weights: the weights the native forward reads.
-        context_window: most positions a request may hold.
-        path: the instruction-set path to run (``quant_native.PATHS``); the one chosen for this machine when None.
-
-    Raises:
-        RuntimeError: the native kernel is unavailable here.
-    """
-    native = NativeModel(model, weights, context_window, path)
-    _attached[model] = native
-    return native
-
-
-def attached(model: torch.nn.Module) -> NativeModel | None:
-    """The native forward attached to ``model``, if any."""
-    return _attached.get(model)
-
-
-def detach(model: torch.nn.Module) -> None:
-    """Remove ``model``'s native forward (engines made afterwards run the model's own forward)."""
-    _attached.pop(model, None)
 
 
 class QuantKV:
@@ -202,24 +183,21 @@ def tree_rows(parents: Sequence[int]) -> tuple[list[int], torch.Tensor]:
 
 
 class QuantRunner:
-    """A :class:`~hvd_agents.runtime.runner.Runner` over a model's attached native forward (module docstring).
+    """A :class:`~hvd_agents.runtime.runner.Runner` over a model's native forward (module docstring).
 
     Args:
-        model: a model with weights attached by :func:`attach`.
+        native: the model's weights in the native forward (``LoadedModel.native`` for a loaded model).
         context_window: most positions a request may hold (default and maximum:
-            the window the weights were attached with).
+            the window ``native`` was built with).
         cost_model: the verification cost curve, when known; measured on this
             runner at first use (and cached per weights and machine) otherwise.
     """
 
     runs_own_threads = True  # its forward runs on the native team (the engine keeps torch's ops off its cores)
 
-    def __init__(self, model: torch.nn.Module, *, context_window: int | None = None,
+    def __init__(self, native: NativeModel, *, context_window: int | None = None,
                  cost_model: CostModel | None = None) -> None:
-        native = attached(model)
-        if native is None:
-            raise ValueError("the model has no native forward attached (hvd_agents.runtime.quant_runner.attach)")
-        self.model = model
+        self.model = native.model
         self.native = native
         self.device = torch.device("cpu")
         self.vocab_size = int(native.native.vocab)

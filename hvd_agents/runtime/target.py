@@ -22,6 +22,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from hvd_agents.policy.cost import CostModel
 from hvd_agents.runtime.loading import LoadedModel
+from hvd_agents.runtime.quant_runner import NativeModel
 from hvd_agents.runtime.runner import Runner
 from hvd_agents.runtime.runner_choice import runner_for
 
@@ -36,12 +37,22 @@ class Target:
         runner: the runner over ``model`` that every forward goes through.
         tokenizer: its tokenizer, or None (then events carry no text and stop strings are refused).
         eos_token_ids: the ids that end a request whose parameters name none.
+        native: ``model``'s weights in the native CPU forward, when it has them (what
+            :meth:`sibling` builds its runner over); None for a model that runs its own forward.
+
+    Raises:
+        ValueError: ``native`` holds another model's weights.
     """
 
     model: PreTrainedModel
     runner: Runner
     tokenizer: PreTrainedTokenizerBase | None = None
     eos_token_ids: tuple[int, ...] = ()
+    native: NativeModel | None = None
+
+    def __post_init__(self) -> None:
+        if self.native is not None and self.native.model is not self.model:
+            raise ValueError("the native forward given is over another model")
 
     @classmethod
     def of(
@@ -53,6 +64,7 @@ class Target:
         context_window: int | None = None,
         cost_model: CostModel | None = None,
         runner: Runner | None = None,
+        native: NativeModel | None = None,
     ) -> Target:
         """A target over ``model``: ``runner`` when given, else the one :func:`runner_for` picks.
 
@@ -65,16 +77,19 @@ class Target:
             cost_model: the verification cost profile, for a runner chosen here (measured on
                 first use when omitted).
             runner: the runner to use as it is.
+            native: ``model``'s weights in the native CPU forward (``LoadedModel.native``), when it
+                has them: a runner chosen here is then the native one.
         """
         if runner is None:
-            runner = runner_for(model, context_window=context_window, cost_model=cost_model)
+            runner = runner_for(model, native=native, context_window=context_window, cost_model=cost_model)
         eos = tuple(eos_token_ids) if eos_token_ids is not None else default_eos(model, tokenizer)
-        return cls(model, runner, tokenizer, eos)
+        return cls(model, runner, tokenizer, eos, native)
 
     @classmethod
     def from_loaded(cls, loaded: LoadedModel, *, cost_model: CostModel | None = None,
                     runner: Runner | None = None) -> Target:
-        """The target of a loaded model: its tokenizer, EOS ids and context window; the runner chosen for it.
+        """The target of a loaded model: its tokenizer, EOS ids, context window and native forward; the runner
+        chosen for it.
 
         Args:
             loaded: what :func:`~hvd_agents.runtime.loading.load_model` returned.
@@ -82,10 +97,12 @@ class Target:
             runner: as for :meth:`of`.
         """
         return cls.of(loaded.model, loaded.tokenizer, eos_token_ids=loaded.eos_token_ids,
-                      context_window=loaded.context_window, cost_model=cost_model, runner=runner)
+                      context_window=loaded.context_window, cost_model=cost_model, runner=runner,
+                      native=loaded.native)
 
     def sibling(self, cost_model: CostModel | None = None) -> Target:
-        """The same model, tokenizer, EOS ids and context window over a new runner (its own KV caches).
+        """The same model, tokenizer, EOS ids, context window and native forward over a new runner (its own KV
+        caches).
 
         Args:
             cost_model: the new runner's cost profile; this runner's (measured now if it was not yet)
@@ -93,7 +110,8 @@ class Target:
         """
         return Target.of(self.model, self.tokenizer, eos_token_ids=self.eos_token_ids,
                          context_window=self.runner.context_window,
-                         cost_model=cost_model if cost_model is not None else self.runner.profile())
+                         cost_model=cost_model if cost_model is not None else self.runner.profile(),
+                         native=self.native)
 
 
 def default_eos(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None) -> tuple[int, ...]:

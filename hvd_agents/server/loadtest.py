@@ -40,8 +40,8 @@ PROMPTS = (
 
 
 @dataclass
-class Outcome:
-    """One request's answer."""
+class RequestResult:
+    """One load-test request's answer, as the client saw it."""
 
     index: int
     prompt: int
@@ -59,7 +59,7 @@ class LoadReport:
     requests: int
     clients: int
     wall_s: float
-    outcomes: list[Outcome] = field(default_factory=list)
+    outcomes: list[RequestResult] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -91,14 +91,14 @@ class LoadReport:
         return "\n".join(lines)
 
 
-async def _one(client: httpx.AsyncClient, index: int, model: str, max_tokens: int) -> Outcome:
+async def _one(client: httpx.AsyncClient, index: int, model: str, max_tokens: int) -> RequestResult:
     prompt = index % len(PROMPTS)
     stream = index % 2 == 1
     body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": PROMPTS[prompt]}],
                             "max_tokens": max_tokens, "temperature": 0, "stream": stream}
     request_id = f"load-{index}"
     start = time.perf_counter()
-    outcome = Outcome(index, prompt, stream, 0.0)
+    outcome = RequestResult(index, prompt, stream, 0.0)
     try:
         if stream:
             async with client.stream("POST", "/v1/chat/completions", json=body,
@@ -149,7 +149,7 @@ async def run_load_test_async(base_url: str, requests: int = 200, clients: int =
         if model is None:
             model = (await client.get("/v1/models")).json()["data"][0]["id"]
         todo = iter(range(requests))
-        outcomes: list[Outcome] = []
+        outcomes: list[RequestResult] = []
 
         async def worker() -> None:
             for index in todo:

@@ -9,7 +9,7 @@ protocol), :mod:`.replay` (the engine's loop without a model), :mod:`.stats`
 from hvd_agents.trace.analyze import AnalyzeOptions, run_analyze
 from hvd_agents.trace.loader import BadLine, Conversation, TraceFile, load_trace
 from hvd_agents.trace.replay import ReplayConfig, ReplayResult, replay_trace, reply_tokens
-from hvd_agents.trace.stats import PolicyStats, StepRecord
+from hvd_agents.trace.stats import PolicyStats, ReplayStepRecord, StepRecord
 from hvd_agents.trace.strategies import POLICIES, resolve_policy_names
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "PolicyStats",
     "ReplayConfig",
     "ReplayResult",
+    "ReplayStepRecord",
     "StepRecord",
     "TraceFile",
     "load_trace",

@@ -73,7 +73,7 @@ def run_analyze(options: AnalyzeOptions, out: IO[str] | None = None) -> dict[str
     names, notes = resolve_policy_names(options.policy)
     template = None
     if options.system_template:
-        from hvd_agents.chat.templates import load_template
+        from hvd_agents.chat.prompt_templates import load_template
 
         template = load_template(options.system_template)
     trace = load_trace(options.file, skip_bad=options.skip_bad, limit=options.limit)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hvd_agents.chat.template import to_template_messages
+from hvd_agents.chat.render import to_template_messages
 from hvd_agents.errors import InvalidRequestError, TraceFormatError
 
 logger = logging.getLogger(__name__)

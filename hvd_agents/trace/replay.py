@@ -13,12 +13,12 @@ so each assistant message is replayed as a generation target:
   ``k' = 0``), ``accepted`` = its common prefix with the rest of the target (for
   a tree draft: its longest path that the target follows), the
   accepted tokens plus one target token are emitted and observed; ``stop``.
-* Every step is a :class:`~hvd_agents.trace.stats.StepRecord`, added to the
+* Every step is a :class:`~hvd_agents.trace.stats.ReplayStepRecord`, added to the
   policy's :class:`~hvd_agents.trace.stats.PolicyStats` and passed to an optional sink.
 
 Optional transforms applied to each conversation first: canonical tool schemas
-(:func:`hvd_agents.chat.templates.canonicalize_tools`) and a system-prompt template
-(:func:`hvd_agents.chat.templates.apply_system_template`). They change the prompts
+(:func:`hvd_agents.chat.prompt_templates.canonicalize_tools`) and a system-prompt template
+(:func:`hvd_agents.chat.prompt_templates.apply_system_template`). They change the prompts
 only: the recorded replies, hence the targets, stay as they are.
 """
 
@@ -31,22 +31,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hvd_agents.chat.analyzer import analyze
-from hvd_agents.chat.template import render_prompt, to_template_messages
-from hvd_agents.chat.templates import Template, apply_system_template, canonicalize_tools
-from hvd_agents.drafters import Draft, DraftContext, Outcome
+from hvd_agents.chat.prompt_templates import Template, apply_system_template, canonicalize_tools
+from hvd_agents.chat.render import render_prompt, to_template_messages
+from hvd_agents.drafters import Draft, DraftContext, DraftOutcome
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.policy.cost import FALLBACK_VERIFY_COST
 from hvd_agents.policy.paper import PAPER_THRESHOLD, PaperMLP, TokenClasses
 from hvd_agents.structure import PromptStructure
 from hvd_agents.trace.loader import Conversation, TraceFile
-from hvd_agents.trace.stats import TARGET_KIND, PolicyStats, StepRecord, source_kind
+from hvd_agents.trace.stats import TARGET_KIND, PolicyStats, ReplayStepRecord, source_kind
 from hvd_agents.trace.strategies import Policy, common_prefix, make_policy
 
 logger = logging.getLogger(__name__)
 
 END_OF_TURN = "<|im_end|>"
 
-StepSink = Callable[[StepRecord], None]
+StepSink = Callable[[ReplayStepRecord], None]
 
 
 @dataclass(frozen=True)
@@ -200,11 +200,11 @@ def replay_turn(
             accepted = len(draft.path(target[position:]))  # a chain's common prefix; a tree's matching path
             emitted = target[position : position + accepted + 1]
             probe = policy.probe(req_id) if k_step > 0 else None
-            policy.observe(Outcome(req_id, draft, accepted, emitted))
+            policy.observe(DraftOutcome(req_id, draft, accepted, emitted))
             cache = probe.cache_tokens if probe is not None else ()
             arm = probe.arm if probe is not None else ("cache" if draft.token_ids else "none")
             flags = classes.flags(context[-1] if context else None, cache[0] if cache else None)
-            sink(StepRecord(policy.name, turn.conversation, turn.turn, turn.message_index, position,
+            sink(ReplayStepRecord(policy.name, turn.conversation, turn.turn, turn.message_index, position,
                             draft.source, len(draft), accepted, draft.features, arm, len(cache),
                             common_prefix(cache, target[position:]), probe.predicted if probe else None, flags))
             context.extend(emitted)
@@ -230,7 +230,7 @@ def replay_trace(
         tokenizer: renders and tokenizes the conversations (HF tokenizer or adapter).
         trace: from :func:`hvd_agents.trace.loader.load_trace`.
         config: policies, k, transforms.
-        step_sink: receives every :class:`StepRecord` (e.g. the ``--steps`` writer).
+        step_sink: receives every :class:`ReplayStepRecord` (e.g. the ``--steps`` writer).
         progress: show a progress bar on stderr (only when it is a terminal).
 
     Raises:
@@ -249,7 +249,7 @@ def replay_trace(
     result = ReplayResult({p.name: PolicyStats(p.name, payoff_threshold=config.payoff_threshold) for p in policies})
     result.highlight_policy = config.highlight_policy or _default_highlight_policy(config.policies)
 
-    def sink(step: StepRecord) -> None:
+    def sink(step: ReplayStepRecord) -> None:
         result.stats[step.policy].add_step(step)
         if step_sink is not None:
             step_sink(step)

@@ -8,7 +8,7 @@
 * :func:`report_json` is ``{policy: {figures..., "est_speedup": x,
   "accepted_by_kind": {kind: share}}, "_meta": {file, tokenizer, k, verify_cost,
   conversations, skipped, ...}}``.
-* :class:`StepWriter` writes one JSON object per step (``StepRecord.to_dict()``).
+* :class:`StepWriter` writes one JSON object per step (``ReplayStepRecord.to_dict()``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import IO, Any
 
 from hvd_agents.errors import HVDError
 from hvd_agents.trace.replay import ReplayResult
-from hvd_agents.trace.stats import StepRecord
+from hvd_agents.trace.stats import ReplayStepRecord
 
 _COLUMNS = (
     ("policy", "{:<17}", "policy"),
@@ -142,7 +142,7 @@ class StepWriter:
             self._fh.close()
             self._fh = None
 
-    def __call__(self, step: StepRecord) -> None:
+    def __call__(self, step: ReplayStepRecord) -> None:
         assert self._fh is not None, "StepWriter used outside its with-block"
         self._fh.write(json.dumps(step.to_dict(), ensure_ascii=False, separators=(",", ":")) + "\n")
         self.count += 1

@@ -39,7 +39,7 @@ def source_kind(source: str) -> str:
 
 
 @dataclass(frozen=True)
-class StepRecord:
+class ReplayStepRecord:
     """One verification step of one policy (a line of ``--steps``).
 
     Attributes:
@@ -85,6 +85,9 @@ class StepRecord:
         return out
 
 
+StepRecord = ReplayStepRecord  # the earlier name, kept for existing imports
+
+
 @dataclass
 class PolicyStats:
     """Totals of one policy over a replay."""
@@ -112,7 +115,7 @@ class PolicyStats:
         self.requests += 1
         self.output_tokens += output_tokens
 
-    def add_step(self, step: StepRecord) -> None:
+    def add_step(self, step: ReplayStepRecord) -> None:
         """Count one step."""
         self.steps += 1
         self.arm_steps[step.arm] += 1

@@ -57,10 +57,10 @@ from hvd_agents.drafters import (
     Draft,
     DraftContext,
     Drafter,
+    DraftOutcome,
     GraftDrafter,
     HybridDrafter,
     NoDrafter,
-    Outcome,
     PaperDrafter,
     PromptLookupDrafter,
     SuffixDrafter,
@@ -90,7 +90,7 @@ class Policy(Protocol):
     def propose(self, ctx: DraftContext, k: int, lookahead: Sequence[int]) -> Draft:
         """At most ``k`` tokens to follow ``ctx.token_ids``; ``lookahead`` is the rest of the reply."""
 
-    def observe(self, outcome: Outcome) -> None:
+    def observe(self, outcome: DraftOutcome) -> None:
         """The verification outcome of the last proposal."""
 
     def stop(self, req_id: str) -> None:
@@ -131,7 +131,7 @@ class DrafterPolicy:
             return self.drafter.probe(req_id)
         return self.last
 
-    def observe(self, outcome: Outcome) -> None:
+    def observe(self, outcome: DraftOutcome) -> None:
         self.drafter.observe(outcome)
 
     def stop(self, req_id: str) -> None:
@@ -188,7 +188,7 @@ class ArcticDrafter:
         tokens = tuple(int(t) for t in result.token_ids[:k])
         return Draft(tokens, score=float(result.score), source=self.source) if tokens else Draft()
 
-    def observe(self, outcome: Outcome) -> None:
+    def observe(self, outcome: DraftOutcome) -> None:
         if outcome.new_token_ids:
             self.cache.add_active_response(outcome.req_id, list(outcome.new_token_ids))
 

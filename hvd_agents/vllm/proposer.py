@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from hvd_agents.chat.analyzer import register
-from hvd_agents.drafters.base import Draft, DraftContext, Outcome
+from hvd_agents.drafters.base import Draft, DraftContext, DraftOutcome
 from hvd_agents.drafters.cache.store import CacheStore
 from hvd_agents.drafters.cache.suffix import SuffixDrafter
 from hvd_agents.drafters.hybrid.drafter import HybridDrafter
@@ -193,7 +193,7 @@ class HVDProposer:
         if accepted != len(sampled) - 1:  # tokens no verification of this draft gives: settle as a plain step
             draft, accepted = Draft(), 0
         self.stats.accepted += accepted
-        self.drafter.observe(Outcome(match.tracked.seq_id, draft, accepted, sampled))
+        self.drafter.observe(DraftOutcome(match.tracked.seq_id, draft, accepted, sampled))
 
     def _draft(self, match: RowMatch, tokens: np.ndarray, step_cost: CostModel | None) -> Draft:
         room = min(self.k, self.max_model_len - len(tokens) - 1)

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from hvd_agents.drafters.base import Draft, DraftContext, Outcome, started
+from hvd_agents.drafters.base import Draft, DraftContext, DraftOutcome, started
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.policy.features import PromptLookupFeatures
 from hvd_agents.structure import PromptStructure
@@ -86,7 +86,7 @@ class PromptLookupDrafter:
                     return Draft(tokens, score=float(n), source=self.source, features=PromptLookupFeatures(n))
         return Draft()
 
-    def observe(self, outcome: Outcome) -> None:
+    def observe(self, outcome: DraftOutcome) -> None:
         started(self._requests, outcome.req_id, self.source, "observe").extend(outcome.new_token_ids)
 
     def stop(self, req_id: str) -> None:

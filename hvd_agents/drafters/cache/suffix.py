@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from hvd_agents.drafters.base import Draft, DraftContext, Outcome, started
+from hvd_agents.drafters.base import Draft, DraftContext, DraftOutcome, started
 from hvd_agents.drafters.cache.history import AcceptanceHistory, KindRates
 from hvd_agents.drafters.cache.ngram_index import NgramIndex
 from hvd_agents.drafters.cache.store import CacheStore
@@ -202,7 +202,7 @@ class SuffixDrafter:
                 out.append(_Candidate(tokens, span.kind, float(self.store.clock - span.age), True, span.span_id))
         return [c for c in out if c.tokens], best
 
-    def observe(self, outcome: Outcome) -> None:
+    def observe(self, outcome: DraftOutcome) -> None:
         state = started(self._requests, outcome.req_id, self.source, "observe")
         for token in outcome.new_token_ids:
             state.index.append(token)

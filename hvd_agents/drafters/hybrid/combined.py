@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hvd_agents.drafters.base import Draft, DraftContext, Drafter, Outcome, started
+from hvd_agents.drafters.base import Draft, DraftContext, Drafter, DraftOutcome, started
 from hvd_agents.drafters.cache.suffix import SuffixDrafter
 from hvd_agents.drafters.hybrid.probe import CacheProbe
 from hvd_agents.drafters.model.protocol import ModelDrafter, as_model_drafter
@@ -26,7 +26,9 @@ from hvd_agents.structure import PromptStructure
 
 
 @dataclass
-class _Request:
+class _CombinedRequestState:
+    """One request's state between ``start`` and ``stop``."""
+
     probe: CacheProbe | None = None  # this step's, from propose to observe (None: no propose this step)
 
 
@@ -43,7 +45,7 @@ class CombinedDrafter:
         self.cache = cache
         self.model: ModelDrafter | None = as_model_drafter(model) if model is not None else None
         self.name = name
-        self._requests: dict[str, _Request] = {}
+        self._requests: dict[str, _CombinedRequestState] = {}
 
     @property
     def uses_hidden_states(self) -> bool:
@@ -54,7 +56,7 @@ class CombinedDrafter:
         self.cache.start(req_id, prompt_ids, structure)
         if self.model is not None:
             self.model.start(req_id, prompt_ids, structure)
-        self._requests[req_id] = _Request()
+        self._requests[req_id] = _CombinedRequestState()
 
     def stop(self, req_id: str) -> None:
         self.cache.stop(req_id)
@@ -83,7 +85,7 @@ class CombinedDrafter:
         """The draft to verify and its probe (the subclass's rule)."""
         raise NotImplementedError
 
-    def observe(self, outcome: Outcome) -> None:
+    def observe(self, outcome: DraftOutcome) -> None:
         """Feed the outcome to both drafters (see the module docstring).
 
         Raises:
@@ -92,7 +94,7 @@ class CombinedDrafter:
         request = started(self._requests, outcome.req_id, self.name, "observe")
         probe, request.probe = request.probe, None
         used = probe is not None and probe.arm == "cache" and bool(outcome.draft.token_ids)
-        self.cache.observe(outcome if used else Outcome(outcome.req_id, Draft(), 0, outcome.new_token_ids))
+        self.cache.observe(outcome if used else DraftOutcome(outcome.req_id, Draft(), 0, outcome.new_token_ids))
         if self.model is not None:
             self.model.observe(outcome)
 

@@ -59,7 +59,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from hvd_agents.drafters.base import Draft, DraftContext, Drafter, Outcome, started
+from hvd_agents.drafters.base import Draft, DraftContext, Drafter, DraftOutcome, started
 from hvd_agents.drafters.cache.suffix import SuffixDrafter
 from hvd_agents.drafters.hybrid.config import HybridConfig
 from hvd_agents.drafters.hybrid.pricing import StepPricing
@@ -113,7 +113,7 @@ class _Candidate:
 
 
 @dataclass
-class _Request:
+class _HybridRequestState:
     """One request's state between ``start`` and ``stop``."""
 
     session_id: str | None
@@ -186,7 +186,7 @@ class HybridDrafter:
         # each request's model acceptance starts from this; a drafter may know its own (a trained head's
         # held-out agreement with the target)
         self.model_acceptance = float(acceptance_prior or config.model_prior_acceptance)
-        self._requests: dict[str, _Request] = {}
+        self._requests: dict[str, _HybridRequestState] = {}
 
     # ------------------------------------------------------------------ what the engine and tests read
 
@@ -238,7 +238,7 @@ class HybridDrafter:
         if self.model is not None:
             self.model.start(req_id, prompt_ids, structure)
         session = structure.session_id if structure is not None else None
-        self._requests[req_id] = _Request(session, model_acceptance=self.model_acceptance)
+        self._requests[req_id] = _HybridRequestState(session, model_acceptance=self.model_acceptance)
 
     def stop(self, req_id: str) -> None:
         self.cache.stop(req_id)
@@ -246,7 +246,7 @@ class HybridDrafter:
             self.model.stop(req_id)
         self._requests.pop(req_id, None)
 
-    def _request(self, req_id: str, call: str) -> _Request:
+    def _request(self, req_id: str, call: str) -> _HybridRequestState:
         return started(self._requests, req_id, "hvd", call)
 
     # ------------------------------------------------------------------ one step
@@ -305,7 +305,7 @@ class HybridDrafter:
         judged = ChosenDraftFeatures(features, len(cached), best.choice.expected_tokens - 1.0, rate)
         return replace(best.draft, features=judged, survival=tuple(float(p) for p in survival[: best.draft.main_length]))
 
-    def _ask_model(self, ctx: DraftContext, k: int, request: _Request, best: _Candidate, cost: CostModel,
+    def _ask_model(self, ctx: DraftContext, k: int, request: _HybridRequestState, best: _Candidate, cost: CostModel,
                    model_cost: CostModel, rate: float, timed: bool) -> tuple[_Candidate, float]:
         """Phase 3: the model drafter's draft when it is asked and drafts, else ``best``; and the seconds
         it took."""
@@ -346,12 +346,12 @@ class HybridDrafter:
         step_cost = float(model_cost.verify(n)) + catch_up
         return _Candidate("model", Choice(n, expected, step_cost, expected - rate * step_cost), proposed), draft_s
 
-    def _model_choice(self, request: _Request, k: int, rate: float, model_cost: CostModel) -> Choice | None:
+    def _model_choice(self, request: _HybridRequestState, k: int, rate: float, model_cost: CostModel) -> Choice | None:
         """The best model draft length by the request's running acceptance (None: no length pays)."""
         choice = best_length(_model_survival(request, k), model_cost, rate)
         return choice if choice.length > 0 else None
 
-    def observe(self, outcome: Outcome) -> None:
+    def observe(self, outcome: DraftOutcome) -> None:
         """Learn from the step's outcome (after every verification, proposed or not), and time the step
         when the engine timed its verification (``outcome.verify_s > 0``).
 
@@ -377,20 +377,20 @@ class HybridDrafter:
         if proposed is not None and outcome.verify_s > 0.0:  # timed by the engine (0: not measured)
             self.pricing.observe_step(outcome.verify_s + step.policy_s, step.verified)
 
-    def _cache_outcome(self, outcome: Outcome, step: StepDecision) -> Outcome:
+    def _cache_outcome(self, outcome: DraftOutcome, step: StepDecision) -> DraftOutcome:
         """The outcome as the cache drafter sees it: its main branch's when its tree was verified (the tree's
         tried alternatives move the alternative rate), an empty draft's when it was not used."""
         if step.source != "cache":
-            return Outcome(outcome.req_id, Draft(), 0, outcome.new_token_ids)
+            return DraftOutcome(outcome.req_id, Draft(), 0, outcome.new_token_ids)
         if not outcome.draft.is_tree:
             return outcome
         path = outcome.draft.path(outcome.new_token_ids)
         main_accepted = sum(1 for node in path if node < step.main)
         for chosen in tried_alternatives(outcome.draft, step.main, main_accepted, set(path)):
             self.alternative_rate += self.config.alternative_ema * (float(chosen) - self.alternative_rate)
-        return Outcome(outcome.req_id, outcome.draft.main_branch(), main_accepted, outcome.new_token_ids)
+        return DraftOutcome(outcome.req_id, outcome.draft.main_branch(), main_accepted, outcome.new_token_ids)
 
-    def _learn_model_acceptance(self, request: _Request, outcome: Outcome) -> None:
+    def _learn_model_acceptance(self, request: _HybridRequestState, outcome: DraftOutcome) -> None:
         """Move the model drafter's running acceptance (the request's and across requests) by its draft's
         outcome: accepted tokens over tries until a rejection (a geometric count)."""
         drafted = outcome.draft.main_length  # a tree's first-token alternatives are not part of the chain's rate
@@ -401,12 +401,12 @@ class HybridDrafter:
         self.model_acceptance += ema * (observed - self.model_acceptance)
 
 
-def _model_survival(request: _Request, n: int) -> np.ndarray:
+def _model_survival(request: _HybridRequestState, n: int) -> np.ndarray:
     """``[n]``: the chance a model draft survives its first 1..n tokens, at the request's running acceptance."""
     return np.cumprod(np.full(n, request.model_acceptance))
 
 
-def _target_signal(outcome: Outcome) -> TargetSignal | None:
+def _target_signal(outcome: DraftOutcome) -> TargetSignal | None:
     """The target's signal at the last emitted token, when the engine reported it."""
     if outcome.target_logprob is None or outcome.target_entropy is None:
         return None

@@ -15,7 +15,7 @@ draft), so it compares directly with the rate ``R`` in tokens per step
   (its ``pending`` tokens), each priced from its ``ingest_cost_prior`` until timed.
 
 Timing. A step's seconds are the engine's verification seconds
-(``Outcome.verify_s``: the target's forward, acceptance and KV rollback) plus the
+(``DraftOutcome.verify_s``: the target's forward, acceptance and KV rollback) plus the
 policy's own seconds in ``propose`` (cache drafting and the decision); model
 drafting is timed apart, and whatever the stream's consumer does between steps
 is in neither. A model draft is timed per drafted token only when the drafter

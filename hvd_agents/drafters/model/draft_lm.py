@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from hvd_agents.drafters.base import Draft, DraftContext, Outcome
+from hvd_agents.drafters.base import Draft, DraftContext, DraftOutcome
 from hvd_agents.drafters.model.loop import DEFAULT_MIN_SURVIVAL, RequestPrefix, common_prefix, draft_loop
 from hvd_agents.drafters.model.protocol import DEFAULT_INGEST_COST_PRIOR, DEFAULT_TOKEN_COST_PRIOR
 from hvd_agents.runtime.kv import cache_argument, new_cache, truncate
@@ -120,7 +120,7 @@ class DraftModelDrafter:
             logits = torch.cat([logits, logits.new_full((self.target_vocab - logits.shape[0],), float("-inf"))])
         return logits
 
-    def observe(self, outcome: Outcome) -> None:
+    def observe(self, outcome: DraftOutcome) -> None:
         del outcome  # the context arrives with the next propose
 
     def stop(self, req_id: str) -> None:

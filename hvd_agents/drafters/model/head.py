@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import torch
 
 from hvd_agents.draft_head.model import DraftHead, HeadCache
-from hvd_agents.drafters.base import Draft, DraftContext, Outcome
+from hvd_agents.drafters.base import Draft, DraftContext, DraftOutcome
 from hvd_agents.drafters.model.loop import DEFAULT_MIN_SURVIVAL, RequestPrefix, draft_loop
 from hvd_agents.drafters.model.protocol import DEFAULT_INGEST_COST_PRIOR, DEFAULT_TOKEN_COST_PRIOR
 from hvd_agents.structure import PromptStructure
@@ -136,7 +136,7 @@ class DraftHeadDrafter:
         finally:
             self.cache.crop(verified)
 
-    def observe(self, outcome: Outcome) -> None:
+    def observe(self, outcome: DraftOutcome) -> None:
         del outcome  # the verified tokens and their hidden states arrive with the next propose
 
     def stop(self, req_id: str) -> None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from hvd_agents.drafters.base import Draft, DraftContext, Drafter, Outcome
+from hvd_agents.drafters.base import Draft, DraftContext, Drafter, DraftOutcome
 from hvd_agents.structure import PromptStructure
 
 # A drafted token's cost in the engine's plain steps before it is timed: about one drafter forward per drafted
@@ -127,7 +127,7 @@ class PlainModelDrafter:
         self._drafted_at[ctx.req_id] = len(ctx.token_ids)
         return draft
 
-    def observe(self, outcome: Outcome) -> None:
+    def observe(self, outcome: DraftOutcome) -> None:
         self.drafter.observe(outcome)
 
     def stop(self, req_id: str) -> None:

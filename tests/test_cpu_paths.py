@@ -100,10 +100,11 @@ def test_the_embedded_model_gives_the_same_bits_and_tokens_on_every_path(real_en
     model = real_engine.model
     native = quant_runner.attached(model)
     ids = real_engine.tokenizer("The capital of France is Paris. " * 40)["input_ids"]  # a prompt of 2 native calls
+    weights = native.reload()
     try:
         results = {}
         for path in PATHS:
-            attach(model, native.weights, native.context_window, path)
+            attach(model, weights, native.context_window, path)
             engine = Engine(model, real_engine.tokenizer, cost_model=real_engine.runner.profile())
             runner = engine.runner
             logits = runner.forward(runner.new_kv(), ids, logits_to_keep=4)
@@ -113,7 +114,7 @@ def test_the_embedded_model_gives_the_same_bits_and_tokens_on_every_path(real_en
         for path, (logits, tokens) in results.items():
             assert torch.equal(logits, reference[0]) and tokens == reference[1], path
     finally:
-        attach(model, native.weights, native.context_window, native.path)
+        attach(model, weights, native.context_window, native.path, source=native.source)
 
 
 @pytest.mark.real_model

@@ -88,10 +88,11 @@ def run_path_benchmark(model: str | None = None, *, rounds: int = 2, repeats: in
     ids = (ids * (need // max(1, len(ids)) + 1))[:need]
     paths = quant_native.cpu_paths()
     runners = {}
+    weights = native.reload()
     for path in paths:
-        quant_runner.attach(loaded.model, native.weights, native.context_window, path)
+        quant_runner.attach(loaded.model, weights, native.context_window, path)
         runners[path] = quant_runner.QuantRunner(loaded.model)
-    quant_runner.attach(loaded.model, native.weights, native.context_window, native.path)
+    quant_runner.attach(loaded.model, weights, native.context_window, native.path, source=native.source)
     figures = {path: PathFigures() for path in paths}
     with torch.inference_mode():
         for _ in range(rounds):

@@ -37,7 +37,8 @@ def freeze_loaded_objects() -> bool:
 
 
 def return_free_memory() -> bool:
-    """Give the C heap's free pages back to the system (glibc's ``malloc_trim``); False where there is none."""
+    """Give the C heap's free pages back to the system (glibc's ``malloc_trim``); False where the C library has
+    no ``malloc_trim``."""
     if not sys.platform.startswith("linux"):
         return False
     try:
@@ -46,4 +47,5 @@ def return_free_memory() -> bool:
     except (OSError, AttributeError):  # another C library (musl)
         return False
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return bool(trim(0))
+    trim(0)  # 1 when pages were returned, 0 when there were none to return
+    return True

@@ -100,9 +100,10 @@ def test_the_embedded_model_gives_the_same_bits_and_tokens_on_every_path(real_en
     model = real_engine.model
     native = real_engine.target.native
     ids = real_engine.tokenizer("The capital of France is Paris. " * 40)["input_ids"]  # a prompt of 2 native calls
+    weights = native.reload()
     results = {}
     for path in PATHS:
-        on_path = NativeModel(model, native.weights, native.context_window, path)
+        on_path = NativeModel(model, weights, native.context_window, path)
         engine = Engine(Target.of(model, real_engine.tokenizer, cost_model=real_engine.runner.profile(),
                                   native=on_path))
         runner = engine.runner

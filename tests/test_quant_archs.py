@@ -72,7 +72,7 @@ def _reference(model, ids):
 def test_f32_file_matches_the_transformers_forward(files, family) -> None:
     model = make_model(family)
     native = NativeModel(model, quant_weights.from_gguf(files[family][0], model), CONTEXT)
-    assert set(native.weights.formats) == {"F32"}
+    assert set(native.info.formats) == {"F32"}
     ids = _ids(3 * WINDOW + 5, seed=1)  # longer than the window: its layers see only the last 16 positions
     runner = QuantRunner(native)
     got, expected = runner.forward(runner.new_kv(), ids), _reference(model, ids)

@@ -374,7 +374,7 @@ def test_the_embedded_model_runs_its_gguf_blocks(real_engine) -> None:
     assert isinstance(runner, QuantRunner)
     native = real_engine.target.native
     assert runner.native is native
-    assert native.weights.scheme == "gguf" and native.weights.formats == {"Q4_1": 210, "Q8_0": 1}
+    assert native.info.scheme == "gguf" and native.info.formats == {"Q4_1": 210, "Q8_0": 1}
     ids = real_engine.tokenizer("The capital of France is Paris. The capital of Italy is")["input_ids"]
     with torch.no_grad():  # the model's own forward (its first call loads the float32 weights)
         expected = real_engine.model(torch.tensor([ids])).logits[0, -1]
@@ -383,7 +383,7 @@ def test_the_embedded_model_runs_its_gguf_blocks(real_engine) -> None:
     layer = real_engine.model.model.layers[5]
     for name, weight in (("attn_q", layer.self_attn.q_proj.weight), ("attn_k", layer.self_attn.k_proj.weight),
                          ("ffn_down", layer.mlp.down_proj.weight)):
-        assert torch.equal(module.dequantize(_matrix(module, native.weights.layers[5][name])), weight.detach())
+        assert torch.equal(module.dequantize(native.matrices[5][name]), weight.detach())
     got = runner.forward(runner.new_kv(), ids, logits_to_keep=1)[0]
     assert got.argmax() == expected.argmax()
     assert torch.nn.functional.cosine_similarity(got, expected, dim=0) > 0.99

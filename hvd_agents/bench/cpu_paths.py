@@ -88,8 +88,9 @@ def run_path_benchmark(model: str | None = None, *, rounds: int = 2, repeats: in
     need = max(max(prefills), context + 1 + max(drafts))
     ids = (ids * (need // max(1, len(ids)) + 1))[:need]
     paths = quant_native.cpu_paths()
-    runners = {path: QuantRunner(NativeModel(native.model, native.weights, native.context_window, path))
-               for path in paths}
+    weights = native.reload()
+    runners = {path: QuantRunner(NativeModel(native.model, weights, native.context_window, path)) for path in paths}
+    del weights
     figures = {path: PathFigures() for path in paths}
     with torch.inference_mode():
         for _ in range(rounds):

@@ -5,7 +5,8 @@
 metadata: a llama file's query and key rows permuted for llama.cpp's rope, a gemma file's norms holding
 ``1 + w``, phi3's fused projections as they are. Matrices are stored in ``qtype`` (F32, F16, or a block
 type the ``gguf`` package quantizes: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0); norms and biases in F32. A small
-SentencePiece-style vocabulary (byte tokens, then placeholders) makes the file loadable by llama.cpp.
+SentencePiece-style vocabulary (control tokens, byte tokens, then placeholders; a phi3 file's has phi3's
+``<|endoftext|>``, which llama.cpp requires of a model named phi3) makes the file loadable by llama.cpp.
 :func:`quantize_gguf` turns such a file into a K-quant mix (Q4_K_M by default) with llama.cpp's own
 quantizer through llama-cpp-python (the ``peers`` extra).
 """
@@ -29,6 +30,9 @@ _LAYER = {  # module path in a decoder layer -> GGUF tensor
 }
 _GEMMA_LAYER = {"post_attention_layernorm": "post_attention_norm"}
 _QUANTIZERS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+# control tokens of a phi3 vocabulary: llama.cpp sets their attributes by name for a model named phi3 and
+# refuses a vocabulary without them ("error loading model vocabulary: unordered_map::at")
+PHI3_TOKENS = ("<|endoftext|>",)
 
 
 def _permute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -46,15 +50,10 @@ def _random_values(name: str, param: torch.Tensor, rng: np.random.Generator) -> 
     return (rng.standard_normal(shape, dtype=np.float32) / np.sqrt(np.float32(shape[-1]))).astype(np.float32)
 
 
-def gguf_tensors(model: torch.nn.Module, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
-    """The model's tensors by GGUF name, float32, in the file's conventions (module docstring).
-
-    With ``rng``, random values of the model's shapes instead of its own (the model may then be a skeleton on
-    the ``meta`` device: no memory for its weights).
-    """
+def _entries(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's parameters by GGUF name, in the file's order."""
     config = model.config
-    family = config.model_type
-    gemma = family == "gemma3_text"
+    gemma = config.model_type == "gemma3_text"
     out = {"token_embd.weight": model.model.embed_tokens.weight, "output_norm.weight": model.model.norm.weight}
     if not config.tie_word_embeddings:
         out["output.weight"] = model.lm_head.weight
@@ -63,8 +62,15 @@ def gguf_tensors(model: torch.nn.Module, rng: np.random.Generator | None = None)
             module, kind = name.rsplit(".", 1)
             gguf = (_GEMMA_LAYER.get(module) if gemma else None) or _LAYER[module]
             out[f"blk.{i}.{gguf}.{kind}"] = param
-    arrays = {}
-    for name, value in out.items():
+    return out
+
+
+def _arrays(model: torch.nn.Module, rng: np.random.Generator | None):
+    """``(name, float32 array)`` for each tensor in the file's order, made one at a time (see :func:`gguf_tensors`)."""
+    config = model.config
+    family = config.model_type
+    gemma = family == "gemma3_text"
+    for name, value in _entries(model).items():
         if rng is not None:
             array = _random_values(name, value, rng)
             if gemma and name.endswith("norm.weight"):
@@ -76,8 +82,16 @@ def gguf_tensors(model: torch.nn.Module, rng: np.random.Generator | None = None)
         if GGUF_ARCH[family] == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
             heads = config.num_attention_heads if "attn_q" in name else config.num_key_value_heads
             array = _permute(array, heads)
-        arrays[name] = array
-    return arrays
+        yield name, array
+
+
+def gguf_tensors(model: torch.nn.Module, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
+    """The model's tensors by GGUF name, float32, in the file's conventions (module docstring).
+
+    With ``rng``, random values of the model's shapes instead of its own (the model may then be a skeleton on
+    the ``meta`` device: no memory for its weights).
+    """
+    return dict(_arrays(model, rng))
 
 
 def _metadata(writer, config, vocab: int) -> None:
@@ -102,11 +116,13 @@ def _metadata(writer, config, vocab: int) -> None:
     if getattr(config, "sliding_window", None) and arch in ("gemma3", "phi3", "qwen2", "qwen3"):
         writer.add_sliding_window(int(config.sliding_window))
     writer.add_tokenizer_model("llama")
-    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))]
+    special = ["<unk>", "<s>", "</s>", *PHI3_TOKENS] if arch == "phi3" else ["<unk>", "<s>", "</s>"]
+    tokens = [*special, *(f"<0x{b:02X}>" for b in range(256))]
     tokens += [f"t{i}" for i in range(vocab - len(tokens))]
     writer.add_token_list(tokens[:vocab])
     writer.add_token_scores([0.0] * vocab)
-    writer.add_token_types([2, 3, 3, *([6] * 256), *([1] * (vocab - 259))][:vocab])
+    types = [2, *([3] * (len(special) - 1)), *([6] * 256)]
+    writer.add_token_types([*types, *([1] * (vocab - len(types)))][:vocab])
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_pad_token_id(0)
@@ -132,19 +148,36 @@ def write_gguf(model: torch.nn.Module, path: str | Path, qtype: str = "F32",
     vocab = int(model.config.vocab_size)
     _metadata(writer, model.config, vocab)
     kind = gguf.GGMLQuantizationType[qtype]
-    for name, array in gguf_tensors(model, rng).items():
-        matrix = array.ndim == 2 and not name.endswith("norm.weight")
-        if not matrix or qtype == "F32":
-            writer.add_tensor(name, array)
-        elif qtype == "F16":
-            writer.add_tensor(name, array.astype(np.float16))
-        elif array.shape[1] % gguf.GGML_QUANT_SIZES[kind][0] == 0:
-            writer.add_tensor(name, gguf.quants.quantize(array, kind), raw_dtype=kind)
+    block, block_bytes = gguf.GGML_QUANT_SIZES[kind]
+
+    def stored(name: str, shape: tuple[int, ...]) -> str:
+        """How a tensor is stored: F32, F16 or the block type."""
+        if len(shape) != 2 or name.endswith("norm.weight") or qtype == "F32":
+            return "F32"
+        return "F16" if qtype == "F16" else (qtype if shape[1] % block == 0 else "F32")
+
+    # tensor infos first, then each tensor's data as it is made: one tensor in memory at a time
+    layouts = {}
+    for name, param in _entries(model).items():
+        shape = tuple(int(d) for d in param.shape)
+        layouts[name] = stored(name, shape)
+        if layouts[name] == "F32":
+            writer.add_tensor_info(name, shape, np.dtype(np.float32), 4 * int(np.prod(shape)))
+        elif layouts[name] == "F16":
+            writer.add_tensor_info(name, shape, np.dtype(np.float16), 2 * int(np.prod(shape)))
         else:
-            writer.add_tensor(name, array)
+            byte_shape = (shape[0], shape[1] // block * block_bytes)
+            writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=kind)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
+    writer.write_ti_data_to_file()
+    for name, array in _arrays(model, rng):
+        if layouts[name] == "F32":
+            writer.write_tensor_data(np.ascontiguousarray(array, dtype=np.float32))
+        elif layouts[name] == "F16":
+            writer.write_tensor_data(array.astype(np.float16))
+        else:
+            writer.write_tensor_data(gguf.quants.quantize(array, kind))
     writer.close()
     return path
 

@@ -45,7 +45,10 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 from hvd_agents.errors import InvalidRequestError, ModelLoadError, ModelNotFoundError
 from hvd_agents.runtime import quant_loading, quant_native, quant_runner, quant_weights
 from hvd_agents.runtime.chat_template import set_chat_template
-from hvd_agents.runtime.heap import freeze_loaded_objects
+from hvd_agents.runtime.gguf_config import gguf_config
+from hvd_agents.runtime.gguf_file import GGUFFile
+from hvd_agents.runtime.gguf_tokenizer import gguf_tokenizer
+from hvd_agents.runtime.heap import freeze_loaded_objects, return_free_memory
 from hvd_agents.runtime.kernels import check_linear_kernel_name, prepare_for_cpu
 from hvd_agents.runtime.paths import cache_root
 from hvd_agents.runtime.progress import end_line, waiting
@@ -442,6 +445,7 @@ def load_model(
             if chat_template is not None:
                 set_chat_template(native_only.tokenizer, chat_template)
             freeze_loaded_objects()
+            return_free_memory()
             logger.info("loaded %s for the native CPU forward in %.1f s", display, time.perf_counter() - start)
             return native_only
         if kind == "gguf":
@@ -458,6 +462,7 @@ def load_model(
         loaded = LoadedModel(model=model, tokenizer=tokenizer, name=display, device=dev, dtype=dtype)
         loaded = replace(loaded, native=_native_forward(loaded, weights, kind, location))
     freeze_loaded_objects()  # full collections would walk the model's objects, freezing event loops
+    return_free_memory()
     logger.info("loaded %s on %s (%s) in %.1f s", display, dev, dtype, time.perf_counter() - start)
     return loaded
 
@@ -484,7 +489,7 @@ def _load_native_only(kind: str, location: str, weights: str, dev: torch.device,
     tokenizers: list = []
 
     def window(model: torch.nn.Module) -> int:  # the tokenizer is read once the file's config is known good
-        tokenizers.append(_tokenizer_from(str(gguf.parent), gguf_file=gguf.name))
+        tokenizers.append(_gguf_tokenizer(gguf, model.config))
         return LoadedModel(model=model, tokenizer=tokenizers[0], name=display, device=dev, dtype=dtype).context_window
 
     def full_load() -> torch.nn.Module:
@@ -523,11 +528,12 @@ def _native_forward(loaded: LoadedModel, weights: str, kind: str, location: str)
     if not why:
         try:
             start = time.perf_counter()
-            if weights == "gguf":
-                weight_set = quant_weights.from_gguf(location, model)
-            else:
-                weight_set = quant_weights.from_model(model, weights)
-            native = quant_runner.NativeModel(model, weight_set, loaded.context_window)
+            def read() -> quant_weights.WeightSet:
+                if weights == "gguf":
+                    return quant_weights.from_gguf(location, model)
+                return quant_weights.from_model(model, weights)
+
+            native = quant_runner.NativeModel(model, read(), loaded.context_window, source=read)
             logger.info("native CPU forward on %s in %.1f s", native.summary, time.perf_counter() - start)
             return native
         except ValueError as exc:
@@ -596,8 +602,25 @@ def load_tokenizer(name: str | os.PathLike | None = None) -> Any:
         if cached.exists() and _validate_cache(cached) is None:
             return _tokenizer_from(str(cached), local_files_only=True)
         logger.info("reading the tokenizer from %s (no weight cache built yet)", gguf)
+        try:
+            config = gguf_config(GGUFFile(gguf))
+        except Exception:  # noqa: BLE001 (a file this reader does not read: transformers' reader says why)
+            config = None
+        if config is not None:
+            return _gguf_tokenizer(gguf, config)
         return _tokenizer_from(str(gguf.parent), gguf_file=gguf.name)
     return _tokenizer_from(location, local_files_only=kind == "hf_dir" or _hub_offline())
+
+
+def _gguf_tokenizer(gguf: Path, config: Any) -> Any:
+    """The tokenizer of a GGUF file whose config is read (:func:`~hvd_agents.runtime.gguf_tokenizer.gguf_tokenizer`),
+    with load errors as :func:`_tokenizer_from` raises them."""
+    try:
+        return gguf_tokenizer(gguf, config)
+    except OSError as exc:
+        raise ModelNotFoundError(f"no tokenizer found for {str(gguf)!r}: {exc}") from exc
+    except Exception as exc:
+        raise ModelLoadError(f"cannot load the tokenizer of {str(gguf)!r}: {exc}") from exc
 
 
 def _tokenizer_from(location: str, **kwargs: Any) -> Any:

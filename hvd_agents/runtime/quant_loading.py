@@ -2,10 +2,11 @@
 
 :func:`load_native_only` reads the config and the tokenizer from the file, builds the transformers model as a
 skeleton on PyTorch's ``meta`` device (its modules, config and shapes; no weight memory), and attaches the
-native forward (:mod:`~hvd_agents.runtime.quant_runner`) over the file's own blocks. Only the input and
-output embeddings are real float32 tensors (dequantized exactly from the file), for what reads their rows
-(a draft head). Resident memory is then about the file's size, the embeddings and the KV cache, where the
-transformers load dequantizes every weight to float32 (about eight times a Q4 file).
+native forward (:mod:`~hvd_agents.runtime.quant_runner`) over the file's own blocks, which then live only in
+the native model's tiles. The input and output embeddings are float32 tables memory-mapped from a cache
+file (:mod:`~hvd_agents.runtime.embedding_file`, dequantized exactly from the file), for what reads their
+rows (a draft head): only the rows read are resident. Resident memory is then about the file's size and
+the KV cache, where the transformers load dequantizes every weight to float32 (about eight times a Q4 file).
 
 The model's own forward stays available: the first call of it (a test comparing against it, a tool that
 runs it) loads the float32 weights once through ``full_load`` and puts them into the skeleton.
@@ -17,50 +18,42 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from hvd_agents.runtime import quant_native, quant_runner, quant_weights
+from hvd_agents.runtime import quant_runner, quant_weights
+from hvd_agents.runtime.embedding_file import mapped_table
+from hvd_agents.runtime.gguf_config import gguf_config
+from hvd_agents.runtime.gguf_file import GGUFFile
 from hvd_agents.runtime.quant_arch import unsupported_reason
-from hvd_agents.runtime.quant_native import F32
 
 logger = logging.getLogger(__name__)
 
 
-def skeleton(gguf: Path) -> torch.nn.Module:
+def skeleton(gguf: GGUFFile) -> torch.nn.Module:
     """The file's transformers model on the ``meta`` device (config and shapes, no weights), in eval mode.
 
-    The head size is the file's (``<arch>.attention.key_length``) where transformers' GGUF reader leaves the
-    config's default (it does for qwen3).
+    The config is read from the file's parsed metadata (:mod:`~hvd_agents.runtime.gguf_config`; transformers
+    reads architectures the native forward does not run). The head size is the file's
+    (``<arch>.attention.key_length``) where transformers' GGUF reader leaves the config's default (it does for
+    qwen3).
     """
-    from gguf import GGUFReader
-
-    config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    fields = GGUFReader(str(gguf)).fields
-    arch = bytes(fields["general.architecture"].parts[-1]).decode()
-    key_length = fields.get(f"{arch}.attention.key_length")
+    config = gguf_config(gguf) or AutoConfig.from_pretrained(str(gguf.path.parent), gguf_file=gguf.path.name)
+    key_length = gguf.field(f"{gguf.architecture}.attention.key_length")
     if key_length is not None and hasattr(config, "head_dim"):
-        config.head_dim = int(key_length.parts[-1][0])
+        config.head_dim = int(key_length)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     return model.eval()
 
 
-def _dense(w: quant_weights.Weight) -> torch.Tensor:
-    """A native weight's values as float32 ``[rows, cols]`` (exact)."""
-    native = quant_native.module()
-    if w.fmt == F32:
-        return torch.from_numpy(np.ascontiguousarray(w.data, dtype=np.float32).reshape(w.rows, w.cols)).clone()
-    return native.dequantize(native.Matrix(w.fmt, w.rows, w.cols, torch.from_numpy(w.data.reshape(-1))))
-
-
-def _set_embeddings(model: torch.nn.Module, weights: quant_weights.WeightSet) -> None:
-    embed = torch.nn.Parameter(_dense(weights.embed), requires_grad=False)
+def _set_embeddings(model: torch.nn.Module, gguf: GGUFFile) -> None:
+    """The skeleton's input and output embeddings: the file's tables memory-mapped (:mod:`embedding_file`)."""
+    embed = torch.nn.Parameter(mapped_table(gguf, "token_embd.weight"), requires_grad=False)
     model.get_input_embeddings().weight = embed
     output = model.get_output_embeddings()
-    output.weight = embed if weights.output is weights.embed else torch.nn.Parameter(
-        _dense(weights.output), requires_grad=False)
+    output.weight = embed if "output.weight" not in gguf.tensors else torch.nn.Parameter(
+        mapped_table(gguf, "output.weight"), requires_grad=False)
 
 
 def _full_weights_on_first_forward(model: torch.nn.Module, full_load: Callable[[], torch.nn.Module]) -> None:
@@ -87,30 +80,34 @@ def load_native_only(gguf: Path, context_window: Callable[[torch.nn.Module], int
     needs transformers' forward (``why`` is "" when transformers cannot read its config: its own load then says
     why).
 
+    The file is read once (:class:`~hvd_agents.runtime.gguf_file.GGUFFile`): its config, its blocks and its
+    embedding tables come from that one parse, and its mapping is closed when this returns.
+
     Args:
         gguf: the file.
         context_window: the context window of a model (the loader's rule).
         full_load: the file's float32 transformers model, for a later call of the model's own forward.
     """
     try:
-        model = skeleton(gguf)
+        parsed = GGUFFile(gguf)
+        model = skeleton(parsed)
     except Exception:  # noqa: BLE001 (an architecture or a file transformers does not read: its own load says why)
         return None, ""
     why = unsupported_reason(model)
     if why:
         return None, why
-    try:
-        weights = quant_weights.from_gguf(gguf, model)
+    window = context_window(model)
+    try:  # each layer converted as it is packed: one layer's arrays at a time besides the tiles
+        weights = quant_weights.from_gguf(parsed, model, lazy=True)
+        native = quant_runner.NativeModel(model, weights, window, source=lambda: quant_weights.from_gguf(gguf, model))
     except ValueError as exc:
         return None, str(exc)
-    native = quant_runner.NativeModel(model, weights, context_window(model))
-    _set_embeddings(model, weights)
+    del weights  # the blocks now live in the native model's tiles only
+    _set_embeddings(model, parsed)
     _full_weights_on_first_forward(model, full_load)
     return native, ""
 
 
 def float32_bytes(gguf: Path) -> int:
     """What the file's tensors take as float32 (what the transformers load holds in memory)."""
-    from gguf import GGUFReader
-
-    return 4 * sum(int(t.n_elements) for t in GGUFReader(str(gguf)).tensors)
+    return GGUFFile(gguf).float32_bytes

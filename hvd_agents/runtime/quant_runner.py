@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -39,7 +39,7 @@ from hvd_agents.runtime import quant_native
 from hvd_agents.runtime.kv import LayerKV
 from hvd_agents.runtime.profile import cached_cost_model, machine_key_parts, measure_runner_cost
 from hvd_agents.runtime.quant_arch import architecture
-from hvd_agents.runtime.quant_weights import MATRICES, WeightSet
+from hvd_agents.runtime.quant_weights import MATRICES, WeightInfo, WeightSet
 from hvd_agents.runtime.runner import BatchCall, add_hidden
 from hvd_agents.runtime.threads import team_threads
 
@@ -51,23 +51,29 @@ MIN_ROOM = 256  # positions of room a KV buffer gets at least
 class NativeModel:
     """A model's weights in the native forward (built once per model, shared by its runners).
 
+    The weights live in the native model's tiles only: the :class:`WeightSet` it was built from is not kept
+    (its arrays are freed with the caller's last reference). ``info`` describes them; ``matrices[i][name]`` are
+    layer ``i``'s native matrices; :meth:`reload` reads the weights again (to build them on another path).
+
     Args:
         model: the model (its config, rope and, for engines, its tokenizer-facing parts).
-        weights: the weights the native forward reads.
+        weights: the weights the native forward reads (packed into its tiles; not kept).
         context_window: most positions a request may hold.
         path: the instruction-set path to run (``quant_native.PATHS``); the one chosen for this machine when None.
+        source: reads ``weights`` again (:meth:`reload`); None: :meth:`reload` raises.
 
     Raises:
         RuntimeError: the native kernel is unavailable here.
     """
 
-    def __init__(self, model: torch.nn.Module, weights: WeightSet, context_window: int, path: str | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, weights: WeightSet, context_window: int, path: str | None = None,
+                 source: Callable[[], WeightSet] | None = None) -> None:
         native = quant_native.build(path) if path else quant_native.module()
         self.path = path or quant_native.path()
         arch = architecture(model)
         self.arch = arch
-        self.weights = weights
-        self.layers = len(weights.layers)
+        self.source = source
+        self.layers = len(weights.norms)
         self.heads, self.kv_heads, self.head_dim, self.hidden = arch.heads, arch.kv_heads, arch.head_dim, arch.hidden
         self.eps = arch.eps
         self.context_window = int(context_window)
@@ -84,21 +90,37 @@ class NativeModel:
 
         self._embed = matrix(weights.embed)
         output = self._embed if weights.output is weights.embed else matrix(weights.output)
+        nbytes = weights.embed.nbytes + (0 if weights.output is weights.embed else weights.output.nbytes)
         self.native = native.QuantModel(self.hidden, self.heads, self.kv_heads, self.head_dim, arch.intermediate,
                                         self.eps, arch.activation, arch.embed_scale, arch.attn_scale, self.cos,
                                         self.sin, self._embed, torch.from_numpy(weights.final_norm), output)
-        for i, (mats, n) in enumerate(zip(weights.layers, weights.norms)):
+        self.matrices: list[dict] = []
+        for i, n in enumerate(weights.norms):
+            mats = weights.layers[i]  # (made now when the layers are lazy: one layer's arrays at a time)
+            nbytes += sum(w.nbytes for w in mats.values())
+            self.matrices.append({name: matrix(mats[name]) for name in MATRICES})
+            del mats
             self.native.add_layer(norm(n.attn), norm(n.ffn), norm(n.q), norm(n.k), norm(n.post_attn),
-                                  norm(n.post_ffn), *(matrix(mats[name]) for name in MATRICES),
-                                  arch.windows[i], arch.layer_ropes[i])
+                                  norm(n.post_ffn), *self.matrices[-1].values(), arch.windows[i], arch.layer_ropes[i])
         self.model = model
-        summary = {"scheme": weights.scheme, "formats": weights.formats, "bytes": weights.nbytes}
+        self.info = WeightInfo(weights.scheme, dict(weights.formats), nbytes)  # formats: complete once all are read
+        summary = {"scheme": self.info.scheme, "formats": self.info.formats, "bytes": self.info.nbytes}
         self.key = hashlib.sha256(json.dumps(summary, sort_keys=True).encode()).hexdigest()[:16]
 
     @property
     def summary(self) -> str:
-        formats = ", ".join(f"{n} {k}" for k, n in sorted(self.weights.formats.items()))
-        return f"{self.weights.scheme} weights ({formats}; {self.weights.nbytes / 2**20:.0f} MiB)"
+        formats = ", ".join(f"{n} {k}" for k, n in sorted(self.info.formats.items()))
+        return f"{self.info.scheme} weights ({formats}; {self.info.nbytes / 2**20:.0f} MiB)"
+
+    def reload(self) -> WeightSet:
+        """The weights read again from where they came from (the GGUF file, the float model).
+
+        Raises:
+            ValueError: they were attached without a source.
+        """
+        if self.source is None:
+            raise ValueError("these native weights were attached without a source to read them again from")
+        return self.source()
 
 
 class QuantKV:

@@ -26,12 +26,15 @@ phi3); :func:`unsupported_reason` says why a model cannot run on the native forw
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from hvd_agents.runtime import quant_native
+from hvd_agents.runtime.gguf_file import GGUFFile
 from hvd_agents.runtime.quant_arch import GGUF_FAMILIES, Architecture, UnsupportedArchitecture, architecture
 from hvd_agents.runtime.quant_arch import unsupported_reason as _unsupported_reason
 from hvd_agents.runtime.quant_native import F32, Q4_1, Q4F, Q5F, Q6S, Q8_0
@@ -89,7 +92,7 @@ class WeightSet:
     embed: Weight
     output: Weight
     final_norm: np.ndarray
-    layers: list[dict[str, Weight]] = field(default_factory=list)
+    layers: Sequence[dict[str, Weight]] = field(default_factory=list)  # a list, or LazyLayers
     norms: list[LayerNorms] = field(default_factory=list)
     formats: dict[str, int] = field(default_factory=dict)  # how many matrices per GGUF/native type
 
@@ -98,6 +101,19 @@ class WeightSet:
         mats = [self.embed, self.output, *(w for layer in self.layers for w in layer.values())]
         unique = {id(m.data): m.nbytes for m in mats}
         return sum(unique.values())
+
+    def described(self) -> WeightInfo:
+        """What these weights are, without their data."""
+        return WeightInfo(self.scheme, dict(self.formats), self.nbytes)
+
+
+@dataclass(frozen=True)
+class WeightInfo:
+    """A :class:`WeightSet`'s scheme, matrices per format and bytes, kept once its arrays are gone."""
+
+    scheme: str
+    formats: dict[str, int]
+    nbytes: int
 
 
 def unsupported_reason(model: torch.nn.Module) -> str:
@@ -327,14 +343,31 @@ def _q6_k_as_q6s(raw: np.ndarray) -> np.ndarray:
 NATIVE_GGUF_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 
 
+CONVERT_BYTES = 1 << 25  # file bytes converted at a time: a large matrix's temporaries stay this size
+
+
 def _gguf_weight(tensor, rows: int, cols: int, counts: dict[str, int]) -> Weight:
-    """One GGUF tensor as a native :class:`Weight` (see the module docstring)."""
+    """One GGUF tensor as a native :class:`Weight` (see the module docstring), converted a chunk of rows at a
+    time into one array (rows convert independently; the converters' temporaries are several times a chunk)."""
+    counts[tensor.tensor_type.name] = counts.get(tensor.tensor_type.name, 0) + 1
+    raw = np.asarray(tensor.data).reshape(rows, -1)
+    step = max(1, CONVERT_BYTES // max(1, raw.shape[1] * raw.itemsize))
+    if rows <= step:
+        return _converted(tensor.tensor_type, raw, rows, cols)
+    first = _converted(tensor.tensor_type, raw[:step], step, cols)
+    data = np.empty((rows, first.data.shape[1]), dtype=first.data.dtype)
+    data[:step] = first.data
+    for start in range(step, rows, step):
+        stop = min(rows, start + step)
+        data[start:stop] = _converted(tensor.tensor_type, raw[start:stop], stop - start, cols).data
+    return Weight(first.fmt, rows, cols, data)
+
+
+def _converted(kind, raw: np.ndarray, rows: int, cols: int) -> Weight:
+    """``rows`` rows of GGUF data of type ``kind`` as a native :class:`Weight` (rows convert independently)."""
     from gguf import GGMLQuantizationType as T
     from gguf.quants import dequantize
 
-    kind = tensor.tensor_type
-    counts[kind.name] = counts.get(kind.name, 0) + 1
-    raw = np.asarray(tensor.data)
     if kind == T.Q4_1:
         return Weight(Q4_1, rows, cols, raw.reshape(rows, -1).copy())
     if kind == T.Q8_0:
@@ -353,14 +386,26 @@ def _gguf_weight(tensor, rows: int, cols: int, counts: dict[str, int]) -> Weight
     return Weight(F32, rows, cols, np.ascontiguousarray(np.asarray(values, dtype=np.float32).reshape(rows, cols)))
 
 
+def dense(w: Weight) -> np.ndarray:
+    """A native weight's values as float32 ``[rows, cols]``: exactly what the native forward reads."""
+    if w.fmt == F32:
+        return np.ascontiguousarray(w.data, dtype=np.float32).reshape(w.rows, w.cols)
+    native = quant_native.module()
+    return native.dequantize(native.Matrix(w.fmt, w.rows, w.cols, torch.from_numpy(w.data.reshape(-1)))).numpy()
+
+
+def dense_rows(tensor, start: int, stop: int) -> np.ndarray:
+    """Rows ``[start, stop)`` of a GGUF matrix (rows of ``tensor.shape[0]`` values) as float32, exactly the values
+    the native forward reads for them (:func:`dense` of the converted rows)."""
+    cols = int(tensor.shape[0])
+    rows = int(tensor.n_elements) // cols
+    raw = np.asarray(tensor.data).reshape(rows, -1)[start:stop]
+    return dense(_converted(tensor.tensor_type, raw, stop - start, cols))
+
+
 def _permuted(w: Weight, heads: int) -> Weight:
     order = _unpermute_rows(w.rows, heads)
     return Weight(w.fmt, w.rows, w.cols, np.ascontiguousarray(w.data.reshape(w.rows, -1)[order]), w.bias)
-
-
-def _gguf_architecture(reader) -> str:
-    field_ = reader.fields.get("general.architecture")
-    return bytes(field_.parts[-1]).decode() if field_ is not None else ""
 
 
 def _split(w: Weight, sizes: list[int]) -> list[Weight]:
@@ -371,25 +416,26 @@ def _split(w: Weight, sizes: list[int]) -> list[Weight]:
                    None if w.bias is None else np.ascontiguousarray(w.bias[a:b])) for a, b in itertools.pairwise(cuts)]
 
 
-def from_gguf(path: str | Path, model: torch.nn.Module) -> WeightSet:
+def from_gguf(path: str | Path | GGUFFile, model: torch.nn.Module, lazy: bool = False) -> WeightSet:
     """The matrices, norms and biases of a GGUF file in its own blocks (see the module docstring).
 
+    ``path`` is the file, or the file already read (its data stays memory-mapped; the blocks are copied out).
     ``model`` is the file's model as transformers reads it: its config says which family and shapes to expect.
+    With ``lazy``, the layers' matrices are converted when a layer is read (:class:`LazyLayers`; a mismatch of
+    their shapes is raised then): packing them one layer at a time keeps one layer's arrays in memory, not all.
 
     Raises:
         ValueError: the file's architecture is not one the native forward runs or is not ``model``'s, or its
             tensors do not match ``model``'s shapes.
     """
-    from gguf import GGUFReader
-
     arch = architecture(model)
-    reader = GGUFReader(str(path))
-    file_arch = _gguf_architecture(reader)
+    gguf = path if isinstance(path, GGUFFile) else GGUFFile(path)
+    file_arch = gguf.architecture
     if arch.family not in GGUF_FAMILIES.get(file_arch, ()):
         raise UnsupportedArchitecture(f"GGUF architecture {file_arch!r}: its blocks are read for "
                                       f"{', '.join(GGUF_FAMILIES)} files whose model is that family, "
                                       f"not {arch.family!r}")
-    tensors = {t.name: t for t in reader.tensors}
+    tensors = gguf.tensors
     counts: dict[str, int] = {}
 
     def weight(name: str, rows: int, cols: int) -> Weight:
@@ -414,8 +460,12 @@ def from_gguf(path: str | Path, model: torch.nn.Module) -> WeightSet:
     ws = WeightSet(scheme="gguf", embed=weight("token_embd", vocab, hidden), output=None,  # type: ignore[arg-type]
                    final_norm=vector("output_norm.weight", hidden))
     ws.output = weight("output", vocab, hidden) if "output.weight" in tensors else ws.embed
+    permuted = file_arch == "llama"
+    if lazy:
+        ws.layers = LazyLayers(arch.layers, lambda i: _gguf_layer(arch, i, weight, permuted, tensors))
     for i in range(arch.layers):
-        ws.layers.append(_gguf_layer(arch, i, weight, file_arch == "llama", tensors))
+        if not lazy:
+            ws.layers.append(_gguf_layer(arch, i, weight, permuted, tensors))
         norms = {name: vector(f"blk.{i}.{gguf}.weight", arch.head_dim if name in ("q", "k") else hidden)
                  for name, (gguf, _, _) in _NORM_NAMES.items() if f"blk.{i}.{gguf}.weight" in tensors}
         ws.norms.append(LayerNorms(**norms))
@@ -423,6 +473,21 @@ def from_gguf(path: str | Path, model: torch.nn.Module) -> WeightSet:
             raise ValueError(f"layer {i}'s norms in the GGUF file are not a {arch.family} layer's")
     ws.formats = counts
     return ws
+
+
+class LazyLayers(Sequence):
+    """Layers' matrices made when read (``make(i)``; nothing is kept, so each read converts again)."""
+
+    def __init__(self, n: int, make: Callable[[int], dict[str, Weight]]) -> None:
+        self._n, self._make = n, make
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i):  # an index (slices are not read)
+        if not -self._n <= i < self._n:
+            raise IndexError(i)
+        return self._make(i % self._n)
 
 
 def _gguf_layer(arch: Architecture, i: int, weight, permuted: bool, tensors) -> dict[str, Weight]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -382,27 +383,38 @@ def test_store_drafts_and_stop_release_state() -> None:
     assert first.propose(ctx, 3).token_ids == (42, 43, 44)
 
 
-def test_disagreeing_candidates_grow_a_tree_and_its_outcome_teaches_the_alternative_rate() -> None:
+def test_disagreeing_candidates_grow_a_tree_and_its_outcome_teaches_the_alternative_rates() -> None:
     prompt = [5, 1, 2, 3, 3, 6, 1, 2, 4, 9, 7, 1, 2, 3, 3, 8, 1, 2]  # after "1 2": 3 3 6, 4 9 7 or 3 3 8
     drafter = HybridDrafter(SuffixDrafter(None), constant_predictor(0.0), CostModel.linear(0.01))
-    drafter.alternative_rate = 0.9
+    drafter.alternatives.taken = 0.9
     draft = drafter.propose(start(drafter, prompt), 10)
     assert draft.is_tree and draft.token_ids[: draft.main_length][:3] == (3, 3, 8)
     roots = [draft.token_ids[i] for i, parent in enumerate(draft.parents) if parent == -1]
     assert roots == [3, 4]
-    before = drafter.alternative_rate
-    drafter.observe(DraftOutcome("r", draft, 3, (4, 9, 7, 5)))  # the target took the alternative
-    assert drafter.alternative_rate > before
-    # at the prior rate (0.1) an alternative's first token (S = 0.5 * 0.1) does not pay at c = 0.1
-    plain = HybridDrafter(SuffixDrafter(None), constant_predictor(0.0), CostModel.linear(0.1))
+    taken = drafter.alternatives.taken
+    drafter.observe(DraftOutcome("r", draft, 3, (4, 9, 7, 5)))  # the target took the alternative for 3 tokens
+    assert drafter.alternatives.taken > taken
+    # at the prior (t = 0.35) the alternative's first token survives 0.5 * 0.35 < 0.2: it does not pay at c = 0.2
+    plain = HybridDrafter(SuffixDrafter(None), constant_predictor(0.0), CostModel.linear(0.2))
     chain = plain.propose(start(plain, prompt), 10)
-    assert chain.token_ids[:3] == (3, 3, 8) and not chain.is_tree
+    assert chain.token_ids == (3, 3) and not chain.is_tree
+
+
+def test_a_tree_of_alternatives_alone_where_no_main_token_pays() -> None:
+    prompt = [5, 1, 2, 3, 3, 6, 1, 2, 4, 9, 7, 1, 2, 3, 3, 8, 1, 2]
+    # hazard 0.1: the main branch's first token survives 0.1; its alternative 0.9 * 0.9 = 0.81
+    drafter = HybridDrafter(SuffixDrafter(None), constant_predictor(-math.log(9.0)), CostModel.linear(0.2))
+    drafter.alternatives.taken = 0.9
+    draft = drafter.propose(start(drafter, prompt), 10)
+    assert draft.token_ids[:1] == (4,) and drafter.decision("r").main == 0
+    drafter.observe(DraftOutcome("r", draft, 3, (4, 9, 7, 5)))  # the main token was rejected, the alternative taken
+    assert drafter.alternatives.taken > 0.9
 
 
 def test_hvd_without_branches_drafts_chains() -> None:
     prompt = [5, 1, 2, 3, 3, 6, 1, 2, 4, 9, 7, 1, 2, 3, 3, 8, 1, 2]
     drafter = HybridDrafter(SuffixDrafter(None), constant_predictor(0.0), CostModel.linear(0.01), branches=0)
-    drafter.alternative_rate = 0.9
+    drafter.alternatives.taken = 0.9
     assert not drafter.propose(start(drafter, prompt), 10).is_tree
 
 

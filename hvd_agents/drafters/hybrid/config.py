@@ -43,13 +43,18 @@ class HybridConfig:
     """Most alternative continuations a cache draft grows into a tree (0: chains only). Each is kept only
     while its tokens pay, so the limit bounds the policy's work, not the verified tokens."""
 
-    alternative_prior: float = 0.1
-    """P(an alternative is the target's choice | the main branch's token was rejected where it departs),
-    before any outcome: on agent traces it was about 10%, whatever the candidates' shares."""
+    alternative_taken_prior: float = 0.35
+    """P(the target takes one of the alternatives departing where it rejected the main branch), before any
+    outcome: on the development agent traces about a third (0.3 to 0.45 with one alternative; with several, their
+    chances add up to about as much)."""
+
+    alternative_goes_on_prior: float = 0.8
+    """P(a taken alternative's next token is accepted too), before any outcome: a taken alternative ran on for
+    3 to 6 tokens on the development agent traces."""
 
     alternative_ema: float = 0.05
-    """Weight of the newest tried alternative in that rate: alternatives are tried rarely and succeed rarely,
-    so it moves slowly."""
+    """Weight of the newest tried alternative in those rates: alternatives are tried rarely and succeed rarely,
+    so they move slowly."""
 
     timing_ema: float = 0.1
     """Weight of the newest timed model draft in the drafter's per-token and per-ingested-token costs."""
@@ -57,6 +62,10 @@ class HybridConfig:
     def __post_init__(self) -> None:
         if self.branches < 0:
             raise ValueError(f"branches must be >= 0, got {self.branches}")
+        for name, prior in {"alternative_taken_prior": self.alternative_taken_prior,
+                            "alternative_goes_on_prior": self.alternative_goes_on_prior}.items():
+            if not 0.0 <= prior <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {prior}")
         emas = {"model_rate_ema": self.model_rate_ema, "alternative_ema": self.alternative_ema,
                 "timing_ema": self.timing_ema}
         for name, weight in emas.items():

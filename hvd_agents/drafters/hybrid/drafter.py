@@ -6,11 +6,12 @@ Each ``propose`` is four phases (:meth:`HybridDrafter.propose`):
    (:class:`~hvd_agents.drafters.cache.suffix.SuffixDrafter`) proposes up to ``k``
    tokens with their features; the payoff predictor turns the features (plus the
    target's signal from the previous verification) into survival probabilities
-   ``S_i`` BEFORE any verification, and the selection rule
-   (:mod:`hvd_agents.policy.selection`) cuts the draft at the length with the best
-   value ``E[tokens] - R * cost``, or drops it when a plain step is worth more;
-2. **tree growth**: where the cache drafter's candidates disagree, the cut draft
-   grows into a tree of the alternatives whose tokens pay (:mod:`.tree`);
+   ``S_i`` BEFORE any verification;
+2. **the tree and its cut**: where the cache drafter's candidates disagree, the
+   other candidates' continuations branch off the proposal where they depart
+   (:mod:`.tree`); the nodes of that tree, best first, are cut at the count with
+   the best value ``E[tokens] - R * cost`` (:mod:`hvd_agents.policy.selection`'s
+   rule), at most ``k`` of them, or dropped when a plain step is worth more;
 3. **the model drafter** (:class:`~hvd_agents.drafters.model.protocol.ModelDrafter`),
    when there is one: where no cache draft pays, a drafter that gates its first
    token is asked, and its first forward decides: it drafts iff its own confidence
@@ -64,7 +65,7 @@ from hvd_agents.drafters.cache.suffix import SuffixDrafter
 from hvd_agents.drafters.hybrid.config import HybridConfig
 from hvd_agents.drafters.hybrid.pricing import StepPricing
 from hvd_agents.drafters.hybrid.probe import CacheProbe
-from hvd_agents.drafters.hybrid.tree import grow_tree, tried_alternatives
+from hvd_agents.drafters.hybrid.tree import AlternativeRates, plan_tree
 from hvd_agents.drafters.model.protocol import ModelDrafter, as_model_drafter
 from hvd_agents.policy.calibration import StepCalibration
 from hvd_agents.policy.cost import CostModel
@@ -82,7 +83,8 @@ class StepDecision:
         source: the draft verified: ``"cache"``, ``"model"`` or ``"none"`` (a plain step).
         features: the cache draft's features (with the target's signal), whether or not it was used
             (None: the cache drafter had no draft).
-        main: the cache draft's main-branch tokens (0 unless ``source`` is ``"cache"``).
+        main: the cache draft's main-branch tokens, the draft's first ones (0 unless ``source`` is ``"cache"``;
+            a tree of alternatives only has none).
         cost: the step's cost in plain steps, as priced.
         verified: the draft tokens the target verifies (a tree's nodes included).
         draft_s: seconds the model drafter took (0 when it was not asked).
@@ -182,7 +184,8 @@ class HybridDrafter:
         )
         # running estimates across requests
         self.rate = RateEstimate()  # R: tokens per plain step
-        self.alternative_rate = config.alternative_prior  # P(a tried alternative is the target's choice)
+        self.alternatives = AlternativeRates(config.alternative_taken_prior, config.alternative_goes_on_prior,
+                                             config.alternative_ema)  # how the tree's alternatives fare
         # each request's model acceptance starts from this; a drafter may know its own (a trained head's
         # held-out agreement with the target)
         self.model_acceptance = float(acceptance_prior or config.model_prior_acceptance)
@@ -270,26 +273,24 @@ class HybridDrafter:
         batched = ctx.step_cost is not None  # priced by the batch's step: rows cost what they add to it
         cost = ctx.step_cost if batched else self.pricing.target_cost(timed)
 
-        # 1. the cache draft and its payoff: cut at the length with the best value, or dropped
+        # 1. the cache draft and its payoff
         cached = self.cache.propose(ctx, k)
         features = cached.features.with_target(request.target) if cached.token_ids else None
         best = _Candidate("none", no_draft(cost, rate))
         survival = np.zeros(0)
+        node_survival: tuple[float, ...] = ()
+        cache_main = 0
         if cached.token_ids:
             survival = self.predictor.survival(features, len(cached), request.session_id)
-            choice = best_length(survival, cost, rate)
-            if choice.length > 0 and choice.value > best.choice.value:
-                best = _Candidate("cache", choice, cached.truncated(choice.length))
-
-        # 2. tree growth: the alternatives where the cache drafter's candidates disagree, while their tokens pay
-        if best.source == "cache" and self.config.branches:
-            alternatives = self.cache.alternatives(ctx.req_id, cached.token_ids, self.config.branches)
-            choice, tree = grow_tree(best.draft, best.choice, alternatives, survival, self.alternative_rate,
-                                     cost, rate, k)
-            best = _Candidate("cache", choice, tree)
+            # 2. the tree over the candidates, cut at the node count with the best value, or dropped
+            alternatives = (self.cache.alternatives(ctx.req_id, cached.token_ids, self.config.branches)
+                            if self.config.branches else [])
+            plan = plan_tree(cached, survival, alternatives, self.alternatives, cost, rate, k)
+            if plan.choice.length > 0 and plan.choice.value > best.choice.value:
+                best = _Candidate("cache", plan.choice, plan.draft)
+                node_survival, cache_main = plan.survival, plan.main
 
         # 3. the model drafter, where it may beat that
-        cache_main = best.draft.main_length
         model_cost = (ctx.step_cost.with_drafting(self.pricing.draft_token_cost(timed) / ctx.step_share) if batched
                       else self.pricing.model_cost(timed))
         best, draft_s = self._ask_model(ctx, k, request, best, cost, model_cost, rate, timed)
@@ -303,7 +304,7 @@ class HybridDrafter:
         if best.source != "cache":
             return best.draft
         judged = ChosenDraftFeatures(features, len(cached), best.choice.expected_tokens - 1.0, rate)
-        return replace(best.draft, features=judged, survival=tuple(float(p) for p in survival[: best.draft.main_length]))
+        return replace(best.draft, features=judged, survival=node_survival)
 
     def _ask_model(self, ctx: DraftContext, k: int, request: _HybridRequestState, best: _Candidate, cost: CostModel,
                    model_cost: CostModel, rate: float, timed: bool) -> tuple[_Candidate, float]:
@@ -378,17 +379,19 @@ class HybridDrafter:
             self.pricing.observe_step(outcome.verify_s + step.policy_s, step.verified)
 
     def _cache_outcome(self, outcome: DraftOutcome, step: StepDecision) -> DraftOutcome:
-        """The outcome as the cache drafter sees it: its main branch's when its tree was verified (the tree's
-        tried alternatives move the alternative rate), an empty draft's when it was not used."""
-        if step.source != "cache":
+        """The outcome as the cache drafter sees it: its main branch's (the tree's verified alternatives move the
+        alternative rates), an empty draft's when it was not used or the step verified alternatives only."""
+        draft = outcome.draft
+        if step.source != "cache" or step.main == 0:
+            if step.source == "cache":
+                self.alternatives.observe(draft, 0, outcome.new_token_ids, step.cache_tokens)
             return DraftOutcome(outcome.req_id, Draft(), 0, outcome.new_token_ids)
-        if not outcome.draft.is_tree:
+        if step.main >= len(draft):
             return outcome
-        path = outcome.draft.path(outcome.new_token_ids)
-        main_accepted = sum(1 for node in path if node < step.main)
-        for chosen in tried_alternatives(outcome.draft, step.main, main_accepted, set(path)):
-            self.alternative_rate += self.config.alternative_ema * (float(chosen) - self.alternative_rate)
-        return DraftOutcome(outcome.req_id, outcome.draft.main_branch(), main_accepted, outcome.new_token_ids)
+        self.alternatives.observe(draft, step.main, outcome.new_token_ids, step.cache_tokens)
+        main_accepted = sum(1 for node in draft.path(outcome.new_token_ids) if node < step.main)
+        main = Draft(draft.token_ids[: step.main], None, draft.score, draft.source, draft.features)
+        return DraftOutcome(outcome.req_id, main, main_accepted, outcome.new_token_ids)
 
     def _learn_model_acceptance(self, request: _HybridRequestState, outcome: DraftOutcome) -> None:
         """Move the model drafter's running acceptance (the request's and across requests) by its draft's

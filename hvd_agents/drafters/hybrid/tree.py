@@ -1,35 +1,50 @@
-"""Growing a cache draft into a tree of alternatives, and what a verified tree says about them.
+"""The cache draft as a tree over the cache drafter's candidates, and what a verified tree teaches.
 
-Where the cache drafter's candidates disagree, the chosen cache draft (the *main
-branch*, cut to its best length) grows into a tree: each alternative continuation
-(:meth:`~hvd_agents.drafters.cache.suffix.SuffixDrafter.alternatives`) keeps
-tokens while its own survival pays for them, the same rule as the main branch
-(:mod:`hvd_agents.policy.selection`: a token is worth verifying iff its survival
-exceeds ``R`` times what it adds to the cost).
+Where the cache drafter's candidates disagree (an earlier tool call went on one
+way, another the other way), one path through them is a bet on one of them. The
+step instead verifies a *tree*: the proposed path (the *main branch*) and the
+other candidates' continuations
+(:meth:`~hvd_agents.drafters.cache.suffix.SuffixDrafter.alternatives`) branching
+off it where they depart. The target accepts the longest root path it would have
+produced itself, so a tree accepts at least what any of its branches would.
 
-With the main branch's survivals ``S_i`` (``S_{-1} = 1``) and hazards
-``h_i = S_i / S_{i-1}``, an alternative that departs at depth ``j`` (it replaces
-the main branch's token ``j``) survives its first token with::
+Every node has a survival: the chance that the target's output follows the
+tree down to it. With the main branch's predicted survivals ``S_i``
+(``S_{-1} = 1``) and hazards ``h_i = S_i / S_{i-1}``:
 
-    S_{j-1} * (1 - h_j) * a
+* main node ``i``: ``S_i``;
+* the first token of an alternative departing at depth ``j``:
+  ``S_{j-1} * (1 - h_j) * t * w / W_j``: the target reaches depth ``j``,
+  rejects the main token there, and takes one of the alternatives departing
+  there (rate ``t``, learned online), this one by its weight ``w`` (its share of
+  the candidates, :data:`BACKUP_WEIGHT` for a shorter match's continuation) over
+  the weights ``W_j`` of all alternatives departing there;
+* each later token of an alternative: its parent's survival times ``g``, the
+  rate at which a taken alternative goes on (learned online).
 
-(the target reaches depth ``j``, rejects the main token there, and this token is
-its choice), where ``a`` is the rate at which verified alternatives were the
-target's choice, learned online (:func:`tried_alternatives`). Its later tokens
-survive with the main branch's hazards at the same depths. Accepted alternatives
-and main tokens are disjoint events, so the tree's expected tokens are one plus
-the sum of all its tokens' survivals.
+Accepted nodes on different branches are disjoint events, so a tree's expected
+emitted tokens are one plus the sum of its nodes' survivals. Which nodes to
+verify is the selection rule's question (:mod:`hvd_agents.policy.selection`) over
+a tree: nodes are taken best first (a child never survives more than its
+parent, so every prefix of that order is a tree), and the tree is cut at the
+count ``L`` with the best value ``1 + sum of the first L survivals - R *
+verify(L)``, at most ``k`` nodes. Main tokens and alternatives compete for the
+same ``k``: a main token deep in a doubtful draft gives way to an alternative
+where the candidates split near the start.
 
-Worked example: main branch ``S = [0.9, 0.45]`` (``h = [0.9, 0.5]``), ``a = 0.3``,
-cost ``1 + 0.01 d`` at ``R = 2`` (a token pays iff its survival exceeds 0.02). An
-alternative departing at depth 1 starts at ``0.9 * 0.5 * 0.3 = 0.135``: kept; its
-next token, at depth 2 with the last hazard ``0.5``, ``0.0675``: kept too. The
-tree verifies 4 tokens and expects ``1 + 0.9 + 0.45 + 0.135 + 0.0675`` of them.
+Worked example: main branch ``S = [0.9, 0.45]`` (``h = [0.9, 0.5]``), one
+alternative departing at depth 1 (``w / W = 1``), ``t = 0.3``, ``g = 0.8``, cost
+``1 + 0.01 d`` at ``R = 2`` (a node pays iff its survival exceeds 0.02). The
+alternative's first token survives ``0.9 * 0.5 * 0.3 = 0.135`` and its next
+``0.108``: all four nodes pay, and the tree expects ``1 + 0.9 + 0.45 + 0.135 +
+0.108`` tokens.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -38,67 +53,161 @@ from hvd_agents.drafters.cache.suffix import Alternative
 from hvd_agents.policy.cost import CostModel
 from hvd_agents.policy.selection import Choice
 
+BACKUP_WEIGHT = 0.1
+"""An alternative's weight when it has no share of the longest-match candidates (the other source's continuation
+at a shorter match), against the shares of those that have one."""
 
-def grow_tree(
+
+@dataclass
+class AlternativeRates:
+    """The two rates the alternatives' survivals are built from, learned from verified trees.
+
+    Attributes:
+        taken: ``t``, P(the target takes one of the alternatives departing where it rejected the main branch).
+        goes_on: ``g``, P(a taken alternative's next token is accepted too | the ones before it were).
+        ema: weight of the newest observation.
+    """
+
+    taken: float
+    goes_on: float
+    ema: float
+
+    def observe(self, draft: Draft, main: int, emitted: Sequence[int], proposal: Sequence[int]) -> None:
+        """Learn from a verified tree whose first ``main`` tokens are the main branch: ``emitted`` are the
+        step's new tokens, ``proposal`` the whole main branch the cache drafter proposed (beyond the cut too)."""
+        if main >= len(draft):
+            return  # no alternative was verified
+        path = draft.path(emitted)
+        main_accepted = sum(1 for node in path if node < main)
+        # the target's token where the main branch stopped: the main token there (verified or not) was right,
+        # so the alternatives departing there were not tried against it
+        at = main_accepted
+        rejected = at < len(proposal) and at < len(emitted) and emitted[at] != proposal[at]
+        tried = list(tried_alternatives(draft, main, main_accepted, set(path))) if rejected else []
+        if tried:
+            self.taken += self.ema * (float(any(tried)) - self.taken)
+        taken = [node for node in path if node >= main]
+        if not taken:
+            return
+        # the taken alternative's later tokens: the accepted ones, then the first rejected one when it was verified
+        for _ in taken[1:]:
+            self.goes_on += self.ema * (1.0 - self.goes_on)
+        if draft.children().get(taken[-1]):
+            self.goes_on += self.ema * (0.0 - self.goes_on)
+
+
+@dataclass(frozen=True)
+class TreePlan:
+    """A cache draft grown into a tree and cut where it pays.
+
+    Attributes:
+        choice: the tree's figures (its length counts every node).
+        draft: the tree: its first ``main`` tokens are the main branch (a chain), then each alternative's
+            tokens in order; a chain when no alternative pays.
+        main: how many main-branch tokens it keeps.
+        survival: each node's survival, in the draft's order.
+    """
+
+    choice: Choice
+    draft: Draft
+    main: int
+    survival: tuple[float, ...]
+
+
+def plan_tree(
     draft: Draft,
-    choice: Choice,
-    alternatives: Sequence[Alternative],
     survival: np.ndarray,
-    alternative_rate: float,
+    alternatives: Sequence[Alternative],
+    rates: AlternativeRates,
     cost: CostModel,
     rate: float,
     k: int,
-) -> tuple[Choice, Draft]:
-    """The cache draft (cut to ``choice.length``) with the alternatives' tokens that pay for themselves.
+) -> TreePlan:
+    """The nodes of the main branch and its alternatives worth verifying together (see the module docstring).
 
     Args:
-        draft: the main branch, a chain of ``choice.length`` tokens.
-        choice: its figures at the best length.
-        alternatives: the other candidates' continuations, each departing at its ``depth``.
-        survival: ``[n]``: the main branch's predicted survivals before it was cut.
-        alternative_rate: ``a`` (see the module docstring).
+        draft: the cache drafter's whole proposal (the main branch, a chain).
+        survival: ``[n]``: its predicted survivals, ``n = len(draft)``.
+        alternatives: the other candidates' continuations, each departing from ``draft`` at its ``depth``.
+        rates: ``t`` and ``g``.
         cost: the verification cost the step is priced with.
         rate: the running rate ``R``.
-        k: the most tokens the tree may have.
+        k: the most nodes the tree may have.
 
     Returns:
-        The tree's figures and the tree, or ``(choice, draft)`` when no alternative token pays.
+        The plan; ``choice.length == 0`` (an empty draft) when no node pays.
     """
-    main = len(draft)
-    tokens, parents = list(draft.token_ids), list(range(-1, main - 1))
-    expected = choice.expected_tokens
-    reach = np.concatenate([[1.0], survival])  # [n + 1]: reach[j] = S_{j-1}
-    hazard = np.divide(survival, reach[:-1], out=np.zeros_like(survival), where=reach[:-1] > 0)  # [n]
+    n = min(len(draft), len(survival))
+    values: list[float] = []  # every candidate node's survival
+    parents: list[int] = []  # its parent among the candidate nodes (-1: the root)
+    tokens: list[int] = []
+    branch: list[int] = []  # -1 for a main node, else the index of its alternative
+    children: dict[int, list[int]] = {}
+
+    def add(token: int, value: float, parent: int, owner: int) -> int:
+        node = len(values)
+        values.append(value)
+        parents.append(parent)
+        tokens.append(token)
+        branch.append(owner)
+        children.setdefault(parent, []).append(node)
+        return node
+
+    for i in range(n):
+        add(draft.token_ids[i], float(survival[i]), i - 1, -1)
+    reach = np.concatenate([[1.0], survival[:n]])  # [n + 1]: reach[j] = S_{j-1}
+    hazard = np.divide(survival[:n], reach[:-1], out=np.zeros(n), where=reach[:-1] > 0)  # [n]
+    departing: dict[int, float] = {}
     for alternative in alternatives:
+        if alternative.depth < n and alternative.tokens:
+            departing[alternative.depth] = departing.get(alternative.depth, 0.0) + _weight(alternative)
+    for owner, alternative in enumerate(alternatives):
         depth = alternative.depth
-        if depth > main or depth >= len(survival):
+        if depth >= n or not alternative.tokens:
             continue
-        alive = reach[depth] * (1.0 - hazard[depth]) * alternative_rate
+        alive = reach[depth] * (1.0 - hazard[depth]) * rates.taken * _weight(alternative) / departing[depth]
         parent = depth - 1
-        for offset, token in enumerate(alternative.tokens):
-            if len(tokens) >= k:
-                break
-            if offset:
-                alive *= hazard[min(depth + offset, len(hazard) - 1)]
-            if alive <= rate * (cost.verify(len(tokens) + 1) - cost.verify(len(tokens))):
-                break
-            tokens.append(token)
-            parents.append(parent)
-            parent = len(tokens) - 1
-            expected += alive
-    if len(tokens) == main:
-        return choice, draft
-    step_cost = cost.verify(len(tokens))
-    tree = Draft(tuple(tokens), None, draft.score, draft.source, draft.features, tuple(parents))
-    return Choice(len(tokens), expected, step_cost, expected - rate * step_cost), tree
+        for token in alternative.tokens[: max(k - depth, 0)]:
+            parent = add(token, float(alive), parent, owner)
+            alive *= rates.goes_on
+
+    # best first: a node becomes a candidate once its parent is taken
+    order: list[int] = []
+    frontier = [(-values[node], node) for node in children.get(-1, [])]
+    heapq.heapify(frontier)
+    while frontier and len(order) < k:
+        _, node = heapq.heappop(frontier)
+        order.append(node)
+        for child in children.get(node, []):
+            heapq.heappush(frontier, (-values[child], child))
+    curve = cost.verify_curve(len(order) + 1)  # [L + 1]
+    gains = np.concatenate([[1.0], 1.0 + np.cumsum([values[node] for node in order])])  # [L + 1]
+    scores = gains - rate * curve
+    length = int(np.argmax(scores))
+    choice = Choice(length, float(gains[length]), float(curve[length]), float(scores[length]))
+    kept = order[:length]
+    main = sum(1 for node in kept if branch[node] < 0)
+    # the draft's order: the main branch, then each alternative's tokens
+    ordered = sorted(kept, key=lambda node: (branch[node] >= 0, branch[node], node))
+    position = {node: i for i, node in enumerate(ordered)}
+    out_tokens = tuple(tokens[node] for node in ordered)
+    out_parents = tuple(position[parents[node]] if parents[node] >= 0 else -1 for node in ordered)
+    # a draft with an alternative keeps its parents even where they form a chain (one departing right after the cut)
+    tree = Draft(out_tokens, None, draft.score, draft.source, draft.features, out_parents if main < length else None)
+    return TreePlan(choice, tree, main, tuple(values[node] for node in ordered))
+
+
+def _weight(alternative: Alternative) -> float:
+    return alternative.share if alternative.share > 0 else BACKUP_WEIGHT
 
 
 def tried_alternatives(draft: Draft, main: int, main_accepted: int, path: set[int]) -> Iterator[bool]:
     """For each alternative the target tried, whether it was the target's choice.
 
     An alternative is tried when it departs where the main branch was rejected
-    (its first token's parent is the last accepted main token); it was the
-    target's choice when its first token is on the accepted ``path``.
+    (its first token's parent is the last accepted main token, or the root when
+    none was); it was the target's choice when its first token is on the
+    accepted ``path``. Nothing was tried when the whole main branch was accepted.
 
     Args:
         draft: the verified tree; its first ``main`` tokens are the main branch.

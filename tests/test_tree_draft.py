@@ -1,0 +1,134 @@
+"""The cache draft as a tree over disagreeing candidates: which nodes are verified, what the target accepts,
+and what the rates learn (hand-made drafts and a synthetic replay, no model)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hvd_agents.drafters import Draft, DraftContext, DraftOutcome, HybridDrafter, SuffixDrafter
+from hvd_agents.drafters.cache.suffix import Alternative
+from hvd_agents.drafters.hybrid.tree import AlternativeRates, plan_tree
+from hvd_agents.policy import CostModel, PayoffPredictor, PayoffWeights
+from hvd_agents.policy.features import FEATURE_NAMES, NUM_FEATURES
+from hvd_agents.structure import PromptStructure
+from hvd_agents.trace.replay import Turn, replay_turn
+from hvd_agents.trace.strategies import DrafterPolicy, OraclePolicy, common_prefix
+
+
+def rates(taken: float = 0.35, goes_on: float = 0.8) -> AlternativeRates:
+    return AlternativeRates(taken, goes_on, ema=0.05)
+
+
+def constant_predictor(logit: float) -> PayoffPredictor:
+    w = np.zeros(NUM_FEATURES)
+    w[FEATURE_NAMES.index("bias")] = logit
+    return PayoffPredictor(PayoffWeights(w), learning_rate=0.0)
+
+
+def test_worked_example_of_the_module_docstring() -> None:
+    main = Draft((1, 2))
+    plan = plan_tree(main, np.array([0.9, 0.45]), [Alternative(1, 1.0, (7, 8))], rates(0.3, 0.8),
+                     CostModel.linear(0.01), 2.0, 16)
+    assert plan.draft.token_ids == (1, 2, 7, 8) and plan.draft.parents == (-1, 0, 0, 2) and plan.main == 2
+    assert plan.survival == pytest.approx((0.9, 0.45, 0.135, 0.108))
+    assert plan.choice.expected_tokens == pytest.approx(1 + 0.9 + 0.45 + 0.135 + 0.108)
+
+
+def test_a_tree_accepts_the_run_of_the_candidate_the_target_follows() -> None:
+    # two candidates agree on 1 2 then disagree; the target follows the less frequent one
+    frequent, other = (1, 2, 3, 4, 5, 6, 7, 8), (1, 2, 9, 10, 11, 12, 13, 14)
+    target = (*other, 99)
+    survival = np.array([0.95, 0.9, 0.5, 0.45, 0.4, 0.36, 0.32, 0.29])
+    plan = plan_tree(Draft(frequent), survival, [Alternative(2, 0.4, other[2:])], rates(),
+                     CostModel.linear(0.005), 3.0, 16)
+    assert plan.draft.is_tree
+    accepted = len(plan.draft.path(target))
+    assert accepted > common_prefix(frequent, target) == 2  # the single draft the oracle cuts: 2 tokens
+    assert accepted == 8  # the other candidate's whole run, in the same step
+    assert plan.choice.length <= 16 and plan.main == 8
+
+
+def test_main_tokens_and_alternatives_share_the_node_budget_best_first() -> None:
+    # a doubtful main branch: with room for 6 nodes, its deep tokens give way to the alternative's first ones
+    main = Draft(tuple(range(1, 17)))
+    survival = 0.6 ** np.arange(1, 17)  # 0.6, 0.36, 0.216, ...
+    plan = plan_tree(main, survival, [Alternative(0, 0.5, (40, 41, 42, 43))], rates(1.0, 0.9),
+                     CostModel.linear(0.0), 1.0, 6)
+    assert len(plan.draft) == 6
+    # main 0.6, 0.36 (then 0.216) beside the alternative's 0.4, 0.36, 0.324, 0.2916
+    assert plan.draft.token_ids == (1, 2, 40, 41, 42, 43) and plan.draft.parents == (-1, 0, -1, 2, 3, 4)
+    assert plan.main == 2 and min(plan.survival) > survival[2]
+
+
+def test_without_alternatives_the_plan_is_the_best_length_of_the_chain() -> None:
+    from hvd_agents.policy import best_length
+
+    survival = np.array([0.97, 0.95, 0.9, 0.3, 0.08])
+    for c, rate in ((0.02, 5.0), (0.1, 2.0), (0.3, 4.0)):
+        plan = plan_tree(Draft((1, 2, 3, 4, 5)), survival, [], rates(), CostModel.linear(c), rate, 16)
+        choice = best_length(survival, CostModel.linear(c), rate)
+        assert plan.choice == choice and not plan.draft.is_tree and plan.main == choice.length
+
+
+def test_alternatives_departing_together_split_the_taken_rate_by_share() -> None:
+    main = Draft((1, 2, 3))
+    alternatives = [Alternative(0, 0.3, (7,)), Alternative(0, 0.1, (8,)), Alternative(0, 0.0, (9,))]
+    plan = plan_tree(main, np.array([0.5, 0.25, 0.125]), alternatives, rates(0.4), CostModel.linear(0.0), 1.0, 16)
+    by_token = dict(zip(plan.draft.token_ids, plan.survival))
+    # reach 1, main rejected 0.5, taken 0.4, weights 0.3 / 0.1 / 0.1 (a shorter match's backup) of 0.5
+    assert by_token[7] == pytest.approx(0.5 * 0.4 * 0.6)
+    assert by_token[8] == pytest.approx(by_token[9]) == pytest.approx(0.5 * 0.4 * 0.2)
+
+
+def test_rates_learn_only_from_alternatives_the_target_could_take() -> None:
+    tree = Draft((1, 2, 3, 7, 8), parents=(-1, 0, 1, 0, 3))  # main 1 2 3; alternative 7 8 departing at depth 1
+    learned = rates(0.5, 0.5)
+    learned.observe(tree, 3, (1, 7, 8, 4), (1, 2, 3))  # main rejected at depth 1, the alternative taken whole
+    assert learned.taken > 0.5 and learned.goes_on > 0.5
+    untried = rates(0.5, 0.5)
+    untried.observe(tree, 3, (1, 2, 3, 4), (1, 2, 3))  # the whole main branch accepted: nothing tried
+    assert (untried.taken, untried.goes_on) == (0.5, 0.5)
+    missed = rates(0.5, 0.5)
+    missed.observe(tree, 3, (1, 5), (1, 2, 3))  # rejected at depth 1 by a token no branch had
+    assert missed.taken < 0.5 and missed.goes_on == 0.5
+    cut = rates(0.5, 0.5)
+    # the main branch cut after 1 token, the alternative departs at depth 1: the target's token at depth 1 is the
+    # main branch's own (2, not verified), so the alternative was not tried against it
+    cut.observe(Draft((1, 7, 8), parents=(-1, 0, 1)), 1, (1, 2), (1, 2, 3))
+    assert cut.taken == 0.5
+
+
+def _turn(prompt: list[int], target: tuple[int, ...]) -> Turn:
+    return Turn("c", 0, 1, PromptStructure(tuple(prompt), session_id="c"), target)
+
+
+def test_replay_hvd_tree_accepts_more_per_step_than_the_single_draft_oracle() -> None:
+    line = [0, 50, 51]  # a line's opening, then its continuation
+    common = list(range(10, 22))
+    rare = list(range(30, 42))
+    prompt = [*line, *common, *line, *common, *line, *rare, *line]
+    target = (*rare, 7, 8)
+    cost = CostModel.linear(0.005)
+    hvd = DrafterPolicy("hvd", HybridDrafter(SuffixDrafter(None), constant_predictor(0.0), cost))
+    oracle = OraclePolicy("oracle", SuffixDrafter(None))
+    runs: dict[str, list] = {"hvd": [], "oracle": []}
+    for policy in (hvd, oracle):
+        replay_turn(policy, _turn(prompt, target), 16, runs[policy.name].append)
+    # the oracle's single draft is the frequent line (wrong from its first token); hvd's tree carries the rare one
+    assert runs["oracle"][0].accepted == 0 and runs["oracle"][0].cache_accepted == 0
+    assert runs["hvd"][0].accepted >= 4 and runs["hvd"][0].cache_accepted == 0
+    assert len(runs["hvd"]) <= len(runs["oracle"])
+    for steps in runs.values():
+        assert sum(s.accepted + 1 for s in steps) == len(target)
+
+
+def test_hvd_tree_step_in_the_drafter_keeps_the_main_branch_first() -> None:
+    prompt = [0, 50, 51, 1, 2, 3, 0, 50, 51, 1, 2, 3, 0, 50, 51, 4, 5, 6, 0, 50, 51]
+    drafter = HybridDrafter(SuffixDrafter(None), constant_predictor(0.0), CostModel.linear(0.005))
+    drafter.start("r", prompt)
+    draft = drafter.propose(DraftContext("r", prompt, len(prompt)), 8)
+    main = drafter.decision("r").main
+    assert draft.token_ids[:1] == (1,) and 4 in draft.token_ids[main:]
+    drafter.observe(DraftOutcome("r", draft, len(draft.path((4, 5, 6, 0))), (4, 5, 6, 0)))
+    assert drafter.alternatives.taken > drafter.config.alternative_taken_prior

@@ -21,6 +21,7 @@ import pytest
 from hvd_agents import Engine, GenerationParams, QueueFullError, RequestTimeoutError
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.policy import CostModel
+from hvd_agents.runtime.target import Target
 from tests.test_batch import RUNNERS, VOCAB, quant_model, run_concurrently
 from tests.tiny import make_tiny_llama
 
@@ -50,7 +51,11 @@ class LoggingRunner:
 
 
 def _model(kind: str):
-    return quant_model() if kind == "native" else make_tiny_llama(VOCAB, seed=1)
+    """(model, its native forward or None)."""
+    if kind == "native":
+        native = quant_model()
+        return native.model, native
+    return make_tiny_llama(VOCAB, seed=1), None
 
 
 @pytest.fixture(scope="module", params=RUNNERS)
@@ -59,7 +64,8 @@ def model(request):
 
 
 def _engine(model, delay_s: float = 0.0, **kwargs) -> tuple[Engine, LoggingRunner]:
-    base = Engine(model, eos_token_ids=(), draft_head=None, cost_model=COST)
+    model, native = model
+    base = Engine(Target.of(model, eos_token_ids=(), cost_model=COST, native=native), draft_head=None)
     runner = LoggingRunner(base.runner, delay_s)
     return Engine(model, eos_token_ids=(), draft_head=None, cost_model=COST, runner=runner, **kwargs), runner
 

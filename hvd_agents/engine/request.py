@@ -268,6 +268,9 @@ class Request:
         draft = draft.truncated(valid)
         if draft.is_tree and not self.cache.supports_trees:
             draft = draft.main_branch()  # a sliding-window cache cannot drop a rejected branch's positions
+        tree_limit = getattr(self.host.runner, "max_tree_tokens", None)  # a runner's most tokens in one tree forward
+        if draft.is_tree and tree_limit is not None:
+            draft = draft.truncated(tree_limit)  # every token's parent comes before it: a prefix is a tree
         return draft
 
     def step_call(self, draft: Draft) -> StepCall:

@@ -216,6 +216,7 @@ class QuantRunner:
     """
 
     runs_own_threads = True  # its forward runs on the native team (the engine keeps torch's ops off its cores)
+    max_tree_tokens = MAX_NATIVE_ROWS - 1  # draft tokens of a tree one forward verifies (after the last token)
 
     def __init__(self, native: NativeModel, *, context_window: int | None = None,
                  cost_model: CostModel | None = None) -> None:

@@ -34,6 +34,8 @@ Contract, per request::
   a ``forward`` of its own; a runner that can share one forward among them (the
   quantized CPU runner: the weights are read once for all rows) does, the others run
   them one after another (:func:`forward_each`).
+* ``max_tree_tokens`` (optional, default none): the most draft tokens of a tree one
+  ``forward`` verifies; the engine cuts a longer tree to its first that many nodes.
 * ``runs_own_threads`` (optional, default False): the forward runs on the runner's own
   threads rather than torch's; the engine then runs its steps inside
   :func:`hvd_agents.runtime.threads.step_threads`, so torch's small ops between forwards

@@ -79,6 +79,7 @@ class StaticRunner:
             raise ValueError(f"the KV capacity {buckets.kv[-1]} leaves no context after {buckets.max_rows} rows")
         self.model = model
         self.buckets = buckets
+        self.max_tree_tokens = buckets.max_rows - 1  # draft tokens of a tree one forward verifies
         self.context_window = window
         self.decoder = StaticDecoder(model, buckets.kv[-1], lm_head_fp32=lm_head_fp32)
         self.device = self.decoder.device

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from hvd_agents import Engine, GenerationParams
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.runtime import quant_native, quant_weights
-from hvd_agents.runtime.quant_runner import NativeModel, QuantKV, QuantRunner
+from hvd_agents.runtime.quant_runner import NativeModel, QuantKV, QuantRunner, tree_rows
 from hvd_agents.runtime.runner import BatchCall
 from hvd_agents.runtime.target import Target
 from tests.drafters_for_tests import FixedDrafter, RandomQDrafter, ScriptedDrafter, TreeDrafter
@@ -168,6 +168,59 @@ def test_forward_rows_alone_equal_rows_in_a_draft(tiny_quant) -> None:
         kv.rollback(16)
         together = runner.forward(kv, ids[16 : 16 + m])
         assert all(torch.equal(together[i], alone[i]) for i in range(m)), m
+
+
+def _native_forward(native: NativeModel, kv, tokens: list[int], threads: int, parents=None) -> torch.Tensor:
+    """One native forward of ``tokens`` after ``kv``'s positions on a team of ``threads`` (the cut of its work)."""
+    past, n = kv.length, len(tokens)
+    if parents is None:
+        positions, visible = torch.arange(past, past + n), torch.empty(0, dtype=torch.bool)
+    else:
+        depth, visible = tree_rows(parents)
+        positions = torch.tensor(depth) + past
+    kv.reserve(past + n)
+    logits, _ = native.native.forward(torch.tensor(tokens), positions, visible, kv.k, kv.v, past, n, False, threads)
+    kv._length = past + n
+    return logits
+
+
+def test_attention_cut_into_jobs_of_any_shape_gives_the_same_bits(tiny_quant) -> None:
+    # the team's size decides how attention is cut into jobs (rows and query heads a call, transposed or paired
+    # scores, values two queries at a time); every row's logits and KV must be the same bits whatever the cut
+    ids = torch.randint(0, VOCAB, (140,), generator=torch.Generator().manual_seed(3)).tolist()
+    runner = QuantRunner(tiny_quant)
+    results = {}
+    for threads in (1, 2, 3, 5):
+        kv = runner.new_kv()
+        prompt = _native_forward(tiny_quant, kv, ids[:100], threads)
+        step = _native_forward(tiny_quant, kv, ids[100:101], threads)
+        chain = _native_forward(tiny_quant, kv, ids[101:118], threads)
+        kv.rollback(101)
+        tree = _native_forward(tiny_quant, kv, ids[120:129], threads, parents=[-1, 0, 0, 2, 2, -1, 5, 6])
+        results[threads] = (prompt, step, chain, tree, kv.k[:, :, :101].clone(), kv.v[:, :, :101].clone())
+    for threads, got in results.items():
+        assert all(torch.equal(a, b) for a, b in zip(got, results[1])), threads
+
+
+def test_a_mutated_attention_order_fails_the_rows_alone_check() -> None:
+    # attention built so that calls of many queries add a key's score lanes in another order (one line under a
+    # macro): a draft's rows then differ from the same rows decoded alone
+    model = make_tiny_llama(VOCAB, seed=0, dtype=torch.float32)
+    weights = quant_weights.from_model(model, "float32")  # (int8 inputs of the output projection would round it away)
+    mutated = quant_native.build(quant_native.REFERENCE, ("-DHVD_MUTATE_ATTENTION_ORDER",))
+    ids = torch.randint(0, VOCAB, (60,), generator=torch.Generator().manual_seed(0)).tolist()
+
+    def differing(native: NativeModel) -> int:
+        runner = QuantRunner(native)
+        kv = runner.new_kv()
+        runner.forward(kv, ids[:16])
+        alone = [runner.forward(kv, [t])[0] for t in ids[16:]]
+        kv.rollback(16)
+        together = runner.forward(kv, ids[16:])
+        return sum(not torch.equal(together[i], alone[i]) for i in range(len(alone)))
+
+    assert differing(NativeModel(model, weights, 512)) == 0
+    assert differing(NativeModel(model, weights, 512, module=mutated)) > 0
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

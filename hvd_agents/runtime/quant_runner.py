@@ -31,6 +31,7 @@ import hashlib
 import itertools
 import json
 from collections.abc import Callable, Sequence
+from types import ModuleType
 
 import torch
 
@@ -61,14 +62,15 @@ class NativeModel:
         context_window: most positions a request may hold.
         path: the instruction-set path to run (``quant_native.PATHS``); the one chosen for this machine when None.
         source: reads ``weights`` again (:meth:`reload`); None: :meth:`reload` raises.
+        module: the compiled forward to run (:func:`quant_native.build`'s); None: the build of ``path``.
 
     Raises:
         RuntimeError: the native kernel is unavailable here.
     """
 
     def __init__(self, model: torch.nn.Module, weights: WeightSet, context_window: int, path: str | None = None,
-                 source: Callable[[], WeightSet] | None = None) -> None:
-        native = quant_native.build(path) if path else quant_native.module()
+                 source: Callable[[], WeightSet] | None = None, module: ModuleType | None = None) -> None:
+        native = module or (quant_native.build(path) if path else quant_native.module())
         self.path = path or quant_native.path()
         arch = architecture(model)
         self.arch = arch

@@ -1,11 +1,16 @@
-// hvd_attention: a query row's attention over a float16 KV cache, one row at a time or a block of chain rows.
+// hvd_attention: query rows' attention over a float16 KV cache, the queries of one kv head at a time.
 //
 // The operations for one (query, key) and one query are fixed: a key's score is the fused multiply-add chain
-// over the head's 8-lane chunks, then hsum, times the scale; then the row's max, exp, sum and the weighted values
-// in cache order. attend() computes one row over any visible positions (a tree's); attend_block() computes a
-// block of rows of a chain, sharing each key's and value's conversion from float16 among the block's queries
-// and summing eight scores at once (hsum8): the same operations per element, so the same bits. A sliding-window
-// layer's row sees a suffix of those positions (its last W); it is computed as if they were all there is.
+// over the head's 8-lane chunks, then hsum ((0+4)+(1+5))+((2+6)+(3+7)), times the scale; then the row's max,
+// exp and sum over its visible keys in cache order (8 lanes at a time), and each output element's weighted sum
+// of the values in cache order, times 1 / sum. attend() computes a set of queries that read one kv head (the
+// query heads of a group, the rows of a draft, a tree or a prefill chunk) together: each key and value is
+// converted from float16 once for all of them, and the vectors hold 16 lanes (two keys' chunks for the scores,
+// two chunks of an output for the weighted sums: isa.h, one 512-bit register or two 256-bit ones), every lane
+// the same operation as it has alone. So a query's result depends on nothing but its own query and its visible
+// keys and values: not on the queries beside it, the job, the thread or the instruction set.
+// A sliding-window layer's row sees a suffix of its positions (its last W); it is computed as if they were
+// all there is.
 #pragma once
 
 #include <torch/extension.h>
@@ -16,47 +21,35 @@
 #include <cstdint>
 #include <vector>
 
+#include "isa.h"
 #include "lanes.h"
 
 namespace hvd_attention {
 
-constexpr int64_t kMaxHeadDim = 256;
-constexpr int64_t kMaxLanes = kMaxHeadDim / 8;
-
+using hvd_isa::VF;
 using hvd_lanes::exp8;
 using hvd_lanes::hsum;
 
-// acc[i] += p[t] * row(t, i) for t = 0 .. n - 1 in order, for the L 8-lane chunks i of an output (held in
-// registers for the whole loop: L is a constant).
-template <int L, class Row>
-inline void weigh(__m256* acc, const float* p, int64_t n, const Row& row) {
-  __m256 a[L];
-  for (int i = 0; i < L; ++i) a[i] = acc[i];
-  for (int64_t t = 0; t < n; ++t) {
-    const __m256 pv = _mm256_set1_ps(p[t]);
-    for (int i = 0; i < L; ++i) a[i] = _mm256_fmadd_ps(pv, row(t, i), a[i]);
-  }
-  for (int i = 0; i < L; ++i) acc[i] = a[i];
-}
+constexpr int64_t kMaxHeadDim = 256;
+constexpr int64_t kChunk = 64;   // keys (values) converted from float16 at a time; even: keys go in pairs
+constexpr int64_t kMaxQueries = 128;  // queries one attend() call takes
+constexpr int64_t kTransposeQueries = 6;
+#if defined(__AVX512F__)
+constexpr bool kPairValues = true;  // weigh two queries' values at once (weigh2)
+#else
+constexpr bool kPairValues = false;  // eight 8-lane sums in flight already
+#endif  // queries from which a call's scores read a transposed chunk
 
-// The same for an output of `lanes` chunks, eight chunks at a time: every element's sum runs over t in order,
-// as one loop over all the chunks would run it.
-template <class Row>
-inline void weigh_lanes(__m256* acc, int64_t lanes, const float* p, int64_t n, const Row& row) {
-  int64_t i0 = 0;
-  const auto at = [&](int64_t base) { return [&row, base](int64_t t, int i) { return row(t, base + i); }; };
-  for (; i0 + 8 <= lanes; i0 += 8) weigh<8>(acc + i0, p, n, at(i0));
-  switch (lanes - i0) {
-    case 1: weigh<1>(acc + i0, p, n, at(i0)); break;
-    case 2: weigh<2>(acc + i0, p, n, at(i0)); break;
-    case 3: weigh<3>(acc + i0, p, n, at(i0)); break;
-    case 4: weigh<4>(acc + i0, p, n, at(i0)); break;
-    case 5: weigh<5>(acc + i0, p, n, at(i0)); break;
-    case 6: weigh<6>(acc + i0, p, n, at(i0)); break;
-    case 7: weigh<7>(acc + i0, p, n, at(i0)); break;
-    default: break;
-  }
-}
+// One query of an attend() call: it sees the cache slots [lo, hi), then the slots extra[0 .. n_extra) (each
+// at or past hi, increasing): a chain's row sees one run, a tree's row the cached run and its ancestors.
+struct Query {
+  const float* q;  // [hd]
+  float* out;      // [hd]
+  int64_t lo, hi;
+  const int32_t* extra;
+  int64_t n_extra;
+  int64_t seen() const { return hi - lo + n_extra; }
+};
 
 // scores[0, T) -> exp(score - max), in place (scores padded to a multiple of 8); returns 1 / their sum.
 inline float softmax(float* scores, int64_t T) {
@@ -87,46 +80,361 @@ inline float softmax(float* scores, int64_t T) {
   return 1.0f / hsum(sum);
 }
 
-// One query row of one head over the visible positions `slots` (in cache order) of one kv head.
-// Keys and values are float16 [cap, hd]. scores: scratch of at least len(slots) rounded up to 8.
-inline void attend(const float* q, const at::Half* K, const at::Half* V, int64_t hd, const int32_t* slots, int64_t T,
-            float scale, float* scores, float* out) {
-  const int64_t T8 = (T + 7) / 8 * 8;
-  // a key's score: the fmadd chain over its 8-lane chunks, then hsum; eight keys' chains interleaved
-  int64_t t = 0;
-  for (; t + 8 <= T; t += 8) {
-    const uint16_t* k[8];
-    __m256 acc[8];
-    for (int u = 0; u < 8; ++u) {
-      k[u] = reinterpret_cast<const uint16_t*>(K + static_cast<int64_t>(slots[t + u]) * hd);
-      acc[u] = _mm256_setzero_ps();
+// acc[off0, off0 + 16 NV) += p[t] * row t, for t = 0 .. n - 1 in order (NV vectors held in registers).
+template <int NV, class Load>
+inline void weigh_group(float* acc, int64_t off0, const float* p, int64_t n, const Load& load16) {
+  VF a[NV];
+  for (int j = 0; j < NV; ++j) a[j] = hvd_isa::f_load(acc + off0 + 16 * j);
+  for (int64_t t = 0; t < n; ++t) {
+    const VF pv = hvd_isa::f_set1(p[t]);
+    for (int j = 0; j < NV; ++j) a[j] = hvd_isa::f_fmadd(pv, load16(t, off0 + 16 * j), a[j]);
+  }
+  for (int j = 0; j < NV; ++j) hvd_isa::f_store(acc + off0 + 16 * j, a[j]);
+}
+
+// The same for two queries over the same rows (each row loaded once for both): twice the independent sums
+// in flight, which 512-bit vectors need to keep the multiply-adders busy.
+template <int NV, class Load>
+inline void weigh_group2(float* acc, float* acc2, int64_t off0, const float* p, const float* p2, int64_t n,
+                         const Load& load16) {
+  VF a[NV], b[NV];
+  for (int j = 0; j < NV; ++j) {
+    a[j] = hvd_isa::f_load(acc + off0 + 16 * j);
+    b[j] = hvd_isa::f_load(acc2 + off0 + 16 * j);
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    const VF pv = hvd_isa::f_set1(p[t]), pv2 = hvd_isa::f_set1(p2[t]);
+    for (int j = 0; j < NV; ++j) {
+      const VF v = load16(t, off0 + 16 * j);
+      a[j] = hvd_isa::f_fmadd(pv, v, a[j]);
+      b[j] = hvd_isa::f_fmadd(pv2, v, b[j]);
     }
+  }
+  for (int j = 0; j < NV; ++j) {
+    hvd_isa::f_store(acc + off0 + 16 * j, a[j]);
+    hvd_isa::f_store(acc2 + off0 + 16 * j, b[j]);
+  }
+}
+
+// weigh() for two queries over the same n rows (an output of whole 16-lane vectors).
+template <class Load16>
+inline void weigh2(float* acc, float* acc2, int64_t hd, const float* p, const float* p2, int64_t n, const Load16& load16) {
+  for (int64_t off = 0; off < hd; off += 64) {
+    switch (std::min<int64_t>(4, (hd - off) / 16)) {
+      case 1: weigh_group2<1>(acc, acc2, off, p, p2, n, load16); break;
+      case 2: weigh_group2<2>(acc, acc2, off, p, p2, n, load16); break;
+      case 3: weigh_group2<3>(acc, acc2, off, p, p2, n, load16); break;
+      default: weigh_group2<4>(acc, acc2, off, p, p2, n, load16); break;
+    }
+  }
+}
+
+// acc[0, hd) += p[t] * row t for t = 0 .. n - 1: every element's sum over t in order, 64 elements a pass.
+// load16(t, off): elements [off, off + 16) of row t; load8(t, off): [off, off + 8) (an odd last chunk).
+template <class Load16, class Load8>
+inline void weigh(float* acc, int64_t hd, const float* p, int64_t n, const Load16& load16, const Load8& load8) {
+  const int64_t hd16 = hd - hd % 16;
+  for (int64_t off = 0; off < hd16; off += 64) {
+    switch (std::min<int64_t>(4, (hd16 - off) / 16)) {
+      case 1: weigh_group<1>(acc, off, p, n, load16); break;
+      case 2: weigh_group<2>(acc, off, p, n, load16); break;
+      case 3: weigh_group<3>(acc, off, p, n, load16); break;
+      default: weigh_group<4>(acc, off, p, n, load16); break;
+    }
+  }
+  if (hd16 < hd) {
+    __m256 a = _mm256_loadu_ps(acc + hd16);
+    for (int64_t t = 0; t < n; ++t) a = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), load8(t, hd16), a);
+    _mm256_storeu_ps(acc + hd16, a);
+  }
+}
+
+inline __m256 load_h8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
+// The scores of NQ queries (qd: each query's chunks doubled, [2 hd]) against NP pairs of keys, whose chunks a
+// pair holds side by side (pair(p, i): key a's chunk i | key b's): s[2 (u NP + p) + h] is query u's score of
+// pair p's key h. NQ x NP sums in flight (enough to keep the multiply-adders busy).
+template <int NQ, int NP, class Pair>
+inline void score_pairs(const float* const* qd, int64_t hd, const Pair& pair, float scale, float* s) {
+  VF a[NQ][NP];
+  for (int u = 0; u < NQ; ++u)
+    for (int p = 0; p < NP; ++p) a[u][p] = hvd_isa::f_zero();
+  for (int64_t i = 0; i < hd / 8; ++i) {
+    VF k[NP];
+    for (int p = 0; p < NP; ++p) k[p] = pair(p, i);
+    for (int u = 0; u < NQ; ++u) {
+      const VF q = hvd_isa::f_load(qd[u] + 16 * i);
+      for (int p = 0; p < NP; ++p) a[u][p] = hvd_isa::f_fmadd(q, k[p], a[u][p]);
+    }
+  }
+  constexpr int kHalves = (2 * NQ * NP + 7) / 8 * 8;
+  __m256 h[kHalves];
+  for (int u = 0; u < NQ; ++u)
+    for (int p = 0; p < NP; ++p) {
+      h[2 * (u * NP + p)] = hvd_isa::f_lo(a[u][p]);
+      h[2 * (u * NP + p) + 1] = hvd_isa::f_hi(a[u][p]);
+    }
+  for (int x = 2 * NQ * NP; x < kHalves; ++x) h[x] = _mm256_setzero_ps();
+  for (int g = 0; g < kHalves; g += 8) _mm256_storeu_ps(s + g, _mm256_mul_ps(hvd_lanes::hsum8(h + g), _mm256_set1_ps(scale)));
+}
+
+// Pairs a pass for NQ queries: eight sums in flight on AVX-512, four (eight 8-lane halves) on AVX2.
+#if defined(__AVX512F__)
+template <int NQ> constexpr int kPairsFor = NQ == 1 ? 8 : NQ == 2 ? 4 : 2;
+#else
+template <int NQ> constexpr int kPairsFor = NQ == 1 ? 4 : NQ == 2 ? 2 : 1;
+#endif
+
+// Scores of queries qi[0 .. NQ) against `pairs` pairs (pair(p, i) as above, p < pairs): keep(u, pair, half, score)
+// for each.
+template <int NQ, class Pair, class Keep>
+inline void score_run(const float* const* qd, int64_t hd, int64_t pairs, const Pair& pair, float scale, const Keep& keep) {
+  constexpr int NP = kPairsFor<NQ>;
+  alignas(32) float sc[(2 * NQ * NP + 7) / 8 * 8];
+  for (int64_t p0 = 0; p0 < pairs; p0 += NP) {
+    score_pairs<NQ, NP>(qd, hd, [&](int p, int64_t i) { return pair(std::min<int64_t>(p0 + p, pairs - 1), i); }, scale, sc);
+    for (int p = 0; p < NP && p0 + p < pairs; ++p)
+      for (int u = 0; u < NQ; ++u)
+        for (int half = 0; half < 2; ++half) keep(u, p0 + p, half, sc[2 * (u * NP + p) + half]);
+  }
+}
+
+// A native vector of keys for the transposed scores: 16 lanes on AVX-512, 8 on AVX2 (a lane is a key).
+#if defined(__AVX512F__)
+using KV = __m512;
+constexpr int64_t kKeys = 16;
+inline KV k_zero() { return _mm512_setzero_ps(); }
+inline KV k_set1(float v) { return _mm512_set1_ps(v); }
+inline KV k_load(const float* p) { return _mm512_loadu_ps(p); }
+inline void k_store(float* p, KV v) { _mm512_storeu_ps(p, v); }
+inline KV k_add(KV a, KV b) { return _mm512_add_ps(a, b); }
+inline KV k_mul(KV a, KV b) { return _mm512_mul_ps(a, b); }
+inline KV k_fmadd(KV a, KV b, KV c) { return _mm512_fmadd_ps(a, b, c); }
+#else
+using KV = __m256;
+constexpr int64_t kKeys = 8;
+inline KV k_zero() { return _mm256_setzero_ps(); }
+inline KV k_set1(float v) { return _mm256_set1_ps(v); }
+inline KV k_load(const float* p) { return _mm256_loadu_ps(p); }
+inline void k_store(float* p, KV v) { _mm256_storeu_ps(p, v); }
+inline KV k_add(KV a, KV b) { return _mm256_add_ps(a, b); }
+inline KV k_mul(KV a, KV b) { return _mm256_mul_ps(a, b); }
+inline KV k_fmadd(KV a, KV b, KV c) { return _mm256_fmadd_ps(a, b, c); }
+#endif
+
+// Keys [t0, t1) of a kv head (float16 rows of hd) into kT[d * kChunk + t - t0] (float32, a column per key),
+// 8 keys by 8 dims at a time; columns past t1 up to a multiple of 8 are zero.
+inline void transpose_keys(const uint16_t* K16, int64_t hd, int64_t t0, int64_t t1, float* kT) {
+  for (int64_t b = t0; b < t1; b += 8) {
     for (int64_t i = 0; i < hd; i += 8) {
-      const __m256 qv = _mm256_loadu_ps(q + i);
+      __m256 r[8];
       for (int u = 0; u < 8; ++u)
-        acc[u] = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k[u] + i))), acc[u]);
+        r[u] = b + u < t1 ? load_h8(K16 + (b + u) * hd + i) : _mm256_setzero_ps();
+      // 8 x 8 transpose: r[u][j] -> c[j][u]
+      const __m256 a0 = _mm256_unpacklo_ps(r[0], r[1]), a1 = _mm256_unpackhi_ps(r[0], r[1]);
+      const __m256 a2 = _mm256_unpacklo_ps(r[2], r[3]), a3 = _mm256_unpackhi_ps(r[2], r[3]);
+      const __m256 a4 = _mm256_unpacklo_ps(r[4], r[5]), a5 = _mm256_unpackhi_ps(r[4], r[5]);
+      const __m256 a6 = _mm256_unpacklo_ps(r[6], r[7]), a7 = _mm256_unpackhi_ps(r[6], r[7]);
+      const __m256 b0 = _mm256_shuffle_ps(a0, a2, 0x44), b1 = _mm256_shuffle_ps(a0, a2, 0xEE);
+      const __m256 b2 = _mm256_shuffle_ps(a1, a3, 0x44), b3 = _mm256_shuffle_ps(a1, a3, 0xEE);
+      const __m256 b4 = _mm256_shuffle_ps(a4, a6, 0x44), b5 = _mm256_shuffle_ps(a4, a6, 0xEE);
+      const __m256 b6 = _mm256_shuffle_ps(a5, a7, 0x44), b7 = _mm256_shuffle_ps(a5, a7, 0xEE);
+      const __m256 c[8] = {_mm256_permute2f128_ps(b0, b4, 0x20), _mm256_permute2f128_ps(b1, b5, 0x20),
+                           _mm256_permute2f128_ps(b2, b6, 0x20), _mm256_permute2f128_ps(b3, b7, 0x20),
+                           _mm256_permute2f128_ps(b0, b4, 0x31), _mm256_permute2f128_ps(b1, b5, 0x31),
+                           _mm256_permute2f128_ps(b2, b6, 0x31), _mm256_permute2f128_ps(b3, b7, 0x31)};
+      for (int j = 0; j < 8; ++j) _mm256_storeu_ps(kT + (i + j) * kChunk + (b - t0), c[j]);
     }
-    for (int u = 0; u < 8; ++u) scores[t + u] = hsum(acc[u]) * scale;
   }
-  for (; t < T; ++t) {
-    const uint16_t* k = reinterpret_cast<const uint16_t*>(K + static_cast<int64_t>(slots[t]) * hd);
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < hd; i += 8) {
-      const __m256 kv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k + i)));
-      acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), kv, acc);
+}
+
+// The scores of NQ queries against kKeys keys of a transposed chunk (kT + tb: column tb on): lane k of
+// acc[j] is key k's fused multiply-add chain of lane j over the head's 8-lane chunks, and the lanes' hsum
+// ((0+4)+(1+5))+((2+6)+(3+7)) is taken lane-wise: each key's score is the one score_pairs() gives it.
+template <int NQ>
+inline void score_keys(const float* const* q, int64_t hd, const float* kT, float scale, float* const* out) {
+  KV acc[NQ][8];
+  for (int u = 0; u < NQ; ++u)
+    for (int j = 0; j < 8; ++j) acc[u][j] = k_zero();
+  for (int64_t i = 0; i < hd; i += 8)
+    for (int j = 0; j < 8; ++j) {
+      const KV k = k_load(kT + (i + j) * kChunk);
+      for (int u = 0; u < NQ; ++u) acc[u][j] = k_fmadd(k_set1(q[u][i + j]), k, acc[u][j]);
     }
-    scores[t] = hsum(acc) * scale;
+  for (int u = 0; u < NQ; ++u) {
+#if defined(HVD_MUTATE_ATTENTION_ORDER)  // for the tests only: many-query calls add a key's lanes in another order
+    const KV s = k_add(k_add(k_add(acc[u][0], acc[u][1]), k_add(acc[u][2], acc[u][3])),
+                       k_add(k_add(acc[u][4], acc[u][5]), k_add(acc[u][6], acc[u][7])));
+#else
+    const KV s = k_add(k_add(k_add(acc[u][0], acc[u][4]), k_add(acc[u][1], acc[u][5])),
+                       k_add(k_add(acc[u][2], acc[u][6]), k_add(acc[u][3], acc[u][7])));
+#endif
+    k_store(out[u], k_mul(s, k_set1(scale)));
   }
-  const float inv = softmax(scores, T);
-  __m256 acc[kMaxLanes];
-  const int64_t lanes = hd / 8;
-  for (int64_t i = 0; i < lanes; ++i) acc[i] = _mm256_setzero_ps();
+}
+
+// Scratch of one attend() call for up to Q queries of head_dim hd whose rows see up to `seen` keys.
+struct Scratch {
+  std::vector<float> scores, kv, kT, acc, qd;
+  int64_t ld = 0;
+  void reserve(int64_t Q, int64_t hd, int64_t seen) {
+    ld = (seen + 7) / 8 * 8;
+    scores.resize(static_cast<size_t>(Q * ld));
+    kv.resize(static_cast<size_t>(kChunk * hd));
+    kT.resize(static_cast<size_t>(kChunk * hd));
+    acc.resize(static_cast<size_t>(Q * hd));
+    qd.resize(static_cast<size_t>(Q * 2 * hd));
+  }
+};
+
+// Attention of queries[0 .. Q) over one kv head's keys and values (float16 [cap, hd]); see the file's comment.
+inline void attend(const Query* queries, int64_t Q, const at::Half* K, const at::Half* V, int64_t hd, float scale,
+                   Scratch& s) {
+  const uint16_t* K16 = reinterpret_cast<const uint16_t*>(K);
   const uint16_t* V16 = reinterpret_cast<const uint16_t*>(V);
-  weigh_lanes(acc, lanes, scores, T, [V16, slots, hd](int64_t t, int64_t i) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(V16 + static_cast<int64_t>(slots[t]) * hd + 8 * i)));
-  });
-  const __m256 iv = _mm256_set1_ps(inv);
-  for (int64_t i = 0; i < lanes; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(acc[i], iv));
+  const int64_t ld = s.ld;
+  float* scores = s.scores.data();
+  float* kv = s.kv.data();
+  float* acc = s.acc.data();
+  int64_t lo = INT64_MAX, hi = 0;  // the runs' union
+  for (int64_t u = 0; u < Q; ++u) {
+    const Query& x = queries[u];
+    float* d = s.qd.data() + u * 2 * hd;
+    for (int64_t i = 0; i < hd / 8; ++i)
+      for (int j = 0; j < 8; ++j) d[16 * i + j] = d[16 * i + 8 + j] = x.q[8 * i + j];
+    if (x.hi > x.lo) {
+      lo = std::min(lo, x.lo);
+      hi = std::max(hi, x.hi);
+    }
+  }
+  // 1. the runs' scores, a chunk of keys converted at a time. Many queries: the chunk transposed (a column per
+  // key), two queries against kKeys keys a pass; few: the chunk's keys in pairs (pair p: keys t0 + 2p and
+  // t0 + 2p + 1, chunk by chunk side by side), four queries against a pair a pass. The same score either way.
+  const bool transposed = Q >= kTransposeQueries;
+  std::vector<int64_t> active;
+  active.reserve(Q);
+  for (int64_t t0 = lo; t0 < hi; t0 += kChunk) {
+    const int64_t t1 = std::min(hi, t0 + kChunk), pairs = (t1 - t0 + 1) / 2;
+    active.clear();
+    for (int64_t u = 0; u < Q; ++u)
+      if (queries[u].lo < t1 && queries[u].hi > t0) active.push_back(u);
+    if (transposed) {
+      transpose_keys(K16, hd, t0, t1, s.kT.data());
+      for (size_t a0 = 0; a0 < active.size(); a0 += 2) {
+        const size_t n = std::min<size_t>(2, active.size() - a0);
+        const float* qs[2] = {queries[active[a0]].q, queries[active[a0 + n - 1]].q};
+        for (int64_t tb = t0; tb < t1; tb += kKeys) {
+          alignas(64) float sc[2][kKeys];
+          float* outs[2] = {sc[0], sc[1]};
+          if (n == 2) score_keys<2>(qs, hd, s.kT.data() + (tb - t0), scale, outs);
+          else score_keys<1>(qs, hd, s.kT.data() + (tb - t0), scale, outs);
+          for (size_t u = 0; u < n; ++u) {
+            const Query& x = queries[active[a0 + u]];
+            const int64_t from = std::max(tb, x.lo), to = std::min({tb + kKeys, t1, x.hi});
+            if (to > from)
+              std::copy(sc[u] + (from - tb), sc[u] + (to - tb), scores + active[a0 + u] * ld + (from - x.lo));
+          }
+        }
+      }
+      continue;
+    }
+    for (int64_t p = 0; p < pairs; ++p) {
+      const uint16_t* ka = K16 + (t0 + 2 * p) * hd;
+      const uint16_t* kb = K16 + std::min(t0 + 2 * p + 1, t1 - 1) * hd;  // the first key again at an odd end
+      for (int64_t i = 0; i < hd / 8; ++i) hvd_isa::f_store(kv + p * 2 * hd + 16 * i, hvd_isa::f_load_h2(ka + 8 * i, kb + 8 * i));
+    }
+    for (size_t a0 = 0; a0 < active.size(); a0 += 4) {
+      const size_t n = std::min<size_t>(4, active.size() - a0);
+      const float* qd[4];
+      for (size_t u = 0; u < n; ++u) qd[u] = s.qd.data() + active[a0 + u] * 2 * hd;
+      const auto pair = [kv, hd](int64_t p, int64_t i) { return hvd_isa::f_load(kv + p * 2 * hd + 16 * i); };
+      const auto keep = [&](int u, int64_t p, int half, float score) {
+        const int64_t t = t0 + 2 * p + half;
+        const Query& x = queries[active[a0 + u]];
+        if (t < t1 && t >= x.lo && t < x.hi) scores[active[a0 + u] * ld + t - x.lo] = score;
+      };
+      switch (n) {
+        case 1: score_run<1>(qd, hd, pairs, pair, scale, keep); break;
+        case 2: score_run<2>(qd, hd, pairs, pair, scale, keep); break;
+        case 3: score_run<3>(qd, hd, pairs, pair, scale, keep); break;
+        default: score_run<4>(qd, hd, pairs, pair, scale, keep); break;
+      }
+    }
+  }
+  // 1b. the extra slots' scores, one query at a time, in pairs of keys
+  for (int64_t u = 0; u < Q; ++u) {
+    const Query& x = queries[u];
+    if (x.n_extra == 0) continue;
+    const float* qd[1] = {s.qd.data() + u * 2 * hd};
+    const int32_t* extra = x.extra;
+    const int64_t n = x.n_extra;
+    float* row = scores + u * ld + (x.hi - x.lo);
+    score_run<1>(qd, hd, (n + 1) / 2,
+                 [K16, extra, n, hd](int64_t p, int64_t i) {
+                   return hvd_isa::f_load_h2(K16 + static_cast<int64_t>(extra[2 * p]) * hd + 8 * i,
+                                             K16 + static_cast<int64_t>(extra[std::min(2 * p + 1, n - 1)]) * hd + 8 * i);
+                 },
+                 scale, [row, n](int, int64_t p, int half, float score) {
+                   if (2 * p + half < n) row[2 * p + half] = score;
+                 });
+  }
+  // 2. each query's softmax
+  float inv[kMaxQueries];
+  for (int64_t u = 0; u < Q; ++u) inv[u] = softmax(scores + u * ld, queries[u].seen());
+  // 3. the weighted values: the runs a chunk of converted values at a time, each query's sums carried across
+  // chunks; then the extra slots'
+  std::fill(acc, acc + Q * hd, 0.0f);
+  for (int64_t t0 = lo; t0 < hi; t0 += kChunk) {
+    const int64_t t1 = std::min(hi, t0 + kChunk);
+    for (int64_t i = 0; i < (t1 - t0) * hd; i += 8) _mm256_storeu_ps(kv + i, load_h8(V16 + t0 * hd + i));
+    // query u over rows [begin, end) of the chunk, in order (its sums carried in acc)
+    const auto one = [&](int64_t u, int64_t begin, int64_t end) {
+      if (end <= begin) return;
+      const float* v = kv + (begin - t0) * hd;
+      weigh(acc + u * hd, hd, scores + u * ld + begin - queries[u].lo, end - begin,
+            [v, hd](int64_t t, int64_t off) { return hvd_isa::f_load(v + t * hd + off); },
+            [v, hd](int64_t t, int64_t off) { return _mm256_loadu_ps(v + t * hd + off); });
+    };
+    int64_t u = 0;
+    if (kPairValues && hd % 16 == 0) {
+      // two queries at a time: each alone up to where both see the rows, together there, alone after
+      for (; u + 1 < Q; u += 2) {
+        const Query &x = queries[u], &y = queries[u + 1];
+        const int64_t bx = std::max(t0, x.lo), ex = std::min(t1, x.hi), by = std::max(t0, y.lo), ey = std::min(t1, y.hi);
+        const int64_t b = std::max(bx, by), e = std::min(ex, ey);
+        if (e <= b) {
+          one(u, bx, ex);
+          one(u + 1, by, ey);
+          continue;
+        }
+        one(u, bx, b);
+        one(u + 1, by, b);
+        const float* v = kv + (b - t0) * hd;
+        weigh2(acc + u * hd, acc + (u + 1) * hd, hd, scores + u * ld + b - x.lo, scores + (u + 1) * ld + b - y.lo, e - b,
+               [v, hd](int64_t t, int64_t off) { return hvd_isa::f_load(v + t * hd + off); });
+        one(u, e, ex);
+        one(u + 1, e, ey);
+      }
+    }
+    for (; u < Q; ++u) one(u, std::max(t0, queries[u].lo), std::min(t1, queries[u].hi));
+  }
+  for (int64_t u = 0; u < Q; ++u) {
+    const Query& x = queries[u];
+    if (x.n_extra == 0) continue;
+    const int32_t* extra = x.extra;
+    weigh(acc + u * hd, hd, scores + u * ld + (x.hi - x.lo), x.n_extra,
+          [V16, extra, hd](int64_t t, int64_t off) {
+            const uint16_t* v = V16 + static_cast<int64_t>(extra[t]) * hd + off;
+            return hvd_isa::f_load_h2(v, v + 8);
+          },
+          [V16, extra, hd](int64_t t, int64_t off) { return load_h8(V16 + static_cast<int64_t>(extra[t]) * hd + off); });
+  }
+  // 4. out = sums / softmax sum
+  for (int64_t u = 0; u < Q; ++u) {
+    const __m256 iv = _mm256_set1_ps(inv[u]);
+    for (int64_t i = 0; i < hd; i += 8)
+      _mm256_storeu_ps(queries[u].out + i, _mm256_mul_ps(_mm256_loadu_ps(acc + u * hd + i), iv));
+  }
 }
 
 // The first of a row's visible slots (in cache order) inside a window of `window` positions ending at its
@@ -137,92 +445,6 @@ inline int64_t window_first(const std::vector<int32_t>& slots, int64_t past, con
   const int64_t oldest = p - window + 1;
   const auto before = [&](int32_t t) { return (t < past ? t : seq_positions[t - past]) < oldest; };
   return std::partition_point(slots.begin(), slots.end(), before) - slots.begin();
-}
-
-constexpr int64_t kChunk = 64;  // keys converted from float16 at a time
-
-// Attention of Q queries of one kv head whose rows form a chain: query u sees positions [lo[u], T[u]) of K and V
-// (float16 [cap, hd]); q[u] its query, out[u] its output. Scratch: scores [Q][ld] (ld >= max T rounded up to 8),
-// kv [kChunk * hd], acc [Q * hd]. The same operations per (query, key) and per query as attend() over the
-// slots lo[u] .. T[u] - 1.
-inline void attend_block(const float* const* q, const int64_t* lo, const int64_t* T, int64_t Q, const at::Half* K,
-                         const at::Half* V, int64_t hd, float scale, float* scores, int64_t ld, float* kv, float* acc,
-                         float* const* out) {
-  int64_t Tmax = 0, Lmin = lo[0];
-  for (int64_t u = 0; u < Q; ++u) {
-    Tmax = std::max(Tmax, T[u]);
-    Lmin = std::min(Lmin, lo[u]);
-  }
-  const int64_t lanes = hd / 8;
-  const __m256 sv = _mm256_set1_ps(scale);
-  // 1. scores: four queries' chains at a time against two converted keys
-  for (int64_t t0 = Lmin; t0 < Tmax; t0 += kChunk) {
-    const int64_t t1 = std::min(Tmax, t0 + kChunk);
-    for (int64_t i = 0; i < (t1 - t0) * hd; i += 8)
-      _mm256_storeu_ps(kv + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(K + t0 * hd + i))));
-    for (int64_t u0 = 0; u0 < Q; u0 += 4) {
-      const int64_t n = std::min<int64_t>(4, Q - u0);
-      const float* qs[4];
-      for (int64_t u = 0; u < 4; ++u) qs[u] = q[u0 + std::min(u, n - 1)];
-      int64_t all_lo = 0, all_T = Tmax;  // the keys every one of the four sees
-      for (int64_t u = 0; u < n; ++u) {
-        all_lo = std::max(all_lo, lo[u0 + u]);
-        all_T = std::min(all_T, T[u0 + u]);
-      }
-      const auto keep = [&](int64_t t, const float* s) {
-        if (t >= all_lo && t < all_T) {
-          for (int64_t u = 0; u < n; ++u) scores[(u0 + u) * ld + t - lo[u0 + u]] = s[u];
-        } else {
-          for (int64_t u = 0; u < n; ++u)
-            if (t >= lo[u0 + u] && t < T[u0 + u]) scores[(u0 + u) * ld + t - lo[u0 + u]] = s[u];
-        }
-      };
-      // two keys at a time, each query's chunk loaded once for both
-      for (int64_t t = t0; t < t1; t += 2) {
-        const int64_t t2 = std::min(t + 1, t1 - 1);  // the pair's second key (the first again at an odd end)
-        const float* ka = kv + (t - t0) * hd;
-        const float* kb = kv + (t2 - t0) * hd;
-        __m256 a[8];  // a[u]: query u against key t; a[4 + u]: against key t2
-        for (int u = 0; u < 8; ++u) a[u] = _mm256_setzero_ps();
-        for (int64_t i = 0; i < hd; i += 8) {
-          const __m256 x = _mm256_loadu_ps(ka + i), y = _mm256_loadu_ps(kb + i);
-          for (int u = 0; u < 4; ++u) {
-            const __m256 qv = _mm256_loadu_ps(qs[u] + i);
-            a[u] = _mm256_fmadd_ps(qv, x, a[u]);
-            a[4 + u] = _mm256_fmadd_ps(qv, y, a[4 + u]);
-          }
-        }
-        alignas(32) float s[8];
-        _mm256_store_ps(s, _mm256_mul_ps(hvd_lanes::hsum8(a), sv));
-        keep(t, s);
-        if (t2 != t) keep(t2, s + 4);
-      }
-    }
-  }
-  // 2. each query's softmax
-  std::vector<float> inv(Q);
-  for (int64_t u = 0; u < Q; ++u) inv[u] = softmax(scores + u * ld, T[u] - lo[u]);
-  // 3. the weighted values, each query's sums in cache order, carried across chunks of converted values
-  std::fill(acc, acc + Q * hd, 0.0f);
-  for (int64_t t0 = Lmin; t0 < Tmax; t0 += kChunk) {
-    const int64_t t1 = std::min(Tmax, t0 + kChunk);
-    for (int64_t i = 0; i < (t1 - t0) * hd; i += 8)
-      _mm256_storeu_ps(kv + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(V + t0 * hd + i))));
-    for (int64_t u = 0; u < Q; ++u) {
-      const int64_t begin = std::max(t0, lo[u]), end = std::min(t1, T[u]);
-      if (end <= begin) continue;
-      __m256 a[kMaxLanes];
-      for (int64_t i = 0; i < lanes; ++i) a[i] = _mm256_loadu_ps(acc + u * hd + 8 * i);
-      const float* v = kv + (begin - t0) * hd;
-      weigh_lanes(a, lanes, scores + u * ld + begin - lo[u], end - begin,
-                  [v, hd](int64_t t, int64_t i) { return _mm256_loadu_ps(v + t * hd + 8 * i); });
-      for (int64_t i = 0; i < lanes; ++i) _mm256_storeu_ps(acc + u * hd + 8 * i, a[i]);
-    }
-  }
-  for (int64_t u = 0; u < Q; ++u) {
-    const __m256 iv = _mm256_set1_ps(inv[u]);
-    for (int64_t i = 0; i < lanes; ++i) _mm256_storeu_ps(out[u] + 8 * i, _mm256_mul_ps(_mm256_loadu_ps(acc + u * hd + 8 * i), iv));
-  }
 }
 
 }  // namespace hvd_attention

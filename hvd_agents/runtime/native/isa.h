@@ -1,4 +1,5 @@
-// hvd_isa: the vector operations of the quantized linear kernel (tile_linear.h), one set per instruction set.
+// hvd_isa: the vector operations of the quantized linear kernel (tile_linear.h) and of attention (attention.h),
+// one set per instruction set.
 //
 // The native forward is compiled once per path (hvd_agents/runtime/quant_native.py): AVX2 (every x86-64 CPU
 // it runs on), and AVX-512 with VNNI where the CPU has it. Both paths compute every output element with the
@@ -50,6 +51,19 @@ inline VF f_cvt(VI v) { return _mm512_cvtepi32_ps(v); }
 inline VF f_load(const float* p) { return _mm512_loadu_ps(p); }
 inline VF f_load_h(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
 inline void f_store(float* p, VF v) { _mm512_storeu_ps(p, v); }
+inline VF f_fmadd(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }  // a * b + c, rounded once
+// the two 8-lane halves of a vector, and a vector of two halves
+inline __m256 f_lo(VF v) { return _mm512_castps512_ps256(v); }
+inline __m256 f_hi(VF v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
+inline VF f_pair(__m256 lo, __m256 hi) {
+  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
+}
+// 8 float16 values at a, then 8 at b, as one vector
+inline VF f_load_h2(const uint16_t* a, const uint16_t* b) {
+  const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
+                                            _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1);
+  return _mm512_cvtph_ps(v);
+}
 
 #else
 
@@ -104,6 +118,14 @@ inline VF f_load_h(const uint16_t* p) {
 inline void f_store(float* p, VF v) {
   _mm256_storeu_ps(p, v.a);
   _mm256_storeu_ps(p + 8, v.b);
+}
+inline VF f_fmadd(VF x, VF y, VF z) { return {_mm256_fmadd_ps(x.a, y.a, z.a), _mm256_fmadd_ps(x.b, y.b, z.b)}; }
+inline __m256 f_lo(VF v) { return v.a; }
+inline __m256 f_hi(VF v) { return v.b; }
+inline VF f_pair(__m256 lo, __m256 hi) { return {lo, hi}; }
+inline VF f_load_h2(const uint16_t* a, const uint16_t* b) {
+  return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)))};
 }
 
 #endif

@@ -45,15 +45,37 @@ using namespace hvd_attention;
 using namespace hvd_rows;
 
 constexpr int64_t kMaxRows = 1024;  // rows per call (a longer prefill is several calls)
-constexpr int64_t kBlockRows = 8;      // chain rows per attention job in a long chain
-constexpr int64_t kBlockMinRows = 16;  // a sequence's rows from which its attention runs in blocks
-constexpr int64_t kMaxGroup = 16;      // query heads per kv head for which it does
+constexpr int64_t kBlockRows = 8;   // rows of a sequence per attention job, at most
 
+// An attention job: rows [r0, r1) of one sequence, query heads [h0, h1) of kv head g (one attend() call).
 struct AttentionJob {
-  bool block;      // a block of chain rows [r0, r1) against kv head `head`; else row r0 against query head `head`
-  int64_t r0, r1;  // rows
-  int64_t head;
+  int64_t r0, r1, h0, h1, g;
 };
+
+// The jobs of a forward: per sequence and kv head, blocks of rows with all the group's query heads, or, where a
+// sequence has too few rows to give the team two jobs per thread, single rows with some of the heads each. A
+// job's queries share each key's and value's conversion; how queries are grouped changes no result (attend()).
+std::vector<AttentionJob> attention_jobs(const std::vector<int64_t>& starts, int64_t nkv, int64_t group, int nt) {
+  const int64_t B = static_cast<int64_t>(starts.size()) - 1;
+  const int64_t parts = std::max<int64_t>(1, (2 * nt + B * nkv - 1) / (B * nkv));  // jobs per (sequence, kv head)
+  std::vector<AttentionJob> jobs;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t s0 = starts[b], s1 = starts[b + 1], R = s1 - s0;
+    int64_t rows = 1, heads = group;
+    if (R >= parts) {
+      rows = std::min(kBlockRows, (R + parts - 1) / parts);
+    } else {
+      const int64_t split = std::min(group, (parts + R - 1) / R);
+      heads = (group + split - 1) / split;
+    }
+    heads = std::min(heads, kMaxQueries / rows);
+    for (int64_t r0 = s0; r0 < s1; r0 += rows)
+      for (int64_t g = 0; g < nkv; ++g)
+        for (int64_t h0 = g * group; h0 < (g + 1) * group; h0 += heads)
+          jobs.push_back({r0, std::min(s1, r0 + rows), h0, std::min((g + 1) * group, h0 + heads), g});
+  }
+  return jobs;
+}
 
 // ---------------------------------------------------------------- weights
 
@@ -218,9 +240,7 @@ class QuantModel {
     const std::vector<std::vector<int64_t>> firsts = window_starts(slots, seq_of, starts, pasts, pp);
     const int64_t H = H_, qd = nh_ * hd_, kd = nkv_ * hd_, I = I_;
     std::vector<float> x(M * H), xn(M * H), qkv(M * (qd + 2 * kd)), att(M * qd), tmp(M * H), gu(M * 2 * I), act(M * I);
-    const int64_t smax = (longest + 7) / 8 * 8;
     const int nt = team_size(threads);
-    std::vector<float> scores(static_cast<size_t>(nt) * smax);
     QRows qx, qa, qf, qo;
     qx.resize(M, H);
     qo.resize(keep, H);
@@ -234,24 +254,11 @@ class QuantModel {
     const bool attn_blocks = hd_ % QK == 0;  // an attention head's output is whole blocks: its job quantizes them
     const int64_t qkv_ld = qd + 2 * kd;
 
-    // attention jobs: rows of a tree or of a short chain one (row, head) at a time; a long chain's rows in blocks
-    // of kBlockRows per kv head (the same operations per element either way)
-    std::vector<AttentionJob> jobs;
-    bool any_block = false;
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t s0 = starts[b], s1 = starts[b + 1];
-      if (!tree && s1 - s0 >= kBlockMinRows && group <= kMaxGroup) {
-        any_block = true;
-        for (int64_t r0 = s0; r0 < s1; r0 += kBlockRows)
-          for (int64_t g = 0; g < nkv_; ++g) jobs.push_back({true, r0, std::min(s1, r0 + kBlockRows), g});
-      } else {
-        for (int64_t r = s0; r < s1; ++r)
-          for (int64_t h = 0; h < nh_; ++h) jobs.push_back({false, r, r + 1, h});
-      }
-    }
-    const int64_t Qmax = kBlockRows * group;
-    const int64_t block_scratch_size = any_block ? Qmax * smax + kChunk * hd_ + Qmax * hd_ : 0;
-    std::vector<float> block_scratch(static_cast<size_t>(nt) * block_scratch_size);
+    const std::vector<AttentionJob> jobs = attention_jobs(starts, nkv_, group, nt);
+    int64_t most = 1;  // queries of the largest job
+    for (const AttentionJob& job : jobs) most = std::max(most, (job.r1 - job.r0) * (job.h1 - job.h0));
+    std::vector<Scratch> scratch(nt);
+    for (Scratch& s : scratch) s.reserve(most, hd_, longest);
 
     // Seven phases a layer, one barrier each; every output element is computed by one thread.
     hvd_team::team().run(nt, [&](hvd_team::Ctx& c) {
@@ -288,40 +295,33 @@ class QuantModel {
             }
           }
         });
-        // 3. attention, a job per (row, head) or per (block of chain rows, kv head), each quantizing its own
-        // output blocks
+        // 3. attention, a job per (rows, query heads of one kv head), each quantizing its own output blocks. Row r
+        // sees its slots from first[r] (its window) on: a chain's are one run of the cache, a tree's the cached
+        // run and then its ancestors.
         c.for_dynamic(static_cast<int64_t>(jobs.size()), [&](int64_t j) {
           const AttentionJob& job = jobs[j];
-          const int64_t b = seq_of[job.r0], cap = caps[b];
+          const int64_t b = seq_of[job.r0], cap = caps[b], past = pasts[b];
           const int64_t lbase = static_cast<int64_t>(l) * nkv_ * cap * hd_;
-          const int64_t g = job.block ? job.head : job.head / group;
-          const at::Half* kh = kbases[b] + lbase + g * cap * hd_;
-          const at::Half* vh = vbases[b] + lbase + g * cap * hd_;
-          if (!job.block) {
-            const int64_t r = job.r0, h = job.head;
-            attend(qkv.data() + r * qkv_ld + h * hd_, kh, vh, hd_, slots[r].data() + first[r],
-                   static_cast<int64_t>(slots[r].size()) - first[r], scale, scores.data() + c.tid * smax,
-                   att.data() + r * qd + h * hd_);
-          } else {
-            const float* qs[kBlockRows * kMaxGroup];
-            float* outs[kBlockRows * kMaxGroup];
-            int64_t T[kBlockRows * kMaxGroup], lo[kBlockRows * kMaxGroup];
-            int64_t Q = 0;
-            for (int64_t r = job.r0; r < job.r1; ++r)
-              for (int64_t h = g * group; h < (g + 1) * group; ++h, ++Q) {
-                qs[Q] = qkv.data() + r * qkv_ld + h * hd_;
-                outs[Q] = att.data() + r * qd + h * hd_;
-                T[Q] = static_cast<int64_t>(slots[r].size());  // a chain's slots are its positions 0 .. T - 1
-                lo[Q] = first[r];
-              }
-            float* scratch = block_scratch.data() + c.tid * block_scratch_size;
-            attend_block(qs, lo, T, Q, kh, vh, hd_, scale, scratch, smax, scratch + Qmax * smax,
-                         scratch + Qmax * smax + kChunk * hd_, outs);
+          Query queries[kMaxQueries];
+          int64_t Q = 0;
+          for (int64_t r = job.r0; r < job.r1; ++r) {
+            const std::vector<int32_t>& seen = slots[r];
+            const int64_t from = first[r], n = static_cast<int64_t>(seen.size());
+            int64_t lo = from, hi = n, extra = n;  // a chain's slot i is position i
+            if (tree) {
+              lo = std::min(from, past);
+              hi = past;
+              extra = std::max(from, past);
+            }
+            for (int64_t h = job.h0; h < job.h1; ++h)
+              queries[Q++] = Query{qkv.data() + r * qkv_ld + h * hd_, att.data() + r * qd + h * hd_, lo, hi,
+                                   seen.data() + extra, n - extra};
           }
+          attend(queries, Q, kbases[b] + lbase + job.g * cap * hd_, vbases[b] + lbase + job.g * cap * hd_, hd_, scale,
+                 scratch[c.tid]);
           if (L.o.quantized() && attn_blocks)
             for (int64_t r = job.r0; r < job.r1; ++r)
-              for (int64_t h = job.block ? g * group : job.head; h < (job.block ? (g + 1) * group : job.head + 1); ++h)
-                quantize_row(att.data() + r * qd + h * hd_, hd_, qa, r, h * hd_ / QK);
+              for (int64_t h = job.h0; h < job.h1; ++h) quantize_row(att.data() + r * qd + h * hd_, hd_, qa, r, h * hd_ / QK);
         });
         if (L.o.quantized() && !attn_blocks)
           c.for_static(M, [&](int64_t r) { quantize_row(att.data() + r * qd, qd, qa, r); });

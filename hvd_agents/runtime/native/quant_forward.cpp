@@ -45,7 +45,7 @@ using namespace hvd_attention;
 using namespace hvd_rows;
 
 constexpr int64_t kMaxRows = 1024;  // rows per call (a longer prefill is several calls)
-constexpr int64_t kBlockRows = 8;   // rows of a sequence per attention job, at most
+constexpr int64_t kBlockRows = 8;  // rows of a sequence per attention job, at most
 
 // An attention job: rows [r0, r1) of one sequence, query heads [h0, h1) of kv head g (one attend() call).
 struct AttentionJob {

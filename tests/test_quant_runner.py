@@ -49,12 +49,15 @@ def _weights(fmt: int, rows: int, cols: int, seed: int) -> quant_weights.Weight:
 
 
 def _random_k(rows: int, cols: int, seed: int, size: int) -> np.ndarray:
-    """Random K-quant blocks of ``size`` bytes per 256 weights (Q5_K: 176, Q6_K: 210) with small finite scales."""
+    """Random K-quant blocks of ``size`` bytes per 256 weights (Q3_K: 110, Q5_K: 176, Q6_K: 210) with small
+    finite scales."""
     rng = np.random.default_rng(seed)
     blocks = rng.integers(0, 256, size=(rows * cols // 256, size), dtype=np.uint8)
     if size == 176:
         blocks[:, 0:2] = np.float16(0.01).reshape(1).view(np.uint8)  # d
         blocks[:, 2:4] = np.float16(0.003).reshape(1).view(np.uint8)  # dmin
+    elif size == 110:
+        blocks[:, 108:110] = rng.uniform(-0.01, 0.01, size=(blocks.shape[0], 1)).astype(np.float16).view(np.uint8)
     else:
         blocks[:, 208:210] = np.float16(0.002).reshape(1).view(np.uint8)  # d
     return blocks.reshape(rows, -1)
@@ -129,7 +132,8 @@ def test_gguf_block_conversions_are_exact() -> None:
     assert np.array_equal(module.dequantize(_matrix(module, converted)).numpy(), expected)
     # the K-quants of Q4_K_M / Q5_K_M files and the legacy 5-bit blocks
     for kind, fmt, size, convert in ((T.Q5_K, quant_native.Q5F, 176, quant_weights._q5_k_as_q5f),
-                                     (T.Q6_K, quant_native.Q6S, 210, quant_weights._q6_k_as_q6s)):
+                                     (T.Q6_K, quant_native.Q6S, 210, quant_weights._q6_k_as_q6s),
+                                     (T.Q3_K, quant_native.Q6S, 110, quant_weights._q3_k_as_q6s)):
         raw = _random_k(8, 512, 5, size)
         converted = quant_weights.Weight(fmt, 8, 512, convert(raw))
         expected = dequantize(raw.reshape(-1), kind).reshape(8, 512)

@@ -9,9 +9,10 @@ bytes):
   the block's minimum); Q4_K becomes ``q4f`` (Q4_1's layout with float32 scale and
   minimum per 32 weights: ``d * sc`` and ``dmin * m`` are exact in float32); Q5_0,
   Q5_1 and Q5_K become ``q5f`` (the same with 5-bit weights a byte each); Q6_K becomes
-  ``q6s`` (int8 weights ``q - 32`` with a float32 scale ``d * sc`` per 16): all exactly
-  the file's values (:data:`NATIVE_GGUF_TYPES`). Float tensors and the other block
-  types (Q2_K, Q3_K, IQ*) are dequantized to float32, which is exact too. llama.cpp stores a llama file's
+  ``q6s`` (int8 weights ``q - 32`` with a float32 scale ``d * sc`` per 16), and so does Q3_K
+  (weights -4..3, scale ``d * (sc - 32)`` per 16): all exactly the file's values
+  (:data:`NATIVE_GGUF_TYPES`). Float tensors and the other block types (Q2_K, whose minimum per
+  16 weights no native format holds, IQ*) are dequantized to float32, which is exact too. llama.cpp stores a llama file's
   query and key rows permuted for its rope; they are put back in the model's order. Fused projections
   (phi3's ``attn_qkv`` and ``ffn_up``) are split by rows, block for block. Norms and biases are read from
   the file too (a gemma file's norms hold ``1 + w``, the multiplier itself).
@@ -339,8 +340,40 @@ def _q6_k_as_q6s(raw: np.ndarray) -> np.ndarray:
     return out.reshape(rows, -1)
 
 
+def _q3_k_as_q6s(raw: np.ndarray) -> np.ndarray:
+    """Q3_K blocks (256 weights: ``d * (sc - 32) * q``, q in -4..3, per 16) as q6s, exactly.
+
+    A block holds the high bits of its 256 weights (32 bytes), their low two bits (64 bytes, four
+    weights a byte), 16 six-bit scales packed in 12 bytes, and ``d`` (float16). Weights run in two
+    halves of 128; in a half, shift ``j`` of the 32 low-bit bytes gives 32 weights (16 a scale), whose
+    high bit is bit ``4 * half + j`` of the 32 high-bit bytes (set: +0, clear: -4), as llama.cpp reads them.
+    """
+    rows = raw.shape[0]
+    blocks = raw.reshape(-1, 110)
+    n = blocks.shape[0]
+    hmask, qs = blocks[:, :32], blocks[:, 32:96]
+    aux = blocks[:, 96:108].copy().view("<u4")  # [n, 3]
+    a0, a1, tmp = aux[:, 0], aux[:, 1], aux[:, 2]
+    k1, k2 = np.uint32(0x03030303), np.uint32(0x0F0F0F0F)
+    packed = np.stack([(a0 & k2) | (((tmp >> 0) & k1) << 4), (a1 & k2) | (((tmp >> 2) & k1) << 4),
+                       ((a0 >> 4) & k2) | (((tmp >> 4) & k1) << 4), ((a1 >> 4) & k2) | (((tmp >> 6) & k1) << 4)],
+                      axis=1).astype("<u4")
+    sc = packed.view(np.uint8).reshape(n, 16).astype(np.float32) - 32.0  # [n, 16], in scale order
+    d = blocks[:, 108:110].copy().view(np.float16).astype(np.float32)  # [n, 1]
+    scale = (d * sc).reshape(n * 8, 2)  # exact: an 11-bit significand times a 6-bit integer
+    shifts = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
+    low = (qs.reshape(n, 2, 1, 32) >> shifts) & np.uint8(3)  # [n, half, j, 32]
+    bits = (np.arange(2, dtype=np.uint8).reshape(1, 2, 1, 1) * 4 + np.arange(4, dtype=np.uint8).reshape(1, 1, 4, 1))
+    high = (hmask.reshape(n, 1, 1, 32) >> bits) & np.uint8(1)
+    q = (low.astype(np.int8) - np.int8(4) * (np.int8(1) - high.astype(np.int8))).reshape(n * 8, 32)
+    out = np.empty((n * 8, 40), dtype=np.uint8)
+    out[:, 0:8] = scale.view(np.uint8)
+    out[:, 8:] = q.view(np.uint8)
+    return out.reshape(rows, -1)
+
+
 # GGUF block types read natively, and what they become
-NATIVE_GGUF_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+NATIVE_GGUF_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
 
 CONVERT_BYTES = 1 << 25  # file bytes converted at a time: a large matrix's temporaries stay this size
@@ -382,6 +415,8 @@ def _converted(kind, raw: np.ndarray, rows: int, cols: int) -> Weight:
         return Weight(Q5F, rows, cols, _q5_k_as_q5f(raw.reshape(rows, -1)))
     if kind == T.Q6_K:
         return Weight(Q6S, rows, cols, _q6_k_as_q6s(raw.reshape(rows, -1)))
+    if kind == T.Q3_K:
+        return Weight(Q6S, rows, cols, _q3_k_as_q6s(raw.reshape(rows, -1)))
     values = raw.copy() if kind == T.F32 else dequantize(raw, kind)
     return Weight(F32, rows, cols, np.ascontiguousarray(np.asarray(values, dtype=np.float32).reshape(rows, cols)))
 

@@ -291,7 +291,13 @@ void tile_rows(const uint8_t* tile, int64_t nb, const QRows& x, int64_t r0, int6
         }
       }
     }
-    // 2. per row: the products and the group's sums, in the one order
+    // 2. per row: the products and the group's sums, in the one order (the blocks' scales read once for all rows)
+    VF S[8], S2[8];  // the blocks' scales; their minimums (Lt::MIN) or second halves' scales (Q6S)
+    for (int64_t j = 0; j < ng; ++j) {
+      const uint8_t* blk = tile + (g0 + j) * Lt::TBB;
+      S[j] = scales<FMT>(blk);
+      if (Lt::TWO) S2[j] = scales<FMT>(blk + Lt::M_OFF);
+    }
     for (int64_t i = 0; i < R; ++i) {
       VF P[8], Q[8];
       for (int64_t j = 0; j < 8; ++j) {
@@ -299,13 +305,12 @@ void tile_rows(const uint8_t* tile, int64_t nb, const QRows& x, int64_t r0, int6
           P[j] = Q[j] = f_zero();
           continue;
         }
-        const uint8_t* blk = tile + (g0 + j) * Lt::TBB;
         const int64_t xi = (r0 + i) * x.nb + g0 + j;
         const VF dx = f_set1(x.d[xi]);
-        P[j] = f_mul(f_mul(scales<FMT>(blk), dx), f_cvt(i_load(dots[i][j])));
+        P[j] = f_mul(f_mul(S[j], dx), f_cvt(i_load(dots[i][j])));
         if (FMT == Q6S)  // the two halves' products, first half first
-          P[j] = f_add(P[j], f_mul(f_mul(scales<FMT>(blk + Lt::M_OFF), dx), f_cvt(i_load(dots2[i][j]))));
-        Q[j] = Lt::MIN ? f_mul(scales<FMT>(blk + Lt::M_OFF), f_set1(x.s[xi])) : f_zero();
+          P[j] = f_add(P[j], f_mul(f_mul(S2[j], dx), f_cvt(i_load(dots2[i][j]))));
+        Q[j] = Lt::MIN ? f_mul(S2[j], f_set1(x.s[xi])) : f_zero();
       }
       acc[i] = f_add(acc[i], tree8(P));
       if (Lt::MIN) macc[i] = f_add(macc[i], tree8(Q));

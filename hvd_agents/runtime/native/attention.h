@@ -36,8 +36,10 @@ constexpr int64_t kMaxQueries = 128;  // queries one attend() call takes
 constexpr int64_t kTransposeQueries = 6;
 #if defined(__AVX512F__)
 constexpr bool kPairValues = true;  // weigh two queries' values at once (weigh2)
+constexpr size_t kScoreQueries = 3;  // queries a pass over a transposed chunk (8 sums each, of 32 registers)
 #else
 constexpr bool kPairValues = false;  // eight 8-lane sums in flight already
+constexpr size_t kScoreQueries = 2;
 #endif  // queries from which a call's scores read a transposed chunk
 
 // One query of an attend() call: it sees the cache slots [lo, hi), then the slots extra[0 .. n_extra) (each
@@ -320,14 +322,19 @@ inline void attend(const Query* queries, int64_t Q, const at::Half* K, const at:
       if (queries[u].lo < t1 && queries[u].hi > t0) active.push_back(u);
     if (transposed) {
       transpose_keys(K16, hd, t0, t1, s.kT.data());
-      for (size_t a0 = 0; a0 < active.size(); a0 += 2) {
-        const size_t n = std::min<size_t>(2, active.size() - a0);
-        const float* qs[2] = {queries[active[a0]].q, queries[active[a0 + n - 1]].q};
+      for (size_t a0 = 0; a0 < active.size(); a0 += kScoreQueries) {
+        const size_t n = std::min<size_t>(kScoreQueries, active.size() - a0);
+        const float* qs[kScoreQueries];
+        for (size_t u = 0; u < kScoreQueries; ++u) qs[u] = queries[active[a0 + std::min(u, n - 1)]].q;
         for (int64_t tb = t0; tb < t1; tb += kKeys) {
-          alignas(64) float sc[2][kKeys];
-          float* outs[2] = {sc[0], sc[1]};
-          if (n == 2) score_keys<2>(qs, hd, s.kT.data() + (tb - t0), scale, outs);
-          else score_keys<1>(qs, hd, s.kT.data() + (tb - t0), scale, outs);
+          alignas(64) float sc[kScoreQueries][kKeys];
+          float* outs[kScoreQueries];
+          for (size_t u = 0; u < kScoreQueries; ++u) outs[u] = sc[u];
+          switch (n) {
+            case 1: score_keys<1>(qs, hd, s.kT.data() + (tb - t0), scale, outs); break;
+            case 2: score_keys<2>(qs, hd, s.kT.data() + (tb - t0), scale, outs); break;
+            default: score_keys<kScoreQueries>(qs, hd, s.kT.data() + (tb - t0), scale, outs); break;
+          }
           for (size_t u = 0; u < n; ++u) {
             const Query& x = queries[active[a0 + u]];
             const int64_t from = std::max(tb, x.lo), to = std::min({tb + kKeys, t1, x.hi});

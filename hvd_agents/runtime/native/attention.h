@@ -33,14 +33,20 @@ using hvd_lanes::hsum;
 constexpr int64_t kMaxHeadDim = 256;
 constexpr int64_t kChunk = 64;   // keys (values) converted from float16 at a time; even: keys go in pairs
 constexpr int64_t kMaxQueries = 128;  // queries one attend() call takes
-constexpr int64_t kTransposeQueries = 6;
+// kTransposeQueries: queries from which a call's scores read a transposed chunk (the transposition pays for
+// itself over that many queries); kScoreQueries: queries a pass over it (8 sums each, beside the registers a
+// pass needs); kPairValues: weigh two queries' values at once (weigh2).
 #if defined(__AVX512F__)
-constexpr bool kPairValues = true;  // weigh two queries' values at once (weigh2)
-constexpr size_t kScoreQueries = 3;  // queries a pass over a transposed chunk (8 sums each, of 32 registers)
+constexpr int64_t kTransposeQueries = 6;
+constexpr size_t kScoreQueries = 3;
+constexpr size_t kPairQueries = 4;  // queries a pass over pairs of keys
+constexpr bool kPairValues = true;
 #else
+constexpr int64_t kTransposeQueries = kMaxQueries + 1;  // never: four queries a pass over pairs load less
+constexpr size_t kScoreQueries = 1;
+constexpr size_t kPairQueries = 4;
 constexpr bool kPairValues = false;  // eight 8-lane sums in flight already
-constexpr size_t kScoreQueries = 2;
-#endif  // queries from which a call's scores read a transposed chunk
+#endif
 
 // One query of an attend() call: it sees the cache slots [lo, hi), then the slots extra[0 .. n_extra) (each
 // at or past hi, increasing): a chain's row sees one run, a tree's row the cached run and its ancestors.
@@ -153,11 +159,34 @@ inline void weigh(float* acc, int64_t hd, const float* p, int64_t n, const Load1
 
 inline __m256 load_h8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 
-// The scores of NQ queries (qd: each query's chunks doubled, [2 hd]) against NP pairs of keys, whose chunks a
+// The scores of NQ queries (q[u]: [hd]) against NP pairs of keys, whose chunks a
 // pair holds side by side (pair(p, i): key a's chunk i | key b's): s[2 (u NP + p) + h] is query u's score of
 // pair p's key h. NQ x NP sums in flight (enough to keep the multiply-adders busy).
 template <int NQ, int NP, class Pair>
-inline void score_pairs(const float* const* qd, int64_t hd, const Pair& pair, float scale, float* s) {
+inline void score_pairs(const float* const* q, int64_t hd, const Pair& pair, float scale, float* s) {
+#if !defined(__AVX512F__)
+  if constexpr (NP == 1) {  // AVX2: a pair's halves and each query's chunk in plain 8-lane registers (no spills)
+    __m256 lo[NQ], hi[NQ];
+    for (int u = 0; u < NQ; ++u) lo[u] = hi[u] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < hd / 8; ++i) {
+      const VF k = pair(0, i);
+      for (int u = 0; u < NQ; ++u) {
+        const __m256 qv = _mm256_loadu_ps(q[u] + 8 * i);
+        lo[u] = _mm256_fmadd_ps(qv, k.a, lo[u]);
+        hi[u] = _mm256_fmadd_ps(qv, k.b, hi[u]);
+      }
+    }
+    constexpr int kHalves = (2 * NQ + 7) / 8 * 8;
+    __m256 h[kHalves];
+    for (int u = 0; u < NQ; ++u) {
+      h[2 * u] = lo[u];
+      h[2 * u + 1] = hi[u];
+    }
+    for (int x = 2 * NQ; x < kHalves; ++x) h[x] = _mm256_setzero_ps();
+    for (int g = 0; g < kHalves; g += 8) _mm256_storeu_ps(s + g, _mm256_mul_ps(hvd_lanes::hsum8(h + g), _mm256_set1_ps(scale)));
+    return;
+  }
+#endif
   VF a[NQ][NP];
   for (int u = 0; u < NQ; ++u)
     for (int p = 0; p < NP; ++p) a[u][p] = hvd_isa::f_zero();
@@ -165,8 +194,8 @@ inline void score_pairs(const float* const* qd, int64_t hd, const Pair& pair, fl
     VF k[NP];
     for (int p = 0; p < NP; ++p) k[p] = pair(p, i);
     for (int u = 0; u < NQ; ++u) {
-      const VF q = hvd_isa::f_load(qd[u] + 16 * i);
-      for (int p = 0; p < NP; ++p) a[u][p] = hvd_isa::f_fmadd(q, k[p], a[u][p]);
+      const VF qv = hvd_isa::f_dup8(q[u] + 8 * i);  // chunk i, for both keys of a pair
+      for (int p = 0; p < NP; ++p) a[u][p] = hvd_isa::f_fmadd(qv, k[p], a[u][p]);
     }
   }
   constexpr int kHalves = (2 * NQ * NP + 7) / 8 * 8;
@@ -180,7 +209,8 @@ inline void score_pairs(const float* const* qd, int64_t hd, const Pair& pair, fl
   for (int g = 0; g < kHalves; g += 8) _mm256_storeu_ps(s + g, _mm256_mul_ps(hvd_lanes::hsum8(h + g), _mm256_set1_ps(scale)));
 }
 
-// Pairs a pass for NQ queries: eight sums in flight on AVX-512, four (eight 8-lane halves) on AVX2.
+// Pairs a pass for NQ queries: eight sums in flight on AVX-512 (of 32 registers); on AVX2 (16 registers, a
+// vector two of them) eight 8-lane sums where the pairs and the queries still fit beside them.
 #if defined(__AVX512F__)
 template <int NQ> constexpr int kPairsFor = NQ == 1 ? 8 : NQ == 2 ? 4 : 2;
 #else
@@ -190,11 +220,11 @@ template <int NQ> constexpr int kPairsFor = NQ == 1 ? 4 : NQ == 2 ? 2 : 1;
 // Scores of queries qi[0 .. NQ) against `pairs` pairs (pair(p, i) as above, p < pairs): keep(u, pair, half, score)
 // for each.
 template <int NQ, class Pair, class Keep>
-inline void score_run(const float* const* qd, int64_t hd, int64_t pairs, const Pair& pair, float scale, const Keep& keep) {
+inline void score_run(const float* const* q, int64_t hd, int64_t pairs, const Pair& pair, float scale, const Keep& keep) {
   constexpr int NP = kPairsFor<NQ>;
   alignas(32) float sc[(2 * NQ * NP + 7) / 8 * 8];
   for (int64_t p0 = 0; p0 < pairs; p0 += NP) {
-    score_pairs<NQ, NP>(qd, hd, [&](int p, int64_t i) { return pair(std::min<int64_t>(p0 + p, pairs - 1), i); }, scale, sc);
+    score_pairs<NQ, NP>(q, hd, [&](int p, int64_t i) { return pair(std::min<int64_t>(p0 + p, pairs - 1), i); }, scale, sc);
     for (int p = 0; p < NP && p0 + p < pairs; ++p)
       for (int u = 0; u < NQ; ++u)
         for (int half = 0; half < 2; ++half) keep(u, p0 + p, half, sc[2 * (u * NP + p) + half]);
@@ -277,7 +307,7 @@ inline void score_keys(const float* const* q, int64_t hd, const float* kT, float
 
 // Scratch of one attend() call for up to Q queries of head_dim hd whose rows see up to `seen` keys.
 struct Scratch {
-  std::vector<float> scores, kv, kT, acc, qd;
+  std::vector<float> scores, kv, kT, acc;
   int64_t ld = 0;
   void reserve(int64_t Q, int64_t hd, int64_t seen) {
     ld = (seen + 7) / 8 * 8;
@@ -285,7 +315,6 @@ struct Scratch {
     kv.resize(static_cast<size_t>(kChunk * hd));
     kT.resize(static_cast<size_t>(kChunk * hd));
     acc.resize(static_cast<size_t>(Q * hd));
-    qd.resize(static_cast<size_t>(Q * 2 * hd));
   }
 };
 
@@ -301,9 +330,6 @@ inline void attend(const Query* queries, int64_t Q, const at::Half* K, const at:
   int64_t lo = INT64_MAX, hi = 0;  // the runs' union
   for (int64_t u = 0; u < Q; ++u) {
     const Query& x = queries[u];
-    float* d = s.qd.data() + u * 2 * hd;
-    for (int64_t i = 0; i < hd / 8; ++i)
-      for (int j = 0; j < 8; ++j) d[16 * i + j] = d[16 * i + 8 + j] = x.q[8 * i + j];
     if (x.hi > x.lo) {
       lo = std::min(lo, x.lo);
       hi = std::max(hi, x.hi);
@@ -332,7 +358,7 @@ inline void attend(const Query* queries, int64_t Q, const at::Half* K, const at:
           for (size_t u = 0; u < kScoreQueries; ++u) outs[u] = sc[u];
           switch (n) {
             case 1: score_keys<1>(qs, hd, s.kT.data() + (tb - t0), scale, outs); break;
-            case 2: score_keys<2>(qs, hd, s.kT.data() + (tb - t0), scale, outs); break;
+            case 2: score_keys<kScoreQueries >= 2 ? 2 : 1>(qs, hd, s.kT.data() + (tb - t0), scale, outs); break;
             default: score_keys<kScoreQueries>(qs, hd, s.kT.data() + (tb - t0), scale, outs); break;
           }
           for (size_t u = 0; u < n; ++u) {
@@ -350,10 +376,10 @@ inline void attend(const Query* queries, int64_t Q, const at::Half* K, const at:
       const uint16_t* kb = K16 + std::min(t0 + 2 * p + 1, t1 - 1) * hd;  // the first key again at an odd end
       for (int64_t i = 0; i < hd / 8; ++i) hvd_isa::f_store(kv + p * 2 * hd + 16 * i, hvd_isa::f_load_h2(ka + 8 * i, kb + 8 * i));
     }
-    for (size_t a0 = 0; a0 < active.size(); a0 += 4) {
-      const size_t n = std::min<size_t>(4, active.size() - a0);
-      const float* qd[4];
-      for (size_t u = 0; u < n; ++u) qd[u] = s.qd.data() + active[a0 + u] * 2 * hd;
+    for (size_t a0 = 0; a0 < active.size(); a0 += kPairQueries) {
+      const size_t n = std::min<size_t>(kPairQueries, active.size() - a0);
+      const float* qs[4];
+      for (size_t u = 0; u < n; ++u) qs[u] = queries[active[a0 + u]].q;
       const auto pair = [kv, hd](int64_t p, int64_t i) { return hvd_isa::f_load(kv + p * 2 * hd + 16 * i); };
       const auto keep = [&](int u, int64_t p, int half, float score) {
         const int64_t t = t0 + 2 * p + half;
@@ -361,10 +387,10 @@ inline void attend(const Query* queries, int64_t Q, const at::Half* K, const at:
         if (t < t1 && t >= x.lo && t < x.hi) scores[active[a0 + u] * ld + t - x.lo] = score;
       };
       switch (n) {
-        case 1: score_run<1>(qd, hd, pairs, pair, scale, keep); break;
-        case 2: score_run<2>(qd, hd, pairs, pair, scale, keep); break;
-        case 3: score_run<3>(qd, hd, pairs, pair, scale, keep); break;
-        default: score_run<4>(qd, hd, pairs, pair, scale, keep); break;
+        case 1: score_run<1>(qs, hd, pairs, pair, scale, keep); break;
+        case 2: score_run<2>(qs, hd, pairs, pair, scale, keep); break;
+        case 3: score_run<3>(qs, hd, pairs, pair, scale, keep); break;
+        default: score_run<4>(qs, hd, pairs, pair, scale, keep); break;
       }
     }
   }
@@ -372,11 +398,11 @@ inline void attend(const Query* queries, int64_t Q, const at::Half* K, const at:
   for (int64_t u = 0; u < Q; ++u) {
     const Query& x = queries[u];
     if (x.n_extra == 0) continue;
-    const float* qd[1] = {s.qd.data() + u * 2 * hd};
+    const float* qs[1] = {x.q};
     const int32_t* extra = x.extra;
     const int64_t n = x.n_extra;
     float* row = scores + u * ld + (x.hi - x.lo);
-    score_run<1>(qd, hd, (n + 1) / 2,
+    score_run<1>(qs, hd, (n + 1) / 2,
                  [K16, extra, n, hd](int64_t p, int64_t i) {
                    return hvd_isa::f_load_h2(K16 + static_cast<int64_t>(extra[2 * p]) * hd + 8 * i,
                                              K16 + static_cast<int64_t>(extra[std::min(2 * p + 1, n - 1)]) * hd + 8 * i);

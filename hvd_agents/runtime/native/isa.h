@@ -58,6 +58,8 @@ inline __m256 f_hi(VF v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512
 inline VF f_pair(__m256 lo, __m256 hi) {
   return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
 }
+// the 8 floats at p in both halves
+inline VF f_dup8(const float* p) { return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd(reinterpret_cast<const double*>(p)))); }
 // 8 float16 values at a, then 8 at b, as one vector
 inline VF f_load_h2(const uint16_t* a, const uint16_t* b) {
   const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
@@ -123,6 +125,10 @@ inline VF f_fmadd(VF x, VF y, VF z) { return {_mm256_fmadd_ps(x.a, y.a, z.a), _m
 inline __m256 f_lo(VF v) { return v.a; }
 inline __m256 f_hi(VF v) { return v.b; }
 inline VF f_pair(__m256 lo, __m256 hi) { return {lo, hi}; }
+inline VF f_dup8(const float* p) {
+  const __m256 v = _mm256_loadu_ps(p);
+  return {v, v};
+}
 inline VF f_load_h2(const uint16_t* a, const uint16_t* b) {
   return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
           _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)))};

@@ -206,12 +206,13 @@ def test_attention_cut_into_jobs_of_any_shape_gives_the_same_bits(tiny_quant) ->
         assert all(torch.equal(a, b) for a, b in zip(got, results[1])), threads
 
 
-def test_a_mutated_attention_order_fails_the_rows_alone_check() -> None:
-    # attention built so that calls of many queries add a key's score lanes in another order (one line under a
+@pytest.mark.parametrize("path", quant_native.cpu_paths() if quant_native.available() else [])
+def test_a_mutated_attention_order_fails_the_rows_alone_check(path) -> None:
+    # attention built so that passes over several queries add a key's score lanes in another order (under a
     # macro): a draft's rows then differ from the same rows decoded alone
     model = make_tiny_llama(VOCAB, seed=0, dtype=torch.float32)
     weights = quant_weights.from_model(model, "float32")  # (int8 inputs of the output projection would round it away)
-    mutated = quant_native.build(quant_native.REFERENCE, ("-DHVD_MUTATE_ATTENTION_ORDER",))
+    mutated = quant_native.build(path, ("-DHVD_MUTATE_ATTENTION_ORDER",))  # each path's own passes
     ids = torch.randint(0, VOCAB, (60,), generator=torch.Generator().manual_seed(0)).tolist()
 
     def differing(native: NativeModel) -> int:

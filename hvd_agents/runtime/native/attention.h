@@ -159,6 +159,24 @@ inline void weigh(float* acc, int64_t hd, const float* p, int64_t n, const Load1
 
 inline __m256 load_h8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 
+// hsum8 for a pass of NQ queries (a build for the tests adds a key's lanes in another order where NQ > 1).
+template <int NQ>
+inline __m256 hsum8_of(const __m256* h) {
+#if defined(HVD_MUTATE_ATTENTION_ORDER)
+  if (NQ > 1) {
+    alignas(32) float out[8], v[8];
+    for (int k = 0; k < 8; ++k) {
+      _mm256_store_ps(v, h[k]);
+      float t = v[0];
+      for (int j = 1; j < 8; ++j) t += v[j];
+      out[k] = t;
+    }
+    return _mm256_load_ps(out);
+  }
+#endif
+  return hvd_lanes::hsum8(h);
+}
+
 // The scores of NQ queries (q[u]: [hd]) against NP pairs of keys, whose chunks a
 // pair holds side by side (pair(p, i): key a's chunk i | key b's): s[2 (u NP + p) + h] is query u's score of
 // pair p's key h. NQ x NP sums in flight (enough to keep the multiply-adders busy).
@@ -183,7 +201,7 @@ inline void score_pairs(const float* const* q, int64_t hd, const Pair& pair, flo
       h[2 * u + 1] = hi[u];
     }
     for (int x = 2 * NQ; x < kHalves; ++x) h[x] = _mm256_setzero_ps();
-    for (int g = 0; g < kHalves; g += 8) _mm256_storeu_ps(s + g, _mm256_mul_ps(hvd_lanes::hsum8(h + g), _mm256_set1_ps(scale)));
+    for (int g = 0; g < kHalves; g += 8) _mm256_storeu_ps(s + g, _mm256_mul_ps(hsum8_of<NQ>(h + g), _mm256_set1_ps(scale)));
     return;
   }
 #endif
@@ -206,7 +224,7 @@ inline void score_pairs(const float* const* q, int64_t hd, const Pair& pair, flo
       h[2 * (u * NP + p) + 1] = hvd_isa::f_hi(a[u][p]);
     }
   for (int x = 2 * NQ * NP; x < kHalves; ++x) h[x] = _mm256_setzero_ps();
-  for (int g = 0; g < kHalves; g += 8) _mm256_storeu_ps(s + g, _mm256_mul_ps(hvd_lanes::hsum8(h + g), _mm256_set1_ps(scale)));
+  for (int g = 0; g < kHalves; g += 8) _mm256_storeu_ps(s + g, _mm256_mul_ps(hsum8_of<NQ>(h + g), _mm256_set1_ps(scale)));
 }
 
 // Pairs a pass for NQ queries: eight sums in flight on AVX-512 (of 32 registers); on AVX2 (16 registers, a
@@ -294,7 +312,7 @@ inline void score_keys(const float* const* q, int64_t hd, const float* kT, float
       for (int u = 0; u < NQ; ++u) acc[u][j] = k_fmadd(k_set1(q[u][i + j]), k, acc[u][j]);
     }
   for (int u = 0; u < NQ; ++u) {
-#if defined(HVD_MUTATE_ATTENTION_ORDER)  // for the tests only: many-query calls add a key's lanes in another order
+#if defined(HVD_MUTATE_ATTENTION_ORDER)  // for the tests only: passes of several queries add a key's lanes otherwise
     const KV s = k_add(k_add(k_add(acc[u][0], acc[u][1]), k_add(acc[u][2], acc[u][3])),
                        k_add(k_add(acc[u][4], acc[u][5]), k_add(acc[u][6], acc[u][7])));
 #else

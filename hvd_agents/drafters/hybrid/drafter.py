@@ -14,15 +14,16 @@ Each ``propose`` is four phases (:meth:`HybridDrafter.propose`):
    rule), at most ``k`` of them, or dropped when a plain step is worth more;
 3. **the model drafter** (:class:`~hvd_agents.drafters.model.protocol.ModelDrafter`),
    when there is one: where no cache draft pays, a drafter that gates its first
-   token is asked, and its first forward decides: it drafts iff its own confidence
-   in its first token (its *reach*, :mod:`hvd_agents.drafters.model.loop`) makes the
-   step beat a plain one (``1 + p - R * verify(1) > 1 - R``), then goes on while
-   further tokens pay; otherwise (a cache draft pays, or the drafter cannot gate)
-   it only runs, and costs its forwards, when its running per-token acceptance in
-   this request says it beats the best draft so far, catching up on the context it
-   has not seen included. A drafter forward costs about a tenth of a target step,
-   and the drafter's confidence tells the steps it gets right from those it does
-   not far better than its average acceptance does;
+   token is asked while asking pays (:mod:`.ask`: the running gain of an ask against
+   ``R`` times its timed forward and catch-up, both spent whether or not it drafts),
+   and its first forward decides: it drafts iff its own confidence in its first
+   token (its *reach*, :mod:`hvd_agents.drafters.model.loop`) makes the step beat a
+   plain one (``1 + p - R * verify(1) > 1 - R``), then goes on while further tokens
+   pay; otherwise (a cache draft pays, or the drafter cannot gate) it only runs, and
+   costs its forwards, when its running per-token acceptance in this request says it
+   beats the best draft so far, catching up on the context it has not seen included.
+   The drafter's confidence tells the steps it gets right from those it does not far
+   better than its average acceptance does;
 4. **the record**: what was chosen and what it cost is kept with the request as a
    :class:`StepDecision`, for ``observe``.
 

@@ -664,3 +664,24 @@ def test_an_ask_that_drafts_is_credited_with_what_its_draft_brought() -> None:
     assert gain.value == pytest.approx(0.25)
     gain.skipped()
     assert gain.value == pytest.approx(0.275)
+
+
+def test_survival_calibration_starts_as_the_predictor_and_learns_where_it_is_overconfident() -> None:
+    from hvd_agents.policy.survival_calibration import SurvivalCalibration
+
+    calibration = SurvivalCalibration()
+    survival = np.array([0.95, 0.9, 0.7, 0.4, 0.12, 0.03])
+    assert np.allclose(calibration.apply(survival), survival)  # the identity before any outcome
+    for i in range(200):  # drafts given S = 0.9 at every position: half rejected at once, half accepted whole
+        calibration.observe(np.full(8, 0.9), 0 if i % 2 else 8)
+    calibrated = calibration.apply(survival)
+    assert calibrated[1] == pytest.approx(0.5, abs=0.1)
+    assert np.all(np.diff(calibrated) <= 0)  # a survival never rises along a draft
+    assert calibration.apply(np.zeros(0)).shape == (0,)
+
+
+def test_a_given_cost_model_keeps_the_predictor_as_it_is() -> None:
+    # trace replays price with a given CostModel: their decisions are the predictor's, uncalibrated
+    given = HybridDrafter(SuffixDrafter(None), constant_predictor(6.0), CostModel.linear(0.02))
+    measured = HybridDrafter(SuffixDrafter(None), constant_predictor(6.0), lambda: CostModel.linear(0.02))
+    assert given.survival_calibration is None and measured.survival_calibration is not None

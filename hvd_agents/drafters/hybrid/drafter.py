@@ -74,6 +74,7 @@ from hvd_agents.policy.cost import CostModel
 from hvd_agents.policy.features import CacheDraftFeatures, ChosenDraftFeatures, TargetSignal
 from hvd_agents.policy.payoff import PayoffPredictor
 from hvd_agents.policy.selection import Choice, RateEstimate, best_length, no_draft
+from hvd_agents.policy.survival_calibration import SurvivalCalibration
 from hvd_agents.structure import PromptStructure
 
 
@@ -96,6 +97,7 @@ class StepDecision:
         predicted: the predictor's expected accepted length of that whole proposal (None: no proposal).
         ask_cost: where a gated model drafter was asked with nothing better to verify, what the ask cost in
             plain steps as priced (its forward and its catch-up); None where it was not asked so.
+        survival: the predictor's survivals of the cache proposal, before calibration (empty: no proposal).
     """
 
     source: str = "none"
@@ -108,6 +110,7 @@ class StepDecision:
     cache_tokens: tuple[int, ...] = ()
     predicted: float | None = None
     ask_cost: float | None = None
+    survival: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -194,6 +197,9 @@ class HybridDrafter:
         # each request's model acceptance starts from this; a drafter may know its own (a trained head's
         # held-out agreement with the target)
         self.model_acceptance = float(acceptance_prior or config.model_prior_acceptance)
+        # the predictor's survivals as the target bears them out, across requests and sessions; only where costs
+        # are calibrated to this engine too (a trace replay or a given cost model takes the predictor as it is)
+        self.survival_calibration = SurvivalCalibration() if self.pricing.calibrate else None
         # what asking a gated model drafter brings, across requests (see .ask)
         self.ask = AskGain(config.model_ask_gain_prior, config.model_ask_ema, config.model_ask_explore)
         self._requests: dict[str, _HybridRequestState] = {}
@@ -288,7 +294,10 @@ class HybridDrafter:
         node_survival: tuple[float, ...] = ()
         cache_main = 0
         if cached.token_ids:
-            survival = self.predictor.survival(features, len(cached), request.session_id)
+            predicted_survival = self.predictor.survival(features, len(cached), request.session_id)
+            survival = predicted_survival
+            if self.survival_calibration is not None:
+                survival = self.survival_calibration.apply(predicted_survival)
             # 2. the tree over the candidates, cut at the node count with the best value, or dropped
             alternatives = (self.cache.alternatives(ctx.req_id, cached.token_ids, self.config.branches)
                             if self.config.branches else [])
@@ -306,8 +315,9 @@ class HybridDrafter:
         policy_s = time.perf_counter() - begun - draft_s
         main = cache_main if best.source == "cache" else 0
         predicted = float(survival.sum()) if cached.token_ids else None
+        raw = tuple(predicted_survival.tolist()) if cached.token_ids else ()
         request.decision = StepDecision(best.source, features, main, best.choice.cost, len(best.draft), draft_s,
-                                        policy_s, cached.token_ids, predicted, ask_cost)
+                                        policy_s, cached.token_ids, predicted, ask_cost, raw)
         if best.source != "cache":
             return best.draft
         judged = ChosenDraftFeatures(features, len(cached), best.choice.expected_tokens - 1.0, rate)
@@ -384,6 +394,8 @@ class HybridDrafter:
         if step.source == "cache" and step.features is not None and outcome.draft.token_ids:
             self.predictor.update(step.features, len(cache_outcome.draft), cache_outcome.num_accepted,
                                   request.session_id)
+            if self.survival_calibration is not None and step.main:
+                self.survival_calibration.observe(np.asarray(step.survival[: step.main]), cache_outcome.num_accepted)
         if step.source == "model" and outcome.draft.token_ids:
             self._learn_model_acceptance(request, outcome)
         if step.ask_cost is not None:  # a gated ask: what it brought (nothing when it drafted nothing)

@@ -614,3 +614,74 @@ def test_decisions_are_kept_per_request() -> None:
     assert drafter.model_acceptance == before  # the cache step did not move the model's acceptance
     drafter.observe(DraftOutcome("model", from_model, 0, (9,)))
     assert drafter.model_acceptance < before  # the model step did
+
+
+class DecliningTimedDrafter(CountingModelDrafter):
+    """A gated model drafter whose every ask takes ``seconds`` of the fake clock and drafts nothing (its first
+    token's reach never clears the bar)."""
+
+    gates_first_token = True
+
+    def __init__(self, clock: FakeClock, seconds: float) -> None:
+        super().__init__()
+        self.clock, self.seconds = clock, seconds
+
+    def propose(self, ctx: DraftContext, k: int, min_survival: float | None = None,
+                min_first: float | None = None) -> Draft:
+        self.clock.now += self.seconds
+        super().propose(ctx, k)
+        return Draft()
+
+
+@pytest.mark.parametrize(("seconds", "asked"), [(0.05, (2, 4)), (0.001, (40, 60))])
+def test_a_gated_drafter_is_asked_only_while_its_measured_ask_pays(monkeypatch, seconds, asked) -> None:
+    # with no cache draft, a gated drafter may be asked at every step; its forward is spent whether or not it
+    # drafts. Asks that take half a plain step and never draft stop at once; asks that cost almost nothing go on
+    from hvd_agents.drafters.hybrid import drafter as hybrid
+
+    clock = FakeClock()
+    monkeypatch.setattr(hybrid, "time", clock)
+    model = DecliningTimedDrafter(clock, seconds)
+    drafter = HybridDrafter(SuffixDrafter(None), constant_predictor(6.0), CostModel.linear(0.02), model=model)
+    ctx = start(drafter, [1, 2, 3, 4])
+    for step in range(60):  # fresh tokens only: the cache never has a draft
+        assert drafter.propose(ctx, 4) == Draft()
+        drafter.observe(DraftOutcome("r", Draft(), 0, (100 + step,), verify_s=0.1))
+        ctx.token_ids.append(100 + step)
+    assert asked[0] <= model.proposed <= asked[1]
+    # the declined asks were timed: a drafter forward at its measured share of a plain step
+    assert drafter.pricing.draft_token_cost() == pytest.approx(seconds / 0.1, rel=0.05)
+
+
+def test_an_ask_that_drafts_is_credited_with_what_its_draft_brought() -> None:
+    from hvd_agents.drafters.hybrid.ask import AskGain, ask_gain
+
+    gain = AskGain(prior=0.5, ema=0.5, explore=0.1)
+    assert gain.pays(1.0, 0.4) and not gain.pays(2.0, 0.4)
+    # 3 tokens accepted from a step priced 1.6 (the ask's 0.1 included), at R = 2: 3 - 1.2 + 0.2
+    assert ask_gain(3, 1.6, 0.1, 2.0) == pytest.approx(2.0)
+    gain.observe(0.0)
+    assert gain.value == pytest.approx(0.25)
+    gain.skipped()
+    assert gain.value == pytest.approx(0.275)
+
+
+def test_survival_calibration_starts_as_the_predictor_and_learns_where_it_is_overconfident() -> None:
+    from hvd_agents.policy.survival_calibration import SurvivalCalibration
+
+    calibration = SurvivalCalibration()
+    survival = np.array([0.95, 0.9, 0.7, 0.4, 0.12, 0.03])
+    assert np.allclose(calibration.apply(survival), survival)  # the identity before any outcome
+    for i in range(200):  # drafts given S = 0.9 at every position: half rejected at once, half accepted whole
+        calibration.observe(np.full(8, 0.9), 0 if i % 2 else 8)
+    calibrated = calibration.apply(survival)
+    assert calibrated[1] == pytest.approx(0.5, abs=0.1)
+    assert np.all(np.diff(calibrated) <= 0)  # a survival never rises along a draft
+    assert calibration.apply(np.zeros(0)).shape == (0,)
+
+
+def test_a_given_cost_model_keeps_the_predictor_as_it_is() -> None:
+    # trace replays price with a given CostModel: their decisions are the predictor's, uncalibrated
+    given = HybridDrafter(SuffixDrafter(None), constant_predictor(6.0), CostModel.linear(0.02))
+    measured = HybridDrafter(SuffixDrafter(None), constant_predictor(6.0), lambda: CostModel.linear(0.02))
+    assert given.survival_calibration is None and measured.survival_calibration is not None

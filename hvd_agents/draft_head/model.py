@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hvd_agents.runtime import quant_linear
+from hvd_agents.runtime.quant_linear import QuantLinear, quant_product
 from hvd_agents.runtime.row_linear import RowLinear, row_linear
 
 
@@ -163,6 +165,8 @@ class DraftHead(nn.Module):
         self.recipe: dict = {}  # how it was trained (set when loaded from a file)
         self.embed: torch.Tensor | None = None  # [V, d], the target's (frozen)
         self.lm_rows: torch.Tensor | None = None  # [V', d], the target's LM rows of the draft vocabulary (frozen)
+        self.lm_matrix = None  # lm_rows as Q8_0 blocks of the native kernel (quantize_for_cpu), else None
+        self.lm_threads = quant_linear.DRAFT_THREADS  # the native team threads the projection takes
 
     def attach(self, target: nn.Module) -> DraftHead:
         """Take the target's embedding and draft-vocabulary LM rows; move to its device and dtype."""
@@ -177,7 +181,36 @@ class DraftHead(nn.Module):
         self.draft_vocab = self.draft_vocab.to(embedding.device)
         self.embed = embedding.detach()
         self.lm_rows = lm_weight.detach()[self.draft_vocab].clone()
+        self.lm_matrix = None
         return self
+
+    def quantize_for_cpu(self, threads: int = quant_linear.DRAFT_THREADS) -> int:
+        """Draft on the native int8 kernel: every linear layer becomes a
+        :class:`~hvd_agents.runtime.quant_linear.QuantLinear` and the LM projection reads ``lm_rows`` as Q8_0
+        blocks, on ``threads`` of the native forward's thread team (0: the caller's team size,
+        :data:`~hvd_agents.runtime.quant_linear.DRAFT_THREADS` by default). Returns the layers moved (0:
+        the kernel is unavailable here, or the head is not float32 on the CPU; nothing changes).
+
+        For an attached head used for drafting only (inference; training keeps the float layers): a quarter
+        of the bytes a drafted token reads. Drafts change (by the kernel's quantization error), outputs never
+        (the target verifies every drafted token); a draft does not depend on ``threads``. Call it again
+        after ``attach``; calling it again otherwise only sets ``threads``.
+        """
+        if self.lm_rows is None:
+            raise RuntimeError("attach(target) the draft head before quantizing it")
+        layers = [name for name, module in self.named_children()
+                  if isinstance(module, nn.Linear) and quant_linear.supported(module)]
+        if not layers and not isinstance(self.fc, QuantLinear):
+            return 0
+        for name in layers:
+            setattr(self, name, QuantLinear(getattr(self, name), threads))
+        for module in self.children():
+            if isinstance(module, QuantLinear):
+                module.threads = threads
+        if self.lm_matrix is None:
+            self.lm_matrix = quant_linear.quantized_matrix(self.lm_rows)
+        self.lm_threads = threads
+        return len(layers)
 
     # ---- the layer, in pieces (training composes them with its own attention masks) ----
 
@@ -210,6 +243,8 @@ class DraftHead(nn.Module):
         this projection outside training: it reads the ``V' x d`` rows once, faster than PyTorch's
         matrix-vector product (drafting cost per step: ``hvd-agents bench-model``, ``docs/benchmarks.md``).
         """
+        if self.lm_matrix is not None:
+            return quant_product(predicted, self.lm_matrix, self.lm_rows, threads=self.lm_threads)
         if isinstance(self.fc, RowLinear) and not torch.is_grad_enabled():
             return row_linear(predicted, self.lm_rows)
         return predicted @ self.lm_rows.T

@@ -8,6 +8,10 @@
   request's model-drafter state); an added drafter is always shared.
 * The model drafter is over ``draft_model`` when one is given, else over the draft head
   (``"auto"``: the head shipped for the target, looked up on first use).
+* With ``quantize_head`` (the engine sets it when the target runs on the native CPU forward), a
+  head the set loads itself (``"auto"`` or a path) drafts on the native int8 kernel
+  (:meth:`~hvd_agents.draft_head.DraftHead.quantize_for_cpu`); a :class:`DraftHead` given as an
+  object is used as it is.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ class DrafterSet:
         draft_model: a smaller causal LM sharing the target's tokenizer, or None.
         draft_head: a :class:`~hvd_agents.draft_head.DraftHead`, a path to a head file,
             ``"auto"`` or None.
+        quantize_head: a head loaded here (``"auto"`` or a path) drafts on the native int8 kernel.
 
     Raises:
         InvalidRequestError: the draft model's vocabulary is not the target's.
@@ -52,7 +57,8 @@ class DrafterSet:
 
     def __init__(self, target: PreTrainedModel, vocab_size: int, cache_store: CacheStore,
                  cost: Callable[[], CostModel], draft_model: PreTrainedModel | None = None,
-                 draft_head: DraftHead | str | Path | None = "auto", tokenizer: Any = None) -> None:
+                 draft_head: DraftHead | str | Path | None = "auto", tokenizer: Any = None,
+                 quantize_head: bool = False) -> None:
         self.tokenizer = tokenizer  # handed to the drafter factories (hvd-paper reads punctuation ids off it)
         if draft_model is not None:
             draft_vocab = draft_model.get_output_embeddings().weight.shape[0]
@@ -61,8 +67,9 @@ class DrafterSet:
                     f"the draft model's vocabulary ({draft_vocab}) does not match the target's ({vocab_size}): "
                     "a draft model must share the target's tokenizer"
                 )
+        self.quantize_head = quantize_head
         if isinstance(draft_head, (str, Path)) and draft_head != "auto":
-            draft_head = load_head(draft_head, target)
+            draft_head = self._quantized(load_head(draft_head, target))
         elif isinstance(draft_head, DraftHead) and draft_head.embed is None:
             draft_head.attach(target)
         self.target = target
@@ -78,8 +85,14 @@ class DrafterSet:
     def draft_head(self) -> DraftHead | None:
         """The draft head (the one shipped for the target when ``"auto"``), or None."""
         if isinstance(self._draft_head, str):  # "auto", resolved on first use
-            self._draft_head = shipped_head_for(self.target)
+            self._draft_head = self._quantized(shipped_head_for(self.target))
         return self._draft_head
+
+    def _quantized(self, head: DraftHead | None) -> DraftHead | None:
+        """``head`` on the native int8 kernel when the set quantizes the heads it loads."""
+        if head is not None and self.quantize_head:
+            head.quantize_for_cpu()
+        return head
 
     def model_drafter(self) -> Drafter | None:
         """A fresh model drafter: over ``draft_model`` when given, else over the draft head; None without either."""

@@ -184,7 +184,8 @@ class Engine:
                                  prefill_chunk=prefill_chunk) if max_batch > 1 else None)
         self._scheduler = self._batcher if self._batcher is not None else SerialScheduler(self._lock)
         self.drafters = DrafterSet(self.model, self.vocab_size, self.cache_store, self.cost_model,
-                                   draft_model=draft_model, draft_head=draft_head, tokenizer=self.tokenizer)
+                                   draft_model=draft_model, draft_head=draft_head, tokenizer=self.tokenizer,
+                                   quantize_head=bool(getattr(self.runner, "runs_own_threads", False)))
 
     @classmethod
     def load(

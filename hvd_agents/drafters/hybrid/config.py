@@ -39,6 +39,18 @@ class HybridConfig:
     """One context token's catch-up cost in plain steps, before it is timed, for a wrapped drafter: the new
     tokens go through the drafter in one batch, so each costs a small share of a forward."""
 
+    model_ask_gain_prior: float = 0.5
+    """What asking a gated model drafter brings, in tokens per step before the ask's own cost, before any ask
+    (:mod:`~hvd_agents.drafters.hybrid.ask`): optimistic, so a drafter is asked at first and shows what it is
+    worth."""
+
+    model_ask_ema: float = 0.2
+    """Weight of the newest ask in that running gain: a handful of asks decide whether asking pays."""
+
+    model_ask_explore: float = 0.02
+    """Weight with which a step that could have asked and did not moves the running gain back towards its prior,
+    so a drafter priced out by a bad stretch is asked again after a few dozen such steps."""
+
     branches: int = 8
     """Most alternative continuations a cache draft grows into a tree (0: chains only). Each is kept only
     while its tokens pay, so the limit bounds the policy's work, not the verified tokens."""
@@ -67,7 +79,9 @@ class HybridConfig:
             if not 0.0 <= prior <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {prior}")
         emas = {"model_rate_ema": self.model_rate_ema, "alternative_ema": self.alternative_ema,
-                "timing_ema": self.timing_ema}
+                "timing_ema": self.timing_ema, "model_ask_ema": self.model_ask_ema}
         for name, weight in emas.items():
             if not 0.0 < weight <= 1.0:
                 raise ValueError(f"{name} must be in (0, 1], got {weight}")
+        if not 0.0 <= self.model_ask_explore <= 1.0:
+            raise ValueError(f"model_ask_explore must be in [0, 1], got {self.model_ask_explore}")

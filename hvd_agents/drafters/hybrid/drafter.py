@@ -14,15 +14,16 @@ Each ``propose`` is four phases (:meth:`HybridDrafter.propose`):
    rule), at most ``k`` of them, or dropped when a plain step is worth more;
 3. **the model drafter** (:class:`~hvd_agents.drafters.model.protocol.ModelDrafter`),
    when there is one: where no cache draft pays, a drafter that gates its first
-   token is asked, and its first forward decides: it drafts iff its own confidence
-   in its first token (its *reach*, :mod:`hvd_agents.drafters.model.loop`) makes the
-   step beat a plain one (``1 + p - R * verify(1) > 1 - R``), then goes on while
-   further tokens pay; otherwise (a cache draft pays, or the drafter cannot gate)
-   it only runs, and costs its forwards, when its running per-token acceptance in
-   this request says it beats the best draft so far, catching up on the context it
-   has not seen included. A drafter forward costs about a tenth of a target step,
-   and the drafter's confidence tells the steps it gets right from those it does
-   not far better than its average acceptance does;
+   token is asked while asking pays (:mod:`.ask`: the running gain of an ask against
+   ``R`` times its timed forward and catch-up, both spent whether or not it drafts),
+   and its first forward decides: it drafts iff its own confidence in its first
+   token (its *reach*, :mod:`hvd_agents.drafters.model.loop`) makes the step beat a
+   plain one (``1 + p - R * verify(1) > 1 - R``), then goes on while further tokens
+   pay; otherwise (a cache draft pays, or the drafter cannot gate) it only runs, and
+   costs its forwards, when its running per-token acceptance in this request says it
+   beats the best draft so far, catching up on the context it has not seen included.
+   The drafter's confidence tells the steps it gets right from those it does not far
+   better than its average acceptance does;
 4. **the record**: what was chosen and what it cost is kept with the request as a
    :class:`StepDecision`, for ``observe``.
 
@@ -62,6 +63,7 @@ import numpy as np
 
 from hvd_agents.drafters.base import Draft, DraftContext, Drafter, DraftOutcome, started
 from hvd_agents.drafters.cache.suffix import SuffixDrafter
+from hvd_agents.drafters.hybrid.ask import AskGain, ask_gain
 from hvd_agents.drafters.hybrid.config import HybridConfig
 from hvd_agents.drafters.hybrid.pricing import StepPricing
 from hvd_agents.drafters.hybrid.probe import CacheProbe
@@ -72,6 +74,7 @@ from hvd_agents.policy.cost import CostModel
 from hvd_agents.policy.features import CacheDraftFeatures, ChosenDraftFeatures, TargetSignal
 from hvd_agents.policy.payoff import PayoffPredictor
 from hvd_agents.policy.selection import Choice, RateEstimate, best_length, no_draft
+from hvd_agents.policy.survival_calibration import SurvivalCalibration
 from hvd_agents.structure import PromptStructure
 
 
@@ -92,6 +95,9 @@ class StepDecision:
             model drafting excluded.
         cache_tokens: the cache drafter's whole proposal, used or not (empty: none).
         predicted: the predictor's expected accepted length of that whole proposal (None: no proposal).
+        ask_cost: where a gated model drafter was asked with nothing better to verify, what the ask cost in
+            plain steps as priced (its forward and its catch-up); None where it was not asked so.
+        survival: the predictor's survivals of the cache proposal, before calibration (empty: no proposal).
     """
 
     source: str = "none"
@@ -103,6 +109,8 @@ class StepDecision:
     policy_s: float = 0.0
     cache_tokens: tuple[int, ...] = ()
     predicted: float | None = None
+    ask_cost: float | None = None
+    survival: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -189,6 +197,11 @@ class HybridDrafter:
         # each request's model acceptance starts from this; a drafter may know its own (a trained head's
         # held-out agreement with the target)
         self.model_acceptance = float(acceptance_prior or config.model_prior_acceptance)
+        # the predictor's survivals as the target bears them out, across requests and sessions; only where costs
+        # are calibrated to this engine too (a trace replay or a given cost model takes the predictor as it is)
+        self.survival_calibration = SurvivalCalibration() if self.pricing.calibrate else None
+        # what asking a gated model drafter brings, across requests (see .ask)
+        self.ask = AskGain(config.model_ask_gain_prior, config.model_ask_ema, config.model_ask_explore)
         self._requests: dict[str, _HybridRequestState] = {}
 
     # ------------------------------------------------------------------ what the engine and tests read
@@ -281,7 +294,10 @@ class HybridDrafter:
         node_survival: tuple[float, ...] = ()
         cache_main = 0
         if cached.token_ids:
-            survival = self.predictor.survival(features, len(cached), request.session_id)
+            predicted_survival = self.predictor.survival(features, len(cached), request.session_id)
+            survival = predicted_survival
+            if self.survival_calibration is not None:
+                survival = self.survival_calibration.apply(predicted_survival)
             # 2. the tree over the candidates, cut at the node count with the best value, or dropped
             alternatives = (self.cache.alternatives(ctx.req_id, cached.token_ids, self.config.branches)
                             if self.config.branches else [])
@@ -293,38 +309,45 @@ class HybridDrafter:
         # 3. the model drafter, where it may beat that
         model_cost = (ctx.step_cost.with_drafting(self.pricing.draft_token_cost(timed) / ctx.step_share) if batched
                       else self.pricing.model_cost(timed))
-        best, draft_s = self._ask_model(ctx, k, request, best, cost, model_cost, rate, timed)
+        best, draft_s, ask_cost = self._ask_model(ctx, k, request, best, cost, model_cost, rate, timed)
 
         # 4. the record observe learns from
         policy_s = time.perf_counter() - begun - draft_s
         main = cache_main if best.source == "cache" else 0
         predicted = float(survival.sum()) if cached.token_ids else None
+        raw = tuple(predicted_survival.tolist()) if cached.token_ids else ()
         request.decision = StepDecision(best.source, features, main, best.choice.cost, len(best.draft), draft_s,
-                                        policy_s, cached.token_ids, predicted)
+                                        policy_s, cached.token_ids, predicted, ask_cost, raw)
         if best.source != "cache":
             return best.draft
         judged = ChosenDraftFeatures(features, len(cached), best.choice.expected_tokens - 1.0, rate)
         return replace(best.draft, features=judged, survival=node_survival)
 
     def _ask_model(self, ctx: DraftContext, k: int, request: _HybridRequestState, best: _Candidate, cost: CostModel,
-                   model_cost: CostModel, rate: float, timed: bool) -> tuple[_Candidate, float]:
-        """Phase 3: the model drafter's draft when it is asked and drafts, else ``best``; and the seconds
-        it took."""
+                   model_cost: CostModel, rate: float, timed: bool) -> tuple[_Candidate, float, float | None]:
+        """Phase 3: the model drafter's draft when it is asked and drafts, else ``best``; the seconds it took;
+        and, where a gated drafter was asked with nothing better to verify, what the ask cost (else None)."""
         model = self.model
         if model is None:
-            return best, 0.0
-        # with nothing better to verify, a drafter that gates its first token on its own confidence is asked:
+            return best, 0.0, None
+        # with nothing better to verify, a drafter that gates its first token on its own confidence may be asked:
         # one drafter forward buys a per-step judgement instead of the running average acceptance
         gated = model.gates_first_token and best.source == "none"
         if gated and ctx.step_cost is not None and 2.0 - rate * float(model_cost.verify(1)) <= best.choice.value:
-            return best, 0.0  # in a batch whose rows are dear, not even a certain first token would pay its forward
+            return best, 0.0, None  # in a batch whose rows are dear, not even a certain first token would pay
         choice = None if gated else self._model_choice(request, k, rate, model_cost)
         if choice is None and not gated:
-            return best, 0.0
+            return best, 0.0, None
         pending = model.pending(ctx)
         catch_up = pending * self.pricing.ingest_cost(timed) / ctx.step_share  # the context to ingest first
         if not gated and choice.value - rate * catch_up <= best.choice.value:
-            return best, 0.0
+            return best, 0.0, None
+        ask_cost = None
+        if gated:  # the forward and the catch-up are spent whether or not it drafts: ask only where asking pays
+            ask_cost = self.pricing.draft_token_cost(timed) / ctx.step_share + catch_up
+            if not self.ask.pays(rate, ask_cost):
+                self.ask.skipped()
+                return best, 0.0, None
         # a further token is worth its cost iff S > R * marginal (whether to draft at all was decided above, so the
         # first token's dearer share of the cost is not charged to the tokens after it)
         min_survival = rate * float(model_cost.marginal(2)[-1])
@@ -337,15 +360,16 @@ class HybridDrafter:
         else:
             proposed = model.propose(ctx, choice.length, min_survival=min_survival)
         draft_s = time.perf_counter() - drafting
-        if not proposed.token_ids:
-            return best, draft_s
         self.pricing.observe_model_draft(draft_s, proposed.main_length, pending, caught_up=request.model_drafted)
+        if not proposed.token_ids:
+            return best, draft_s, ask_cost
         n = len(proposed)
         survival = _model_survival(request, proposed.main_length)
         proposed = replace(proposed, survival=tuple(float(p) for p in survival))
         expected = 1.0 + float(survival.sum())
         step_cost = float(model_cost.verify(n)) + catch_up
-        return _Candidate("model", Choice(n, expected, step_cost, expected - rate * step_cost), proposed), draft_s
+        candidate = _Candidate("model", Choice(n, expected, step_cost, expected - rate * step_cost), proposed)
+        return candidate, draft_s, ask_cost
 
     def _model_choice(self, request: _HybridRequestState, k: int, rate: float, model_cost: CostModel) -> Choice | None:
         """The best model draft length by the request's running acceptance (None: no length pays)."""
@@ -370,8 +394,14 @@ class HybridDrafter:
         if step.source == "cache" and step.features is not None and outcome.draft.token_ids:
             self.predictor.update(step.features, len(cache_outcome.draft), cache_outcome.num_accepted,
                                   request.session_id)
+            if self.survival_calibration is not None and step.main:
+                self.survival_calibration.observe(np.asarray(step.survival[: step.main]), cache_outcome.num_accepted)
         if step.source == "model" and outcome.draft.token_ids:
             self._learn_model_acceptance(request, outcome)
+        if step.ask_cost is not None:  # a gated ask: what it brought (nothing when it drafted nothing)
+            drafted = step.source == "model" and bool(outcome.draft.token_ids)
+            rate = max(self.rate.rate, 1.0)
+            self.ask.observe(ask_gain(outcome.num_accepted, step.cost, step.ask_cost, rate) if drafted else 0.0)
         self.rate.observe(len(outcome.new_token_ids), step.cost)
         request.target = _target_signal(outcome)
         request.model_drafted = step.source == "model"

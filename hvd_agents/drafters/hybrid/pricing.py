@@ -18,11 +18,14 @@ Timing. A step's seconds are the engine's verification seconds
 (``DraftOutcome.verify_s``: the target's forward, acceptance and KV rollback) plus the
 policy's own seconds in ``propose`` (cache drafting and the decision); model
 drafting is timed apart, and whatever the stream's consumer does between steps
-is in neither. A model draft is timed per drafted token only when the drafter
-drafted at the step before (it is caught up: only that step's tokens to
-ingest, so catching up is not charged to its tokens); a draft after a gap times
-the catch-up instead, per ingested token, once a drafted token's seconds are
-known (their share is taken out).
+is in neither. Every time the model drafter is asked, drafted or not, its seconds
+are folded in: per drafted token (an ask that drafted nothing ran one forward, so
+it counts as one) when the drafter was caught up (it drafted at the step before,
+or had at most :data:`CAUGHT_UP_TOKENS` context tokens to ingest, which go through
+the same forward as its first token), else as the catch-up, per ingested token,
+once a drafted token's seconds are known (their share is taken out). So a gated
+drafter that is asked at plain steps and mostly declines is still priced at what
+its forwards take.
 
 Sampled requests price from the profile and the priors alone (``timed=False``):
 under sampling the drafts decide which random numbers are drawn, so a seeded
@@ -44,6 +47,10 @@ from hvd_agents.policy.calibration import StepCalibration
 from hvd_agents.policy.cost import CostModel
 
 T = TypeVar("T")
+
+# An ask with at most this many context tokens to ingest (a plain step's token and the one before) is timed as
+# the drafter's forwards: the new tokens go through its first forward.
+CAUGHT_UP_TOKENS = 2
 
 
 class _Memo(Generic[T]):
@@ -148,9 +155,10 @@ class StepPricing:
         self._update_token_cost()
 
     def observe_model_draft(self, seconds: float, drafted: int, pending: int, caught_up: bool) -> None:
-        """Fold in a model draft of ``drafted`` chain tokens that took ``seconds``, after ``pending``
-        context tokens to ingest; ``caught_up``: the drafter drafted at the step before."""
-        if caught_up:  # no context to ingest beyond the last step's tokens: the seconds are its tokens'
+        """Fold in an ask of the model drafter that took ``seconds`` and drafted ``drafted`` chain tokens (0: it
+        declined after its first forward), after ``pending`` context tokens to ingest; ``caught_up``: the drafter
+        drafted at the step before."""
+        if caught_up or pending <= CAUGHT_UP_TOKENS:  # no context to ingest beyond a step's tokens: its forwards'
             per_token = seconds / max(drafted, 1)
             ema = self._draft_token_s
             self._draft_token_s = per_token if not ema else ema + self._timing_ema * (per_token - ema)
@@ -158,7 +166,7 @@ class StepPricing:
         elif pending > 0 and self._draft_token_s:  # a catch-up: its drafted tokens' share taken out
             step_s = self.calibration.step_s
             if step_s > 0 and self._model_cost is None:
-                ingest_s = max(seconds - self._draft_token_s * drafted, 0.0)
+                ingest_s = max(seconds - self._draft_token_s * max(drafted, 1), 0.0)
                 self._ingest_cost += self._timing_ema * (ingest_s / pending / step_s - self._ingest_cost)
 
     def _update_token_cost(self) -> None:

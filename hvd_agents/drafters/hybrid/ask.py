@@ -1,0 +1,70 @@
+"""Whether asking a gated model drafter pays: the running gain of an ask against what the ask costs.
+
+Where no cache draft pays, ``hvd`` may ask a model drafter that gates its first token
+(:mod:`hvd_agents.drafters.model.loop`): the drafter catches up on the context it has not
+seen and runs one forward, and its confidence in its first token decides whether it drafts.
+That forward and the catch-up are spent whether or not it drafts. Where a drafter forward
+costs a tenth of a target step it is worth asking nearly everywhere; where it costs half a
+step (a draft head in float32 on one core beside a small target), asking at every plain step
+makes decoding slower than plain decoding whenever the drafter is rarely right.
+
+:class:`AskGain` keeps the running mean of what an ask brought, in tokens per step before
+its own cost: for an ask that drafted, the accepted tokens less the rate ``R`` times the
+draft's extra cost over a plain step, the ask's cost added back
+(``accepted - R * (cost - 1) + R * ask_cost``); 0 for an ask that drafted nothing. The
+policy asks iff that mean exceeds ``R * ask_cost`` (the drafter's forward and its catch-up,
+in plain steps, as :mod:`.pricing` prices them). A step where it does not ask moves the mean
+a little back towards the prior (``explore``), so a drafter priced out by a bad stretch is
+asked again after a while and can show it has become worth asking.
+
+The mean depends on outcomes, never on a drawn token or on timings directly (the costs it is
+compared with are timed for greedy requests only), so sampling stays exact.
+
+Worked example (prior 0.5, weight 0.2, explore 0.02): a drafter whose asks draft nothing,
+at ``R = 1.3`` and an ask cost of 0.2 (threshold 0.26): asks at 0.5, 0.4 and 0.32 (the mean
+is then 0.256), then skips until the mean is back above 0.26, one skip later, and so on, a
+little more rarely each time the mean falls further below the prior.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class AskGain:
+    """The running gain of asking a gated model drafter (see the module docstring).
+
+    Attributes:
+        prior: the gain assumed before any ask, in tokens per step (optimistic: the drafter is asked at first).
+        ema: the weight of the newest ask's gain.
+        explore: the weight with which a step that does not ask moves the mean back towards the prior.
+        value: the running mean.
+    """
+
+    prior: float
+    ema: float
+    explore: float
+    value: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.value is None:
+            self.value = self.prior
+
+    def pays(self, rate: float, ask_cost: float) -> bool:
+        """Whether an ask costing ``ask_cost`` plain steps is worth it at rate ``rate``."""
+        return self.value > rate * ask_cost
+
+    def skipped(self) -> None:
+        """A step where the drafter could have been asked and was not."""
+        self.value += self.explore * (self.prior - self.value)
+
+    def observe(self, gain: float) -> None:
+        """Fold in one ask's gain (0 when it drafted nothing)."""
+        self.value += self.ema * (gain - self.value)
+
+
+def ask_gain(accepted: int, step_cost: float, ask_cost: float, rate: float) -> float:
+    """An ask's gain before its own cost: ``accepted - rate * (step_cost - 1) + rate * ask_cost`` for a draft of
+    which ``accepted`` tokens were accepted, verified in a step priced ``step_cost`` (the ask's cost included)."""
+    return accepted - rate * (step_cost - 1.0) + rate * ask_cost

@@ -1,0 +1,100 @@
+"""A drafter's linear layers on the native forward's int8 kernel and thread team.
+
+A draft head drafts one token at a time between the target's forwards, inside the
+engine's step, where torch runs on one thread (:mod:`hvd_agents.runtime.threads`
+keeps torch's OpenMP workers off the native team's cores). A float32 product there
+reads every weight at 4 bytes on one core. :class:`QuantLinear` holds an
+``nn.Linear``'s weight a second time as Q8_0 blocks (one float16 scale per 32 int8
+weights, about 1.06 bytes a weight) and multiplies up to :data:`MAX_ROWS` input rows
+with the native forward's own ``linear`` kernel on the native team (no second thread
+pool): a quarter of the bytes. ``threads`` says how many of the team's threads a
+product takes (0: the caller's team size,
+:func:`~hvd_agents.runtime.threads.team_threads`). A drafter's matrices are small
+(0.3 to 4.5 MB as Q8_0), so a product is over in tens of microseconds and a second
+thread mostly adds a hand-over: on the 2-core benchmark machine, with other work on
+it, the shipped head's drafted token took 0.65 ms on one thread against 2.1 ms on two
+(3.0 ms in float32 on one); hence :data:`DRAFT_THREADS`.
+
+Contract: inference only. With gradients enabled, or for more rows than
+:data:`MAX_ROWS`, the layer is ``F.linear`` on its float ``weight`` (the Q8_0 copy is
+taken once, when the layer is built: change the weight afterwards and build a new
+layer). The native kernel also quantizes its input rows per block of 32, so results
+differ from the float layer's by quantization error (about 1e-2 relative): use it
+only where a result steers speed, never output (a draft, which the target
+verifies). For a given input row the result is bitwise the same whatever the team
+size and whatever other rows share the call (the native kernel computes every
+element in one order).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hvd_agents.runtime import quant_native
+from hvd_agents.runtime.quant_weights import QK, quantize_q8_0
+from hvd_agents.runtime.threads import team_threads
+
+MAX_ROWS = 64  # more rows (a drafter catching up on a long context) go to F.linear
+DRAFT_THREADS = 1  # a drafter's products run on the calling thread (see the module docstring)
+
+
+def supported(linear: nn.Linear) -> bool:
+    """Whether ``linear`` can be held as a :class:`QuantLinear`: float32 on the CPU, columns in blocks of 32,
+    and the native kernel available here."""
+    weight = linear.weight
+    return (weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.shape[1] % QK == 0
+            and quant_native.available())
+
+
+class QuantLinear(nn.Module):
+    """``y = x W^T`` on the native int8 kernel and team for up to :data:`MAX_ROWS` rows (see the module docstring).
+
+    Keeps ``weight`` (and ``bias``) as the ``nn.Linear`` it replaces (same state dict); the Q8_0 copy
+    is not part of the state. ``threads``: the team threads a product takes (0: the caller's team size).
+
+    Raises:
+        ValueError: ``linear`` is not :func:`supported`.
+    """
+
+    def __init__(self, linear: nn.Linear, threads: int = DRAFT_THREADS) -> None:
+        super().__init__()
+        if threads < 0:
+            raise ValueError(f"threads must be >= 0, got {threads}")
+        self.threads = threads
+        if not supported(linear):
+            raise ValueError("QuantLinear takes a float32 CPU linear layer with columns in blocks of 32, "
+                             f"and the native kernel ({quant_native.unavailable_reason() or 'available'})")
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight
+        self.bias = linear.bias
+        self.matrix = quantized_matrix(linear.weight.detach(),
+                                       None if linear.bias is None else linear.bias.detach())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return quant_product(x, self.matrix, self.weight, self.bias, threads=self.threads)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, q8_0"
+
+
+def quantized_matrix(weight: torch.Tensor, bias: torch.Tensor | None = None):
+    """The native module's ``Matrix`` of a float32 ``[N, K]`` weight as Q8_0 blocks (K a multiple of 32)."""
+    rows, cols = weight.shape
+    blocks = torch.from_numpy(quantize_q8_0(weight.detach().float().contiguous().numpy()).reshape(-1))
+    native = quant_native.module()
+    return native.Matrix(quant_native.Q8_0, rows, cols, blocks,
+                         None if bias is None else bias.detach().float().contiguous())
+
+
+def quant_product(x: torch.Tensor, matrix, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                  threads: int = DRAFT_THREADS) -> torch.Tensor:
+    """``x @ weight.T (+ bias)``: on ``matrix`` (:func:`quantized_matrix` of ``weight``) and ``threads`` of the
+    native team (0: the caller's team size) for float32 inference inputs of up to :data:`MAX_ROWS` rows, else
+    ``F.linear`` on ``weight``. A row's result does not depend on ``threads`` or on the other rows."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if torch.is_grad_enabled() or x.dtype != torch.float32 or not 0 < rows <= MAX_ROWS:
+        return F.linear(x, weight, bias)
+    y = quant_native.module().linear(matrix, x.reshape(rows, x.shape[-1]), threads=threads or team_threads())
+    return y.reshape(*x.shape[:-1], y.shape[-1])

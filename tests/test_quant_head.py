@@ -1,0 +1,85 @@
+"""A draft head on the native int8 kernel (``DraftHead.quantize_for_cpu``): lossless, and the same drafts on any
+number of threads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hvd_agents import Engine, GenerationParams
+from hvd_agents.draft_head import DraftHead, DraftHeadConfig, HeadCache
+from hvd_agents.draft_head.model import init_weights, target_signature
+from hvd_agents.runtime import quant_native
+from hvd_agents.runtime.quant_linear import QuantLinear
+from tests.tiny import make_tiny_llama
+
+pytestmark = pytest.mark.skipif(not quant_native.available(), reason="the native kernel needs x86-64 with AVX2")
+VOCAB = 64
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_tiny_llama(VOCAB, seed=11, dtype=torch.float32)
+
+
+def quantized_head(target, threads: int = 1) -> DraftHead:
+    config = DraftHeadConfig(target.config.hidden_size, 4, 64, 48, VOCAB, target=target_signature(target))
+    head = init_weights(DraftHead(config), seed=3)
+    head.draft_vocab = torch.arange(VOCAB - 48, VOCAB)
+    head.attach(target)
+    assert head.quantize_for_cpu(threads) == 5
+    return head
+
+
+def drafted_logits(head: DraftHead, steps: int = 6) -> list[torch.Tensor]:
+    """The head's logits as it ingests a context and then drafts ``steps`` tokens at the feature level."""
+    d = head.config.hidden_size
+    generator = torch.Generator().manual_seed(0)
+    cache = HeadCache()
+    features = torch.randn(9, d, generator=generator)
+    predicted, logits = head.step(features, torch.arange(9) + 20, list(range(9)), cache)
+    out = [logits]
+    feature = predicted[-1:]
+    for i in range(steps):
+        token = int(head.draft_vocab[int(logits.argmax())])
+        feature, logits = head.step(feature, torch.tensor([token]), [9 + i], cache)
+        out.append(logits)
+    return out
+
+
+def test_the_head_drafts_the_same_on_one_thread_and_on_the_team(target) -> None:
+    one, team = quantized_head(target, threads=1), quantized_head(target, threads=2)
+    for a, b in zip(drafted_logits(one), drafted_logits(team)):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32))  # bitwise
+    team.quantize_for_cpu(0)  # the caller's team size
+    for a, b in zip(drafted_logits(one), drafted_logits(team)):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+def test_quantized_layers_are_close_to_the_float_ones_and_train_on_them(target) -> None:
+    head = quantized_head(target)
+    assert isinstance(head.fc, QuantLinear) and head.lm_matrix is not None
+    x = torch.randn(3, 2 * head.config.hidden_size)
+    with torch.inference_mode():
+        quantized = head.fc(x)
+        exact = x @ head.fc.weight.T
+    assert torch.allclose(quantized, exact, rtol=0.05, atol=0.05 * float(exact.abs().max()))
+    with torch.enable_grad():  # training reads the float weights
+        assert torch.equal(head.fc(x), torch.nn.functional.linear(x, head.fc.weight))
+    assert set(head.state_dict()) == set(init_weights(DraftHead(head.config)).state_dict())
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=20),
+    max_new=st.integers(1, 30),
+    k=st.integers(0, 8),
+    method=st.sampled_from(["model", "hvd"]),
+)
+def test_greedy_equality_with_a_quantized_head(target, prompt, max_new, k, method) -> None:
+    engine = Engine(target, eos_token_ids=(), draft_head=quantized_head(target), prefix_cache_bytes=1 << 22)
+    reference = engine.generate(prompt, GenerationParams(max_new_tokens=max_new, method="ar", reuse_prefix=False))
+    result = engine.generate(prompt, GenerationParams(max_new_tokens=max_new, method=method, num_draft_tokens=k))
+    assert result.token_ids == reference.token_ids

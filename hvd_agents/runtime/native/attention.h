@@ -35,15 +35,13 @@ constexpr int64_t kChunk = 64;   // keys (values) converted from float16 at a ti
 constexpr int64_t kMaxQueries = 128;  // queries one attend() call takes
 // kTransposeQueries: queries from which a call's scores read a transposed chunk (the transposition pays for
 // itself over that many queries); kScoreQueries: queries a pass over it (8 sums each, beside the registers a
-// pass needs); kPairValues: weigh two queries' values at once (weigh2).
+// pass needs); kPairQueries: queries a pass over pairs of keys; kPairValues: weigh two queries' values at once.
 #if defined(__AVX512F__)
 constexpr int64_t kTransposeQueries = 6;
 constexpr size_t kScoreQueries = 3;
 constexpr size_t kPairQueries = 4;  // queries a pass over pairs of keys
 constexpr bool kPairValues = true;
-#else
-constexpr int64_t kTransposeQueries = kMaxQueries + 1;  // never: four queries a pass over pairs load less
-constexpr size_t kScoreQueries = 1;
+#else  // (no transposed chunks: 16 registers hold neither a transposed pass's sums nor spare lanes)
 constexpr size_t kPairQueries = 4;
 constexpr bool kPairValues = false;  // eight 8-lane sums in flight already
 #endif
@@ -249,8 +247,8 @@ inline void score_run(const float* const* q, int64_t hd, int64_t pairs, const Pa
   }
 }
 
-// A native vector of keys for the transposed scores: 16 lanes on AVX-512, 8 on AVX2 (a lane is a key).
 #if defined(__AVX512F__)
+// A vector of keys for the transposed scores: 16 lanes, a lane a key (AVX-512 only: see kTransposeQueries).
 using KV = __m512;
 constexpr int64_t kKeys = 16;
 inline KV k_zero() { return _mm512_setzero_ps(); }
@@ -260,17 +258,6 @@ inline void k_store(float* p, KV v) { _mm512_storeu_ps(p, v); }
 inline KV k_add(KV a, KV b) { return _mm512_add_ps(a, b); }
 inline KV k_mul(KV a, KV b) { return _mm512_mul_ps(a, b); }
 inline KV k_fmadd(KV a, KV b, KV c) { return _mm512_fmadd_ps(a, b, c); }
-#else
-using KV = __m256;
-constexpr int64_t kKeys = 8;
-inline KV k_zero() { return _mm256_setzero_ps(); }
-inline KV k_set1(float v) { return _mm256_set1_ps(v); }
-inline KV k_load(const float* p) { return _mm256_loadu_ps(p); }
-inline void k_store(float* p, KV v) { _mm256_storeu_ps(p, v); }
-inline KV k_add(KV a, KV b) { return _mm256_add_ps(a, b); }
-inline KV k_mul(KV a, KV b) { return _mm256_mul_ps(a, b); }
-inline KV k_fmadd(KV a, KV b, KV c) { return _mm256_fmadd_ps(a, b, c); }
-#endif
 
 // Keys [t0, t1) of a kv head (float16 rows of hd) into kT[d * kChunk + t - t0] (float32, a column per key),
 // 8 keys by 8 dims at a time; columns past t1 up to a multiple of 8 are zero.
@@ -322,6 +309,7 @@ inline void score_keys(const float* const* q, int64_t hd, const float* kT, float
     k_store(out[u], k_mul(s, k_set1(scale)));
   }
 }
+#endif  // __AVX512F__
 
 // Scratch of one attend() call for up to Q queries of head_dim hd whose rows see up to `seen` keys.
 struct Scratch {
@@ -356,7 +344,9 @@ inline void attend(const Query* queries, int64_t Q, const at::Half* K, const at:
   // 1. the runs' scores, a chunk of keys converted at a time. Many queries: the chunk transposed (a column per
   // key), two queries against kKeys keys a pass; few: the chunk's keys in pairs (pair p: keys t0 + 2p and
   // t0 + 2p + 1, chunk by chunk side by side), four queries against a pair a pass. The same score either way.
+#if defined(__AVX512F__)
   const bool transposed = Q >= kTransposeQueries;
+#endif
   std::vector<int64_t> active;
   active.reserve(Q);
   for (int64_t t0 = lo; t0 < hi; t0 += kChunk) {
@@ -364,6 +354,7 @@ inline void attend(const Query* queries, int64_t Q, const at::Half* K, const at:
     active.clear();
     for (int64_t u = 0; u < Q; ++u)
       if (queries[u].lo < t1 && queries[u].hi > t0) active.push_back(u);
+#if defined(__AVX512F__)
     if (transposed) {
       transpose_keys(K16, hd, t0, t1, s.kT.data());
       for (size_t a0 = 0; a0 < active.size(); a0 += kScoreQueries) {
@@ -376,7 +367,7 @@ inline void attend(const Query* queries, int64_t Q, const at::Half* K, const at:
           for (size_t u = 0; u < kScoreQueries; ++u) outs[u] = sc[u];
           switch (n) {
             case 1: score_keys<1>(qs, hd, s.kT.data() + (tb - t0), scale, outs); break;
-            case 2: score_keys<kScoreQueries >= 2 ? 2 : 1>(qs, hd, s.kT.data() + (tb - t0), scale, outs); break;
+            case 2: score_keys<2>(qs, hd, s.kT.data() + (tb - t0), scale, outs); break;
             default: score_keys<kScoreQueries>(qs, hd, s.kT.data() + (tb - t0), scale, outs); break;
           }
           for (size_t u = 0; u < n; ++u) {
@@ -389,6 +380,7 @@ inline void attend(const Query* queries, int64_t Q, const at::Half* K, const at:
       }
       continue;
     }
+#endif
     for (int64_t p = 0; p < pairs; ++p) {
       const uint16_t* ka = K16 + (t0 + 2 * p) * hd;
       const uint16_t* kb = K16 + std::min(t0 + 2 * p + 1, t1 - 1) * hd;  // the first key again at an odd end

@@ -3,8 +3,10 @@
 Each path is the same source built with other flags (``runtime/native/isa.h``); the tests
 compare every path this CPU can run against ``avx2`` on the kernel (every weight format, 1 to
 64 rows), on whole forwards of tiny models (prompts whole and chunked, drafts, trees) and, with
-the embedded model, on logits and engine outputs. A build whose groups of blocks are added in
-another order must fail the comparison, so the check can see a change of accumulation order.
+the embedded model, on logits and engine outputs; attention alone on random queries, keys and values
+of real head sizes (the tiny models' heads are 8 wide). A build whose groups of blocks, or a key's
+score lanes, are added in another order must fail the comparison, so the check can see a change of
+accumulation order.
 On a CPU with AVX2 only, the comparisons run ``avx2`` against itself and the mutation against it.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 import torch
 
@@ -39,6 +42,17 @@ def test_a_path_with_another_accumulation_order_fails_the_comparison() -> None:
     differences = quant_native.compare_paths(quant_native.build(quant_native.REFERENCE), mutated)
     assert differences and any("800" in d for d in differences)  # 25 blocks of 32: four groups, the order shows
     assert not any("96" in d for d in differences)  # one group: nothing to reorder, the same bits
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_path_whose_attention_adds_a_score_otherwise_fails_the_comparison(path) -> None:
+    # attention built adding a key's score lanes in another order where a pass holds several queries: the
+    # comparison (which the self-check runs before a path is used) names the attention cases it changes
+    mutated = quant_native.build(path, ("-DHVD_MUTATE_ATTENTION_ORDER",))
+    differences = quant_native.attention_differences(quant_native.build(quant_native.REFERENCE), mutated,
+                                                     np.random.default_rng(0))
+    assert any("attention of 24 queries, head_dim 64" in d for d in differences), differences
+    assert not any("attention of 1 queries" in d for d in differences)  # one query a pass: nothing reordered
 
 
 def _on_path(model: torch.nn.Module, weights, path: str) -> QuantRunner:

@@ -228,6 +228,41 @@ def test_a_mutated_attention_order_fails_the_rows_alone_check(path) -> None:
     assert differing(NativeModel(model, weights, 512, module=mutated)) > 0
 
 
+def _attention_alone_differs(module, seed: int) -> list[tuple[int, int, int]]:
+    """The cases of quant_native.ATTENTION_CASES whose queries' results differ computed in one call and alone."""
+    rng = np.random.default_rng(seed)
+    differing = []
+    for queries, hd, slots in quant_native.ATTENTION_CASES:
+        q = torch.from_numpy((rng.standard_normal((queries, hd)) * 3).astype(np.float32))
+        k = torch.from_numpy(rng.standard_normal((slots, hd)).astype(np.float16))
+        v = torch.from_numpy(rng.standard_normal((slots, hd)).astype(np.float16))
+        lo = rng.integers(0, slots // 3 + 1, queries).tolist()
+        hi = [int(rng.integers(low + 1, slots + 1)) for low in lo]
+        together = module.attention(q, k, v, lo, hi, hd**-0.5)
+        alone = module.attention(q, k, v, lo, hi, hd**-0.5, alone=True)
+        if not torch.equal(together.view(torch.int32), alone.view(torch.int32)):
+            differing.append((queries, hd, slots))
+    return differing
+
+
+@pytest.mark.parametrize("path", quant_native.cpu_paths() if quant_native.available() else [])
+def test_attention_of_real_head_sizes_is_the_same_alone_or_among_other_queries(path) -> None:
+    # head sizes of real models (64, 80, 128; the tiny models' are 8): the passes over several queries (pairs of
+    # keys, transposed chunks, values of several queries at once) give each query its result alone; a build adding
+    # a key's score lanes in another order in those passes does not
+    for seed in (0, 1):
+        assert _attention_alone_differs(quant_native.build(path), seed) == []
+    mutated = quant_native.build(path, ("-DHVD_MUTATE_ATTENTION_ORDER",))
+    assert (24, 64, 300) in _attention_alone_differs(mutated, 0)
+
+
+def test_attention_refuses_queries_that_see_no_slot() -> None:
+    module = quant_native.build(quant_native.REFERENCE)
+    q, kv = torch.zeros(2, 64), torch.zeros(10, 64, dtype=torch.float16)
+    with pytest.raises(RuntimeError, match=r"query 1 sees \[4, 4\) of 10 slots"):
+        module.attention(q, kv, kv, [0, 4], [3, 4], 0.125)
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_a_batched_step_gives_each_request_its_logits_alone_bitwise(tiny_quant, data) -> None:

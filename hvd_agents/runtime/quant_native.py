@@ -115,7 +115,8 @@ def _random_weight(module: ModuleType, fmt: int, rows: int, cols: int, rng: np.r
 
 def compare_paths(a: ModuleType, b: ModuleType, seed: int = 0) -> list[str]:
     """Where two builds' ``linear`` differ, bit for bit, on random weights of every format and inputs of 1 to 64
-    rows (whole and partial groups of blocks, partial tiles); an empty list when they agree everywhere."""
+    rows (whole and partial groups of blocks, partial tiles), and where their ``attention`` does
+    (:func:`attention_differences`); an empty list when they agree everywhere."""
     rng = np.random.default_rng(seed)
     differences = []
     for fmt in (*QUANTIZED, F32):
@@ -129,6 +130,29 @@ def compare_paths(a: ModuleType, b: ModuleType, seed: int = 0) -> list[str]:
                 ya, yb = a.linear(wa, x[:m]), b.linear(wb, x[:m])
                 if not torch.equal(ya.view(torch.int32), yb.view(torch.int32)):
                     differences.append(f"{FORMAT_NAMES[fmt]} {rows}x{cols}, {m} rows")
+    return differences + attention_differences(a, b, rng)
+
+
+# (queries, head_dim, slots): one or few queries (pairs of keys), many (a path's passes over several queries),
+# head sizes of one, several and a partial pass of 64 lanes, runs ending inside a chunk of 64 keys
+ATTENTION_CASES = ((1, 64, 37), (3, 64, 200), (6, 64, 131), (24, 64, 300), (48, 64, 77), (13, 80, 150), (30, 128, 90))
+
+
+def attention_differences(a: ModuleType, b: ModuleType, rng: np.random.Generator) -> list[str]:
+    """Where two builds' attention differ, bit for bit, on random queries, keys and values; each query sees its own
+    run of the slots (as the rows of a prompt, a draft or a window do)."""
+    differences = []
+    for queries, hd, slots in ATTENTION_CASES:
+        scale = float(rng.uniform(0.5, 4.0))
+        q = torch.from_numpy((rng.standard_normal((queries, hd)) * scale).astype(np.float32))
+        k = torch.from_numpy(rng.standard_normal((slots, hd)).astype(np.float16))
+        v = torch.from_numpy(rng.standard_normal((slots, hd)).astype(np.float16))
+        lo = rng.integers(0, slots // 3 + 1, queries).tolist()
+        hi = [int(rng.integers(low + 1, slots + 1)) for low in lo]
+        ya = a.attention(q, k, v, lo, hi, hd**-0.5)
+        yb = b.attention(q, k, v, lo, hi, hd**-0.5)
+        if not torch.equal(ya.view(torch.int32), yb.view(torch.int32)):
+            differences.append(f"attention of {queries} queries, head_dim {hd}, {slots} slots")
     return differences
 
 

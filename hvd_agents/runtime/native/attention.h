@@ -34,15 +34,18 @@ constexpr int64_t kMaxHeadDim = 256;
 constexpr int64_t kChunk = 64;   // keys (values) converted from float16 at a time; even: keys go in pairs
 constexpr int64_t kMaxQueries = 128;  // queries one attend() call takes
 // kTransposeQueries: queries from which a call's scores read a transposed chunk (the transposition pays for
-// itself over that many queries); kScoreQueries: queries a pass over it (8 sums each, beside the registers a
-// pass needs); kPairQueries: queries a pass over pairs of keys; kPairValues: weigh two queries' values at once.
+// itself over that many queries); kScoreQueries: queries a pass over it (a sum per query and vector of keys in
+// flight: 6 x 4 of the 32 registers); kPairQueries: queries a pass over pairs of keys; kValueQueries,
+// kPairValues: weigh that many, two queries' values at once.
 #if defined(__AVX512F__)
 constexpr int64_t kTransposeQueries = 6;
-constexpr size_t kScoreQueries = 3;
+constexpr size_t kScoreQueries = 6;
 constexpr size_t kPairQueries = 4;  // queries a pass over pairs of keys
+constexpr size_t kValueQueries = 6;  // weigh six queries' values at once (6 x 4 sums in flight)
 constexpr bool kPairValues = true;
 #else  // (no transposed chunks: 16 registers hold neither a transposed pass's sums nor spare lanes)
 constexpr size_t kPairQueries = 4;
+constexpr size_t kValueQueries = 1;
 constexpr bool kPairValues = false;  // eight 8-lane sums in flight already
 #endif
 
@@ -73,7 +76,17 @@ inline float softmax(float* scores, int64_t T) {
   for (int64_t t = T; t < T8; ++t) scores[t] = mx;
   __m256 sum = _mm256_setzero_ps();
   const __m256 mv = _mm256_set1_ps(mx);
-  for (int64_t t = 0; t < T8; t += 8) {
+  int64_t t = 0;
+#if defined(__AVX512F__)  // 16 lanes at a time where no padding is among them; the sum still 8 lanes, in order
+  const __m512 mv16 = _mm512_set1_ps(mx);
+  for (; t + 16 <= T; t += 16) {
+    const __m512 e = hvd_lanes::exp16(_mm512_sub_ps(_mm512_loadu_ps(scores + t), mv16));
+    _mm512_storeu_ps(scores + t, e);
+    sum = _mm256_add_ps(sum, _mm512_castps512_ps256(e));
+    sum = _mm256_add_ps(sum, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
+  }
+#endif
+  for (; t < T8; t += 8) {
     __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + t), mv));
     if (t + 8 > T) {  // the padding lanes count for nothing
       alignas(32) float keep[8];
@@ -119,6 +132,37 @@ inline void weigh_group2(float* acc, float* acc2, int64_t off0, const float* p, 
   for (int j = 0; j < NV; ++j) {
     hvd_isa::f_store(acc + off0 + 16 * j, a[j]);
     hvd_isa::f_store(acc2 + off0 + 16 * j, b[j]);
+  }
+}
+
+// The same for NQ queries (AVX-512: NQ x NV sums in flight, each row's vectors loaded once for all of them).
+template <int NQ, int NV, class Load>
+inline void weigh_group_n(float* const* acc, int64_t off0, const float* const* p, int64_t n, const Load& load16) {
+  VF a[NQ][NV];
+  for (int u = 0; u < NQ; ++u)
+    for (int j = 0; j < NV; ++j) a[u][j] = hvd_isa::f_load(acc[u] + off0 + 16 * j);
+  for (int64_t t = 0; t < n; ++t) {
+    VF v[NV];
+    for (int j = 0; j < NV; ++j) v[j] = load16(t, off0 + 16 * j);
+    for (int u = 0; u < NQ; ++u) {
+      const VF pv = hvd_isa::f_set1(p[u][t]);
+      for (int j = 0; j < NV; ++j) a[u][j] = hvd_isa::f_fmadd(pv, v[j], a[u][j]);
+    }
+  }
+  for (int u = 0; u < NQ; ++u)
+    for (int j = 0; j < NV; ++j) hvd_isa::f_store(acc[u] + off0 + 16 * j, a[u][j]);
+}
+
+// weigh() for NQ queries over the same n rows (an output of whole 16-lane vectors).
+template <int NQ, class Load16>
+inline void weigh_n(float* const* acc, int64_t hd, const float* const* p, int64_t n, const Load16& load16) {
+  for (int64_t off = 0; off < hd; off += 64) {
+    switch (std::min<int64_t>(4, (hd - off) / 16)) {
+      case 1: weigh_group_n<NQ, 1>(acc, off, p, n, load16); break;
+      case 2: weigh_group_n<NQ, 2>(acc, off, p, n, load16); break;
+      case 3: weigh_group_n<NQ, 3>(acc, off, p, n, load16); break;
+      default: weigh_group_n<NQ, 4>(acc, off, p, n, load16); break;
+    }
   }
 }
 
@@ -285,29 +329,43 @@ inline void transpose_keys(const uint16_t* K16, int64_t hd, int64_t t0, int64_t 
   }
 }
 
-// The scores of NQ queries against kKeys keys of a transposed chunk (kT + tb: column tb on): lane k of
-// acc[j] is key k's fused multiply-add chain of lane j over the head's 8-lane chunks, and the lanes' hsum
-// ((0+4)+(1+5))+((2+6)+(3+7)) is taken lane-wise: each key's score is the one score_pairs() gives it.
-template <int NQ>
+// The scores of NQ queries against NK vectors of kKeys keys of a transposed chunk (kT + tb: column tb on):
+// key k's lane j is the fused multiply-add chain of lane j over the head's 8-lane chunks, computed here lane
+// after lane (chunk i's element j for i = 0, 1, ...: the chain's own order) with NQ x NK chains in flight, each
+// chain's result kept; then the lanes' hsum ((0+4)+(1+5))+((2+6)+(3+7)), taken lane-wise. So each key's score is
+// the one score_pairs() gives it. Every key vector loaded serves NQ queries, every query element loaded NK
+// vectors: twice the multiply-adds per load of a pass over one vector of keys.
+template <int NQ, int NK>
 inline void score_keys(const float* const* q, int64_t hd, const float* kT, float scale, float* const* out) {
-  KV acc[NQ][8];
-  for (int u = 0; u < NQ; ++u)
-    for (int j = 0; j < 8; ++j) acc[u][j] = k_zero();
-  for (int64_t i = 0; i < hd; i += 8)
-    for (int j = 0; j < 8; ++j) {
-      const KV k = k_load(kT + (i + j) * kChunk);
-      for (int u = 0; u < NQ; ++u) acc[u][j] = k_fmadd(k_set1(q[u][i + j]), k, acc[u][j]);
+  alignas(64) float lanes[8][NQ][NK][kKeys];
+  for (int j = 0; j < 8; ++j) {
+    KV acc[NQ][NK];
+    for (int u = 0; u < NQ; ++u)
+      for (int v = 0; v < NK; ++v) acc[u][v] = k_zero();
+    for (int64_t i = j; i < hd; i += 8) {
+      const float* row = kT + i * kChunk;
+      KV k[NK];
+      for (int v = 0; v < NK; ++v) k[v] = k_load(row + kKeys * v);
+      for (int u = 0; u < NQ; ++u) {
+        const KV qv = k_set1(q[u][i]);
+        for (int v = 0; v < NK; ++v) acc[u][v] = k_fmadd(qv, k[v], acc[u][v]);
+      }
     }
-  for (int u = 0; u < NQ; ++u) {
-#if defined(HVD_MUTATE_ATTENTION_ORDER)  // for the tests only: passes of several queries add a key's lanes otherwise
-    const KV s = k_add(k_add(k_add(acc[u][0], acc[u][1]), k_add(acc[u][2], acc[u][3])),
-                       k_add(k_add(acc[u][4], acc[u][5]), k_add(acc[u][6], acc[u][7])));
-#else
-    const KV s = k_add(k_add(k_add(acc[u][0], acc[u][4]), k_add(acc[u][1], acc[u][5])),
-                       k_add(k_add(acc[u][2], acc[u][6]), k_add(acc[u][3], acc[u][7])));
-#endif
-    k_store(out[u], k_mul(s, k_set1(scale)));
+    for (int u = 0; u < NQ; ++u)
+      for (int v = 0; v < NK; ++v) k_store(lanes[j][u][v], acc[u][v]);
   }
+  const auto at = [&](int j, int u, int v) { return k_load(lanes[j][u][v]); };
+  for (int u = 0; u < NQ; ++u)
+    for (int v = 0; v < NK; ++v) {
+#if defined(HVD_MUTATE_ATTENTION_ORDER)  // for the tests only: passes of several queries add a key's lanes otherwise
+      const KV s = k_add(k_add(k_add(at(0, u, v), at(1, u, v)), k_add(at(2, u, v), at(3, u, v))),
+                         k_add(k_add(at(4, u, v), at(5, u, v)), k_add(at(6, u, v), at(7, u, v))));
+#else
+      const KV s = k_add(k_add(k_add(at(0, u, v), at(4, u, v)), k_add(at(1, u, v), at(5, u, v))),
+                         k_add(k_add(at(2, u, v), at(6, u, v)), k_add(at(3, u, v), at(7, u, v))));
+#endif
+      k_store(out[u] + kKeys * v, k_mul(s, k_set1(scale)));
+    }
 }
 #endif  // __AVX512F__
 
@@ -357,25 +415,24 @@ inline void attend(const Query* queries, int64_t Q, const at::Half* K, const at:
 #if defined(__AVX512F__)
     if (transposed) {
       transpose_keys(K16, hd, t0, t1, s.kT.data());
+      const int64_t nk = (t1 - t0 + kKeys - 1) / kKeys;  // vectors of keys in the chunk
       for (size_t a0 = 0; a0 < active.size(); a0 += kScoreQueries) {
         const size_t n = std::min<size_t>(kScoreQueries, active.size() - a0);
-        const float* qs[kScoreQueries];
+        const float* qs[kScoreQueries];  // a short pass repeats its last query
         for (size_t u = 0; u < kScoreQueries; ++u) qs[u] = queries[active[a0 + std::min(u, n - 1)]].q;
-        for (int64_t tb = t0; tb < t1; tb += kKeys) {
-          alignas(64) float sc[kScoreQueries][kKeys];
-          float* outs[kScoreQueries];
-          for (size_t u = 0; u < kScoreQueries; ++u) outs[u] = sc[u];
-          switch (n) {
-            case 1: score_keys<1>(qs, hd, s.kT.data() + (tb - t0), scale, outs); break;
-            case 2: score_keys<2>(qs, hd, s.kT.data() + (tb - t0), scale, outs); break;
-            default: score_keys<kScoreQueries>(qs, hd, s.kT.data() + (tb - t0), scale, outs); break;
-          }
-          for (size_t u = 0; u < n; ++u) {
-            const Query& x = queries[active[a0 + u]];
-            const int64_t from = std::max(tb, x.lo), to = std::min({tb + kKeys, t1, x.hi});
-            if (to > from)
-              std::copy(sc[u] + (from - tb), sc[u] + (to - tb), scores + active[a0 + u] * ld + (from - x.lo));
-          }
+        alignas(64) float sc[kScoreQueries][kChunk];
+        float* outs[kScoreQueries];
+        for (size_t u = 0; u < kScoreQueries; ++u) outs[u] = sc[u];
+        switch (nk) {
+          case 1: score_keys<kScoreQueries, 1>(qs, hd, s.kT.data(), scale, outs); break;
+          case 2: score_keys<kScoreQueries, 2>(qs, hd, s.kT.data(), scale, outs); break;
+          case 3: score_keys<kScoreQueries, 3>(qs, hd, s.kT.data(), scale, outs); break;
+          default: score_keys<kScoreQueries, 4>(qs, hd, s.kT.data(), scale, outs); break;
+        }
+        for (size_t u = 0; u < n; ++u) {
+          const Query& x = queries[active[a0 + u]];
+          const int64_t from = std::max(t0, x.lo), to = std::min(t1, x.hi);
+          if (to > from) std::copy(sc[u] + (from - t0), sc[u] + (to - t0), scores + active[a0 + u] * ld + (from - x.lo));
         }
       }
       continue;
@@ -439,6 +496,33 @@ inline void attend(const Query* queries, int64_t Q, const at::Half* K, const at:
             [v, hd](int64_t t, int64_t off) { return _mm256_loadu_ps(v + t * hd + off); });
     };
     int64_t u = 0;
+    if (kValueQueries > 2 && hd % 16 == 0) {
+      // kValueQueries at a time: each alone up to where all of them see the rows, together there, alone after
+      constexpr int NQ = static_cast<int>(kValueQueries);
+      for (; u + NQ <= Q; u += NQ) {
+        int64_t bs[NQ], es[NQ], b = t0, e = t1;
+        for (int w = 0; w < NQ; ++w) {
+          bs[w] = std::max(t0, queries[u + w].lo);
+          es[w] = std::min(t1, queries[u + w].hi);
+          b = std::max(b, bs[w]);
+          e = std::min(e, es[w]);
+        }
+        if (e <= b) {
+          for (int w = 0; w < NQ; ++w) one(u + w, bs[w], es[w]);
+          continue;
+        }
+        float* accs[NQ];
+        const float* ps[NQ];
+        for (int w = 0; w < NQ; ++w) {
+          one(u + w, bs[w], b);
+          accs[w] = acc + (u + w) * hd;
+          ps[w] = scores + (u + w) * ld + b - queries[u + w].lo;
+        }
+        const float* v = kv + (b - t0) * hd;
+        weigh_n<NQ>(accs, hd, ps, e - b, [v, hd](int64_t t, int64_t off) { return hvd_isa::f_load(v + t * hd + off); });
+        for (int w = 0; w < NQ; ++w) one(u + w, e, es[w]);
+      }
+    }
     if (kPairValues && hd % 16 == 0) {
       // two queries at a time: each alone up to where both see the rows, together there, alone after
       for (; u + 1 < Q; u += 2) {

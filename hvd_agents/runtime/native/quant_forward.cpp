@@ -45,7 +45,7 @@ using namespace hvd_attention;
 using namespace hvd_rows;
 
 constexpr int64_t kMaxRows = 1024;  // rows per call (a longer prefill is several calls)
-constexpr int64_t kBlockRows = 8;  // rows of a sequence per attention job, at most
+constexpr int64_t kBlockRows = 16;  // rows of a sequence per attention job, at most
 
 // An attention job: rows [r0, r1) of one sequence, query heads [h0, h1) of kv head g (one attend() call).
 struct AttentionJob {
@@ -434,6 +434,39 @@ at::Tensor linear(const Matrix& W, const at::Tensor& x, int64_t threads) {
   return y;
 }
 
+// Attention of queries q [Q, hd] (float32) over one kv head's keys and values k, v [T, hd] (float16): query u sees
+// the slots [lo[u], hi[u]), all of them in one attend() call (the path's passes over several queries), or each in
+// a call of its own when `alone`. For the tests and the paths' self-check: a query's result must not depend on
+// the queries beside it, nor on the path.
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::vector<int64_t>& lo,
+                     const std::vector<int64_t>& hi, double scale, bool alone) {
+  TORCH_CHECK(q.scalar_type() == at::kFloat && q.dim() == 2, "q must be float32 [Q, head_dim]");
+  const int64_t Q = q.size(0), hd = q.size(1);
+  TORCH_CHECK(Q >= 1 && Q <= kMaxQueries, "attention takes 1 to ", kMaxQueries, " queries, not ", Q);
+  TORCH_CHECK(hd % 8 == 0 && hd <= kMaxHeadDim, "head_dim must be a multiple of 8 up to ", kMaxHeadDim, ", not ", hd);
+  TORCH_CHECK(k.scalar_type() == at::kHalf && v.scalar_type() == at::kHalf && k.dim() == 2 && k.sizes() == v.sizes() &&
+                  k.size(1) == hd, "k and v must be float16 [T, head_dim]");
+  const int64_t T = k.size(0);
+  TORCH_CHECK(static_cast<int64_t>(lo.size()) == Q && static_cast<int64_t>(hi.size()) == Q, "a run per query");
+  for (int64_t u = 0; u < Q; ++u)
+    TORCH_CHECK(0 <= lo[u] && lo[u] < hi[u] && hi[u] <= T, "query ", u, " sees [", lo[u], ", ", hi[u], ") of ", T, " slots");
+  const at::Tensor qs = q.contiguous(), ks = k.contiguous(), vs = v.contiguous();
+  at::Tensor out = at::empty({Q, hd}, at::kFloat);
+  std::vector<Query> queries(Q);
+  for (int64_t u = 0; u < Q; ++u)
+    queries[u] = Query{qs.data_ptr<float>() + u * hd, out.data_ptr<float>() + u * hd, lo[u], hi[u], nullptr, 0};
+  Scratch scratch;
+  scratch.reserve(Q, hd, T);
+  const at::Half* K = ks.data_ptr<at::Half>();
+  const at::Half* V = vs.data_ptr<at::Half>();
+  if (alone) {
+    for (int64_t u = 0; u < Q; ++u) attend(&queries[u], 1, K, V, hd, static_cast<float>(scale), scratch);
+  } else {
+    attend(queries.data(), Q, K, V, hd, static_cast<float>(scale), scratch);
+  }
+  return out;
+}
+
 // The rope tables [positions, len(inv_freq)] in float32: cos and sin of p * inv_freq in double (the C library's,
 // not a vectorized approximation that differs between instruction sets), times the attention scaling.
 std::vector<at::Tensor> rope_table(const at::Tensor& inv_freq, int64_t positions, double scaling) {
@@ -486,6 +519,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("num_layers", &QuantModel::num_layers)
       .def_property_readonly("vocab", &QuantModel::vocab);
   m.def("linear", &linear, py::arg("weight"), py::arg("x"), py::arg("threads") = 0, py::call_guard<py::gil_scoped_release>());
+  m.def("attention", &attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("lo"), py::arg("hi"), py::arg("scale"),
+        py::arg("alone") = false, py::call_guard<py::gil_scoped_release>());
   m.def("rope_table", &rope_table, py::call_guard<py::gil_scoped_release>());
   m.def("dequantize", &dequantize, py::call_guard<py::gil_scoped_release>());
   m.attr("MAX_ROWS") = kMaxRows;

@@ -46,6 +46,14 @@ enum Activation : int { SILU = 0, GELU_TANH = 1 };
 // out = silu(g) * u
 inline void silu_mul(const float* g, const float* u, int64_t n, float* out) {
   int64_t k = 0;
+#if defined(__AVX512F__)  // 16 lanes at a time, each lane the 8-lane operations
+  const __m512 one16 = _mm512_set1_ps(1.0f);
+  for (; k + 16 <= n; k += 16) {
+    const __m512 gv = _mm512_loadu_ps(g + k);
+    const __m512 sig = _mm512_div_ps(one16, _mm512_add_ps(one16, hvd_lanes::exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
+    _mm512_storeu_ps(out + k, _mm512_mul_ps(_mm512_mul_ps(gv, sig), _mm512_loadu_ps(u + k)));
+  }
+#endif
   const __m256 one = _mm256_set1_ps(1.0f);
   for (; k + 8 <= n; k += 8) {
     const __m256 gv = _mm256_loadu_ps(g + k);

@@ -191,17 +191,20 @@ inline void quantize_block(const float* xb, QRows& dst, int64_t r, int64_t b) {
   const float am = _mm_cvtss_f32(m);
   const float db = am / 127.0f;
   const float id = am != 0.0f ? 127.0f / am : 0.0f;
-  int32_t total = 0, first = 0;
-  for (int j = 0; j < 4; ++j) {
-    if (j == 2) first = total;
-    __m256i qi = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[j], _mm256_set1_ps(id)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    alignas(32) int32_t lanes[8];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), qi);
-    for (int t = 0; t < 8; ++t) {
-      q[8 * j + t] = static_cast<int8_t>(lanes[t]);
-      total += lanes[t];
-    }
-  }
+  __m256i qi[4];
+  for (int j = 0; j < 4; ++j)
+    qi[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[j], _mm256_set1_ps(id)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  // the 32 values as int8 in order (each in -127..127: the packs saturate nothing), and each half's sum (exact)
+  const __m256i w01 = _mm256_packs_epi32(qi[0], qi[1]), w23 = _mm256_packs_epi32(qi[2], qi[3]);  // per 128-bit lane
+  const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), bytes);
+  const auto sum8 = [](__m256i a) {
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+    return _mm_cvtsi128_si32(t);
+  };
+  const int32_t first = sum8(_mm256_add_epi32(qi[0], qi[1])), total = first + sum8(_mm256_add_epi32(qi[2], qi[3]));
   const int64_t i = r * dst.nb + b;
   dst.d[i] = db;
   dst.s[i] = db * static_cast<float>(total);

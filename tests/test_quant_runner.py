@@ -114,6 +114,30 @@ def test_a_mutated_accumulation_order_fails_the_invariance_check() -> None:
     assert invariance_failures(mutated, w) > 0
 
 
+def test_iq4_blocks_convert_exactly() -> None:
+    # IQ4_NL (d * table[q] per 32) as Q8_0 and IQ4_XS (d * (ls - 32) * table[q] per 32 of 256) as q6s: the
+    # native dequantization of the converted blocks is gguf's dequantization of the file's, bit for bit
+    from gguf import GGMLQuantizationType as T
+    from gguf.quants import dequantize
+
+    module = quant_native.module()
+    rng = np.random.default_rng(7)
+    nl = rng.integers(0, 256, size=(8, 512 // 32, 18), dtype=np.uint8)
+    nl[..., 0:2] = rng.uniform(-0.02, 0.02, size=(8, 512 // 32, 1)).astype(np.float16).view(np.uint8)
+    nl = nl.reshape(8, -1)
+    converted = quant_weights.Weight(quant_native.Q8_0, 8, 512, quant_weights._iq4_nl_as_q8_0(nl))
+    expected = dequantize(nl.reshape(-1), T.IQ4_NL).reshape(8, 512)
+    assert np.array_equal(module.dequantize(_matrix(module, converted)).numpy(), expected)
+    xs = rng.integers(0, 256, size=(8, 512 // 256, 136), dtype=np.uint8)  # every 6-bit scale, signs of both kinds
+    xs[..., 0:2] = rng.uniform(-0.01, 0.01, size=(8, 512 // 256, 1)).astype(np.float16).view(np.uint8)
+    xs = xs.reshape(8, -1)
+    converted = quant_weights.Weight(quant_native.Q6S, 8, 512, quant_weights._iq4_xs_as_q6s(xs))
+    expected = dequantize(xs.reshape(-1), T.IQ4_XS).reshape(8, 512)
+    got = module.dequantize(_matrix(module, converted)).numpy()
+    assert np.array_equal(got, expected) and np.count_nonzero(expected) > 0.9 * expected.size
+    assert {"IQ4_NL", "IQ4_XS"} <= set(quant_weights.NATIVE_GGUF_TYPES)
+
+
 def test_gguf_block_conversions_are_exact() -> None:
     from gguf import GGMLQuantizationType as T
     from gguf.quants import dequantize

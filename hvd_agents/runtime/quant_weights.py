@@ -10,9 +10,11 @@ bytes):
   minimum per 32 weights: ``d * sc`` and ``dmin * m`` are exact in float32); Q5_0,
   Q5_1 and Q5_K become ``q5f`` (the same with 5-bit weights a byte each); Q6_K becomes
   ``q6s`` (int8 weights ``q - 32`` with a float32 scale ``d * sc`` per 16), and so does Q3_K
-  (weights -4..3, scale ``d * (sc - 32)`` per 16): all exactly the file's values
+  (weights -4..3, scale ``d * (sc - 32)`` per 16); IQ4_NL becomes Q8_0 and IQ4_XS ``q6s`` (the
+  non-linear table's int8 values, the scale ``d`` or ``d * (ls - 32)``): all exactly the file's values
   (:data:`NATIVE_GGUF_TYPES`). Float tensors and the other block types (Q2_K, whose minimum per
-  16 weights no native format holds, IQ*) are dequantized to float32, which is exact too. llama.cpp stores a llama file's
+  16 weights no native format holds, and the IQ1, IQ2 and IQ3 grids) are dequantized to float32,
+  which is exact too. llama.cpp stores a llama file's
   query and key rows permuted for its rope; they are put back in the model's order. Fused projections
   (phi3's ``attn_qkv`` and ``ffn_up``) are split by rows, block for block. Norms and biases are read from
   the file too (a gemma file's norms hold ``1 + w``, the multiplier itself).
@@ -373,7 +375,45 @@ def _q3_k_as_q6s(raw: np.ndarray) -> np.ndarray:
 
 
 # GGUF block types read natively, and what they become
-NATIVE_GGUF_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+IQ4_VALUES = np.array((-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113), dtype=np.int8)
+
+
+def _iq4_values(qs: np.ndarray) -> np.ndarray:
+    """``[n, 16]`` bytes of 4-bit indices (low nibbles the first 16 weights, high nibbles the next 16) as the
+    ``[n, 32]`` int8 values of IQ4's table."""
+    return IQ4_VALUES[np.concatenate([qs & np.uint8(0x0F), qs >> np.uint8(4)], axis=1)]
+
+
+def _iq4_nl_as_q8_0(raw: np.ndarray) -> np.ndarray:
+    """IQ4_NL blocks (32 weights: ``d * table[q]``, ``d`` float16) as Q8_0 (the same ``d``, the table's int8
+    values), exactly."""
+    rows = raw.shape[0]
+    blocks = raw.reshape(-1, 18)
+    out = np.empty((blocks.shape[0], 34), dtype=np.uint8)
+    out[:, 0:2] = blocks[:, 0:2]
+    out[:, 2:] = _iq4_values(blocks[:, 2:]).view(np.uint8)
+    return out.reshape(rows, -1)
+
+
+def _iq4_xs_as_q6s(raw: np.ndarray) -> np.ndarray:
+    """IQ4_XS blocks (256 weights: ``d * (ls - 32) * table[q]`` per 32, ``ls`` 6 bits) as q6s (the float32
+    scale ``d * (ls - 32)``, exact in 11 x 6 bits, for both halves of a block of 32), exactly."""
+    rows = raw.shape[0]
+    blocks = raw.reshape(-1, 136)
+    n = blocks.shape[0]
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)  # [n, 1]
+    high = blocks[:, 2:4].copy().view(np.uint16)  # [n, 1]: 2 bits a sub-block
+    low = blocks[:, 4:8]
+    ls = np.concatenate([low & np.uint8(0x0F), low >> np.uint8(4)], axis=1)[:, [0, 4, 1, 5, 2, 6, 3, 7]]
+    ls = ls.astype(np.int32) | (((high >> (2 * np.arange(8, dtype=np.uint16))) & np.uint16(3)).astype(np.int32) << 4)
+    scale = (d * (ls - 32).astype(np.float32)).astype(np.float32).reshape(n * 8, 1)  # [n * 8, 1], exact
+    out = np.empty((n * 8, 40), dtype=np.uint8)
+    out[:, 0:8] = np.repeat(scale, 2, axis=1).view(np.uint8)
+    out[:, 8:] = _iq4_values(blocks[:, 8:].reshape(n * 8, 16)).view(np.uint8)
+    return out.reshape(rows, -1)
+
+
+NATIVE_GGUF_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
 
 
 CONVERT_BYTES = 1 << 25  # file bytes converted at a time: a large matrix's temporaries stay this size
@@ -417,6 +457,10 @@ def _converted(kind, raw: np.ndarray, rows: int, cols: int) -> Weight:
         return Weight(Q6S, rows, cols, _q6_k_as_q6s(raw.reshape(rows, -1)))
     if kind == T.Q3_K:
         return Weight(Q6S, rows, cols, _q3_k_as_q6s(raw.reshape(rows, -1)))
+    if kind == T.IQ4_NL:
+        return Weight(Q8_0, rows, cols, _iq4_nl_as_q8_0(raw.reshape(rows, -1)))
+    if kind == T.IQ4_XS:
+        return Weight(Q6S, rows, cols, _iq4_xs_as_q6s(raw.reshape(rows, -1)))
     values = raw.copy() if kind == T.F32 else dequantize(raw, kind)
     return Weight(F32, rows, cols, np.ascontiguousarray(np.asarray(values, dtype=np.float32).reshape(rows, cols)))
 

@@ -134,8 +134,10 @@ def compare_paths(a: ModuleType, b: ModuleType, seed: int = 0) -> list[str]:
 
 
 # (queries, head_dim, slots): one or few queries (pairs of keys), many (a path's passes over several queries),
-# head sizes of one, several and a partial pass of 64 lanes, runs ending inside a chunk of 64 keys
-ATTENTION_CASES = ((1, 64, 37), (3, 64, 200), (6, 64, 131), (24, 64, 300), (48, 64, 77), (13, 80, 150), (30, 128, 90))
+# head sizes of one, several and a partial pass of 64 lanes, one not of 16-lane vectors, and gemma's 256; runs
+# ending inside a chunk of 64 keys
+ATTENTION_CASES = ((1, 64, 37), (3, 64, 200), (6, 64, 131), (24, 64, 300), (48, 64, 77), (13, 80, 150), (30, 128, 90),
+                   (9, 40, 100), (8, 256, 70))
 
 
 def attention_differences(a: ModuleType, b: ModuleType, rng: np.random.Generator) -> list[str]:

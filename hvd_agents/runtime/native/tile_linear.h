@@ -33,6 +33,10 @@ using namespace hvd_isa;
 using hvd_lanes::hsum;
 
 constexpr int RB = 16;  // input rows per pass over a tile
+// A thread streams its tiles in order; asking for the lines this far ahead keeps more of them in flight than the
+// hardware prefetcher does: a one-row product over a 105 MiB Q6_K weight on 2 threads ran at 39-78 GB/s with
+// 1-16 KiB ahead against 31-34 GB/s without (8 KiB: 51 and 78 in two rounds)
+constexpr int64_t PREFETCH_AHEAD = 8192;
 
 // ---------------------------------------------------------------- activations
 
@@ -115,6 +119,10 @@ void tile_rows(const uint8_t* tile, int64_t nb, const QRows& x, int64_t r0, int6
     const int64_t g0 = step * 8;
 #endif
     const int64_t ng = std::min<int64_t>(8, nb - g0);
+    {  // the group's bytes, PREFETCH_AHEAD further on (past the weight's end: a hint, never a fault)
+      const char* ahead = reinterpret_cast<const char*>(tile + (g0 / Lt::BLOCKS) * Lt::TRB) + PREFETCH_AHEAD;
+      for (int64_t off = 0; off < Lt::TRB * 8 / Lt::BLOCKS; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
+    }
     // 1. the integer dots (exact): each block's weights unpacked once for all the rows (Q6S, Q6K: one per half
     // block; Q6K's q - 32 as q's dot less 32 times the half block's sum of x)
     for (int64_t j = 0; j < ng; ++j) {

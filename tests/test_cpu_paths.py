@@ -22,6 +22,7 @@ from hvd_agents import Engine, GenerationParams
 from hvd_agents.runtime import quant_native, quant_weights
 from hvd_agents.runtime.quant_runner import NativeModel, QuantRunner
 from hvd_agents.runtime.target import Target
+from tests.kquant_model import kquant_weights, make_kquant_llama
 from tests.tiny import make_tiny_llama
 
 pytestmark = pytest.mark.skipif(not quant_native.available(), reason="the native kernel needs x86-64 with AVX2")
@@ -42,6 +43,8 @@ def test_a_path_with_another_accumulation_order_fails_the_comparison() -> None:
     differences = quant_native.compare_paths(quant_native.build(quant_native.REFERENCE), mutated)
     assert differences and any("800" in d for d in differences)  # 25 blocks of 32: four groups, the order shows
     assert not any("96" in d for d in differences)  # one group: nothing to reorder, the same bits
+    # and on every format: the K-quants' super-blocks and the 5-bit records as much as the others
+    assert {d.split()[0] for d in differences} == {quant_native.FORMAT_NAMES[f] for f in quant_native.QUANTIZED}
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -59,10 +62,14 @@ def _on_path(model: torch.nn.Module, weights, path: str) -> QuantRunner:
     return QuantRunner(NativeModel(model, weights, 512, path))
 
 
-@pytest.mark.parametrize("scheme", ["int8", "int4"])
+@pytest.mark.parametrize("scheme", ["int8", "int4", "kquant"])
 def test_whole_forwards_are_bitwise_the_same_on_every_path(scheme) -> None:
-    model = make_tiny_llama(VOCAB, seed=4, dtype=torch.float32)
-    weights = quant_weights.from_model(model, scheme)
+    if scheme == "kquant":  # random GGUF K-quant and 5-bit blocks in the loader's records
+        model = make_kquant_llama(VOCAB, seed=4)
+        weights = kquant_weights(model, wide=False, seed=4)
+    else:
+        model = make_tiny_llama(VOCAB, seed=4, dtype=torch.float32)
+        weights = quant_weights.from_model(model, scheme)
     ids = torch.randint(0, VOCAB, (290,), generator=torch.Generator().manual_seed(2)).tolist()
     outputs = {}
     for path in PATHS:

@@ -20,11 +20,12 @@ from hypothesis import strategies as st
 
 from hvd_agents import Engine, GenerationParams
 from hvd_agents.errors import InvalidRequestError
-from hvd_agents.runtime import quant_native, quant_weights
+from hvd_agents.runtime import gguf_blocks, quant_native, quant_weights
 from hvd_agents.runtime.quant_runner import NativeModel, QuantKV, QuantRunner, tree_rows
 from hvd_agents.runtime.runner import BatchCall
 from hvd_agents.runtime.target import Target
 from tests.drafters_for_tests import FixedDrafter, RandomQDrafter, ScriptedDrafter, TreeDrafter
+from tests.kquant_model import BLOCKS, gguf_weight, kind, kquant_weights, make_kquant_llama, random_blocks
 from tests.test_engine_lossless import assert_samples_follow
 from tests.tiny import make_tiny_llama
 
@@ -33,42 +34,21 @@ pytestmark = pytest.mark.skipif(not quant_native.available(), reason="the native
 VOCAB = 96
 
 
+# the GGUF type each native format converts here
+_GGUF_OF = {quant_native.Q4F: "Q4_K", quant_native.Q4K: "Q4_K", quant_native.Q5F: "Q5_K", quant_native.Q5K: "Q5_K",
+            quant_native.Q6S: "Q6_K", quant_native.Q6K: "Q6_K", quant_native.Q5_0: "Q5_0", quant_native.Q5_1: "Q5_1"}
+_WIDE = (quant_native.Q4F, quant_native.Q5F, quant_native.Q6S)
+
+
 def _weights(fmt: int, rows: int, cols: int, seed: int) -> quant_weights.Weight:
     w = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
     if fmt == quant_native.Q8_0:
         return quant_weights.Weight(fmt, rows, cols, quant_weights.quantize_q8_0(w))
     if fmt == quant_native.Q4_1:
         return quant_weights.Weight(fmt, rows, cols, quant_weights.quantize_q4_1(w))
-    if fmt == quant_native.Q4F:  # Q4_K blocks as the loader converts them
-        return quant_weights.Weight(fmt, rows, cols, quant_weights._q4_k_as_q4f(_random_q4_k(rows, cols, seed)))
-    if fmt == quant_native.Q5F:  # Q5_K blocks
-        return quant_weights.Weight(fmt, rows, cols, quant_weights._q5_k_as_q5f(_random_k(rows, cols, seed, 176)))
-    if fmt == quant_native.Q6S:  # Q6_K blocks
-        return quant_weights.Weight(fmt, rows, cols, quant_weights._q6_k_as_q6s(_random_k(rows, cols, seed, 210)))
+    if fmt in _GGUF_OF:  # random GGUF blocks as the loader converts them (or in the wide layout)
+        return gguf_weight(_GGUF_OF[fmt], rows, cols, seed, wide=fmt in _WIDE)
     return quant_weights.Weight(fmt, rows, cols, w)
-
-
-def _random_k(rows: int, cols: int, seed: int, size: int) -> np.ndarray:
-    """Random K-quant blocks of ``size`` bytes per 256 weights (Q3_K: 110, Q5_K: 176, Q6_K: 210) with small
-    finite scales."""
-    rng = np.random.default_rng(seed)
-    blocks = rng.integers(0, 256, size=(rows * cols // 256, size), dtype=np.uint8)
-    if size == 176:
-        blocks[:, 0:2] = np.float16(0.01).reshape(1).view(np.uint8)  # d
-        blocks[:, 2:4] = np.float16(0.003).reshape(1).view(np.uint8)  # dmin
-    elif size == 110:
-        blocks[:, 108:110] = rng.uniform(-0.01, 0.01, size=(blocks.shape[0], 1)).astype(np.float16).view(np.uint8)
-    else:
-        blocks[:, 208:210] = np.float16(0.002).reshape(1).view(np.uint8)  # d
-    return blocks.reshape(rows, -1)
-
-
-def _random_q4_k(rows: int, cols: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    blocks = rng.integers(0, 256, size=(rows * cols // 256, 144), dtype=np.uint8)
-    blocks[:, 0:2] = np.float16(0.01).reshape(1).view(np.uint8)  # d
-    blocks[:, 2:4] = np.float16(0.003).reshape(1).view(np.uint8)  # dmin
-    return blocks.reshape(rows, -1)
 
 
 def _matrix(module, w: quant_weights.Weight):
@@ -94,7 +74,7 @@ FORMATS = [*quant_native.QUANTIZED, quant_native.F32]
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: quant_native.FORMAT_NAMES[f])
 def test_kernel_rows_are_bitwise_the_same_alone_and_in_1_to_130_rows(fmt) -> None:
     # a float32 tail past the 8-lane loop; quantized rows of several groups of 8 blocks and a partial one
-    cols = {quant_native.F32: 100, quant_native.Q4F: 1280, quant_native.Q5F: 1280, quant_native.Q6S: 1280}.get(fmt, 800)
+    cols = 100 if fmt == quant_native.F32 else (1280 if _GGUF_OF.get(fmt, "").endswith("_K") else 800)
     w = _weights(fmt, 45, cols, seed=fmt)
     assert invariance_failures(quant_native.module(), w) == 0
     # and the products are the products: against the dequantized weight, to int8 activation precision
@@ -125,65 +105,90 @@ def test_iq4_blocks_convert_exactly() -> None:
     nl = rng.integers(0, 256, size=(8, 512 // 32, 18), dtype=np.uint8)
     nl[..., 0:2] = rng.uniform(-0.02, 0.02, size=(8, 512 // 32, 1)).astype(np.float16).view(np.uint8)
     nl = nl.reshape(8, -1)
-    converted = quant_weights.Weight(quant_native.Q8_0, 8, 512, quant_weights._iq4_nl_as_q8_0(nl))
+    converted = quant_weights.Weight(quant_native.Q8_0, 8, 512, gguf_blocks.iq4_nl_as_q8_0(nl))
     expected = dequantize(nl.reshape(-1), T.IQ4_NL).reshape(8, 512)
     assert np.array_equal(module.dequantize(_matrix(module, converted)).numpy(), expected)
     xs = rng.integers(0, 256, size=(8, 512 // 256, 136), dtype=np.uint8)  # every 6-bit scale, signs of both kinds
     xs[..., 0:2] = rng.uniform(-0.01, 0.01, size=(8, 512 // 256, 1)).astype(np.float16).view(np.uint8)
     xs = xs.reshape(8, -1)
-    converted = quant_weights.Weight(quant_native.Q6S, 8, 512, quant_weights._iq4_xs_as_q6s(xs))
+    converted = quant_weights.Weight(quant_native.Q6S, 8, 512, gguf_blocks.iq4_xs_as_q6s(xs))
     expected = dequantize(xs.reshape(-1), T.IQ4_XS).reshape(8, 512)
     got = module.dequantize(_matrix(module, converted)).numpy()
     assert np.array_equal(got, expected) and np.count_nonzero(expected) > 0.9 * expected.size
     assert {"IQ4_NL", "IQ4_XS"} <= set(quant_weights.NATIVE_GGUF_TYPES)
+    assert gguf_blocks.native_blocks(T.IQ4_NL, nl)[0] == quant_native.Q8_0
+    assert gguf_blocks.native_blocks(T.IQ4_XS, xs)[0] == quant_native.Q6S
 
 
-def test_gguf_block_conversions_are_exact() -> None:
-    from gguf import GGMLQuantizationType as T
+@pytest.mark.parametrize("wide", [False, True], ids=["compact", "wide"])
+def test_gguf_block_conversions_are_exact(wide) -> None:
     from gguf.quants import dequantize
 
     module = quant_native.module()
-    raw = _random_q4_k(8, 512, seed=3)
-    converted = quant_weights.Weight(quant_native.Q4F, 8, 512, quant_weights._q4_k_as_q4f(raw))
-    expected = dequantize(raw.reshape(-1), T.Q4_K).reshape(8, 512)
-    assert np.array_equal(module.dequantize(_matrix(module, converted)).numpy(), expected)
+    for name in BLOCKS:  # the K-quants of Q4_K_M / Q5_K_M files (Q3_K of Q3_K_M) and the legacy 5-bit blocks
+        raw = random_blocks(name, 8, 512, seed=5)
+        fmt, data = gguf_blocks.native_blocks(kind(name), raw, wide=wide)
+        expected = dequantize(raw.reshape(-1), kind(name)).reshape(8, 512)
+        converted = quant_weights.Weight(fmt, 8, 512, data)
+        assert np.array_equal(module.dequantize(_matrix(module, converted)).numpy(), expected), name
+        if not wide and name != "Q3_K":  # about the file's bytes: at most 4 more a super-block (the 6-bit scales
+            assert data.nbytes <= raw.nbytes + 8 * 512 // 256 * 4, name  # and minimums a byte each)
     rng = np.random.default_rng(4)
     q4_0 = rng.integers(0, 256, size=(8, 512 // 32, 18), dtype=np.uint8)
     q4_0[..., 0:2] = np.float16(0.02).reshape(1).view(np.uint8)
     q4_0 = q4_0.reshape(8, -1)
-    converted = quant_weights.Weight(quant_native.Q4_1, 8, 512, quant_weights._q4_0_as_q4_1(q4_0))
-    expected = dequantize(q4_0.reshape(-1), T.Q4_0).reshape(8, 512)
-    assert np.array_equal(module.dequantize(_matrix(module, converted)).numpy(), expected)
-    # the K-quants of Q4_K_M / Q5_K_M files and the legacy 5-bit blocks
-    for kind, fmt, size, convert in ((T.Q5_K, quant_native.Q5F, 176, quant_weights._q5_k_as_q5f),
-                                     (T.Q6_K, quant_native.Q6S, 210, quant_weights._q6_k_as_q6s),
-                                     (T.Q3_K, quant_native.Q6S, 110, quant_weights._q3_k_as_q6s)):
-        raw = _random_k(8, 512, 5, size)
-        converted = quant_weights.Weight(fmt, 8, 512, convert(raw))
-        expected = dequantize(raw.reshape(-1), kind).reshape(8, 512)
-        assert np.array_equal(module.dequantize(_matrix(module, converted)).numpy(), expected), kind.name
-    for kind, size, with_min in ((T.Q5_0, 22, False), (T.Q5_1, 24, True)):
-        raw = rng.integers(0, 256, size=(8, 512 // 32, size), dtype=np.uint8)
-        raw[..., 0:2] = np.float16(0.02).reshape(1).view(np.uint8)
-        if with_min:
-            raw[..., 2:4] = np.float16(-0.1).reshape(1).view(np.uint8)
-        raw = raw.reshape(8, -1)
-        converted = quant_weights.Weight(quant_native.Q5F, 8, 512, quant_weights._q5_legacy_as_q5f(raw, with_min))
-        expected = dequantize(raw.reshape(-1), kind).reshape(8, 512)
-        assert np.array_equal(module.dequantize(_matrix(module, converted)).numpy(), expected), kind.name
+    fmt, data = gguf_blocks.native_blocks(kind("Q4_0"), q4_0, wide=wide)
+    expected = dequantize(q4_0.reshape(-1), kind("Q4_0")).reshape(8, 512)
+    assert np.array_equal(module.dequantize(_matrix(module, quant_weights.Weight(fmt, 8, 512, data))).numpy(), expected)
+
+
+@pytest.mark.parametrize("name", list(BLOCKS))
+def test_compact_records_compute_the_wide_formats_bits(name) -> None:
+    # the compact records compute each block's scale and minimum at run time (d * sc, (-dmin) * m, d * -16): the
+    # same float32 products the wide formats hold, so every output is the same bits, on 1 to 64 rows
+    module = quant_native.module()
+    cols = 1280 if name.endswith("_K") else 800
+    compact, wide = (_matrix(module, gguf_weight(name, 37, cols, seed=7, wide=w)) for w in (False, True))
+    x = torch.from_numpy(np.random.default_rng(8).standard_normal((64, cols)).astype(np.float32))
+    for m in (1, 5, 16, 17, 64):
+        assert torch.equal(module.linear(compact, x[:m]).view(torch.int32), module.linear(wide, x[:m]).view(torch.int32))
+    assert compact.nbytes < wide.nbytes
 
 
 # ---------------------------------------------------------------- whole forwards on a tiny llama
 
 
 def _tiny(scheme: str, seed: int = 0) -> NativeModel:
+    if scheme == "kquant":  # random GGUF K-quant and 5-bit blocks in the loader's compact records
+        model = make_kquant_llama(VOCAB, seed=seed)
+        return NativeModel(model, kquant_weights(model, wide=False, seed=seed), 512)
     model = make_tiny_llama(VOCAB, seed=seed, dtype=torch.float32)
     return NativeModel(model, quant_weights.from_model(model, scheme), 512)
 
 
-@pytest.fixture(scope="module", params=["int8", "int4", "float32"])
+@pytest.fixture(scope="module", params=["int8", "int4", "float32", "kquant"])
 def tiny_quant(request):
     return _tiny(request.param)
+
+
+def test_compact_and_wide_records_give_a_k_quant_model_the_same_bits() -> None:
+    # the same random blocks in the loader's compact records and in the wide float32-field formats: prompt,
+    # decode steps, a draft and the KV cache bit for bit (what the formats hold differs, not one float operation)
+    model = make_kquant_llama(VOCAB, seed=1)
+    ids = torch.randint(0, VOCAB, (70,), generator=torch.Generator().manual_seed(5)).tolist()
+    outputs = []
+    for wide in (False, True):
+        weights = kquant_weights(model, wide=wide, seed=3)
+        runner = QuantRunner(NativeModel(model, weights, 512))
+        kv = runner.new_kv()
+        prompt = runner.forward(kv, ids[:50])
+        steps = [runner.forward(kv, [t]) for t in ids[50:53]]
+        draft = runner.forward(kv, ids[53:70])
+        outputs.append((prompt, *steps, draft, kv.k[:, :, :70].clone(), kv.v[:, :, :70].clone(), weights.nbytes))
+    (*compact, compact_bytes), (*wide, wide_bytes) = outputs
+    assert all(torch.equal(a, b) for a, b in zip(compact, wide))
+    assert compact[0].abs().max() > 0 and torch.isfinite(compact[0]).all()
+    assert compact_bytes < 0.7 * wide_bytes
 
 
 def test_forward_rows_alone_equal_rows_in_a_draft(tiny_quant) -> None:

@@ -45,13 +45,40 @@ PATHS = tuple(PATH_FLAGS)  # best last
 REFERENCE = "avx2"
 FLAGS = PATH_FLAGS[REFERENCE]
 
-# weight formats of native Matrix objects (native/tile_linear.h): q4f is Q4_1 with float32 scale and minimum,
-# q5f the same with 5-bit weights a byte each, q6s int8 weights with a float32 scale per 16
-F32, Q4_1, Q8_0, Q4F, Q5F, Q6S = 0, 1, 2, 3, 4, 5
-FORMAT_NAMES = {F32: "f32", Q4_1: "q4_1", Q8_0: "q8_0", Q4F: "q4f", Q5F: "q5f", Q6S: "q6s"}
-QUANTIZED = (Q4_1, Q8_0, Q4F, Q5F, Q6S)
-# bytes per block of 32 weights: (scale bytes, fields of that size, weight bytes)
-BLOCK_LAYOUT = {Q4_1: (2, 2, 16), Q8_0: (2, 1, 32), Q4F: (4, 2, 16), Q5F: (4, 2, 32), Q6S: (4, 2, 32)}
+# weight formats of native Matrix objects (native/tile_formats.h): q4f is Q4_1 with float32 scale and minimum,
+# q5f the same with 5-bit weights a byte each, q6s int8 weights with a float32 scale per 16; q4k, q5k and q6k
+# the K-quants' super-blocks of 256 weights with their own fields; q5_0 and q5_1 the 5-bit blocks as nibbles
+# and a plane of 5th bits
+F32, Q4_1, Q8_0, Q4F, Q5F, Q6S, Q4K, Q5K, Q6K, Q5_0, Q5_1 = range(11)
+FORMAT_NAMES = {F32: "f32", Q4_1: "q4_1", Q8_0: "q8_0", Q4F: "q4f", Q5F: "q5f", Q6S: "q6s", Q4K: "q4k", Q5K: "q5k",
+                Q6K: "q6k", Q5_0: "q5_0", Q5_1: "q5_1"}
+QUANTIZED = (Q4_1, Q8_0, Q4F, Q5F, Q6S, Q4K, Q5K, Q6K, Q5_0, Q5_1)
+# what a row holds per record (one block of 32 weights, or a K-quant super-block of 8): blocks of 32 and the
+# fields (unit bytes, count, what they hold: a scale "s" or minimum "m" in float16 or float32, K-quant
+# sub-scales "u6" (0..63) or "i8", weights "w")
+RECORDS = {
+    Q4_1: (1, ((2, 1, "s16"), (2, 1, "m16"), (4, 4, "w"))),
+    Q8_0: (1, ((2, 1, "s16"), (4, 8, "w"))),
+    Q4F: (1, ((4, 1, "s32"), (4, 1, "m32"), (4, 4, "w"))),
+    Q5F: (1, ((4, 1, "s32"), (4, 1, "m32"), (4, 8, "w"))),
+    Q6S: (1, ((4, 1, "s32"), (4, 1, "s32"), (4, 8, "w"))),
+    Q4K: (8, ((2, 1, "s16"), (2, 1, "m16"), (1, 8, "u6"), (1, 8, "u6"), (4, 32, "w"))),
+    Q5K: (8, ((2, 1, "s16"), (2, 1, "m16"), (1, 8, "u6"), (1, 8, "u6"), (4, 40, "w"))),
+    Q6K: (8, ((2, 1, "s16"), (1, 16, "i8"), (4, 48, "w"))),
+    Q5_0: (1, ((2, 1, "s16"), (4, 5, "w"))),
+    Q5_1: (1, ((2, 1, "s16"), (2, 1, "m16"), (4, 5, "w"))),
+}
+
+
+def record_bytes(fmt: int) -> int:
+    """Bytes a row holds per record of ``fmt``."""
+    return sum(unit * count for unit, count, _ in RECORDS[fmt][1])
+
+
+def bytes_per_block(fmt: int) -> float:
+    """Bytes a row holds per 32 weights in ``fmt`` (float32: 128)."""
+    return 128.0 if fmt == F32 else record_bytes(fmt) / RECORDS[fmt][0]
+
 
 _lock = threading.RLock()
 _state: dict[str, object] = {}
@@ -93,23 +120,30 @@ def cpu_paths() -> list[str]:
     return [p for p in PATHS if reference.cpu_supports(p)]
 
 
+def _random_field(rng: np.random.Generator, kind: str, shape: tuple[int, int]) -> np.ndarray:
+    """Random bytes ``[records, unit * count]`` for a field of ``kind`` (scales small and finite)."""
+    if kind in ("s16", "s32", "m16", "m32"):
+        low = -0.1 if kind[0] == "m" else 0.001
+        values = rng.uniform(low, 0.1 if kind[0] == "m" else 0.05, shape[0]).astype(np.float16 if "16" in kind else np.float32)
+        return values.view(np.uint8).reshape(shape)
+    if kind == "u6":
+        return rng.integers(0, 64, size=shape, dtype=np.uint8)
+    return rng.integers(0, 256, size=shape, dtype=np.uint8)  # i8 scales, weights (masked by the caller)
+
+
 def _random_weight(module: ModuleType, fmt: int, rows: int, cols: int, rng: np.random.Generator):
-    """A weight of random blocks in ``fmt`` (scales kept small and finite, weights in the format's range)."""
+    """A weight of random records in ``fmt`` (scales kept small and finite, weights in the format's range)."""
     if fmt == F32:
         return module.Matrix(F32, rows, cols, torch.from_numpy(rng.standard_normal((rows, cols)).astype(np.float32)))
-    blocks = rows * cols // 32
-    size, fields, payload = BLOCK_LAYOUT[fmt]
-    kind = np.float32 if size == 4 else np.float16
-    data = rng.integers(0, 256, size=(blocks, size * fields + payload), dtype=np.uint8)
-    data[:, :size] = rng.uniform(0.001, 0.05, blocks).astype(kind).view(np.uint8).reshape(blocks, size)
-    if fields == 2:
-        low = 0.001 if fmt == Q6S else -0.1
-        data[:, size : 2 * size] = rng.uniform(low, 0.1, blocks).astype(kind).view(np.uint8).reshape(blocks, size)
-    weights = data[:, size * fields :]
+    blocks, fields = RECORDS[fmt]
+    records = rows * cols // 32 // blocks
+    parts = [_random_field(rng, kind, (records, unit * count)) for unit, count, kind in fields]
+    weights = parts[-1]
     if fmt == Q5F:
         weights &= 0x1F
     elif fmt == Q6S:
         weights[:] = (weights.view(np.int8) // 4).view(np.uint8)  # -32..31
+    data = np.concatenate(parts, axis=1)
     return module.Matrix(fmt, rows, cols, torch.from_numpy(data.reshape(-1)))
 
 
@@ -120,7 +154,8 @@ def compare_paths(a: ModuleType, b: ModuleType, seed: int = 0) -> list[str]:
     rng = np.random.default_rng(seed)
     differences = []
     for fmt in (*QUANTIZED, F32):
-        for rows, cols in ((37, 800), (16, 256), (5, 96)):
+        shapes = ((37, 1280), (16, 256), (5, 512)) if RECORDS.get(fmt, (1,))[0] == 8 else ((37, 800), (16, 256), (5, 96))
+        for rows, cols in shapes:
             state = rng.bit_generator.state
             wa = _random_weight(a, fmt, rows, cols, rng)
             rng.bit_generator.state = state

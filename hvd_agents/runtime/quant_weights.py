@@ -4,20 +4,17 @@ A :class:`WeightSet` lists a llama-family model's matrices in the native formats
 of :mod:`hvd_agents.runtime.quant_native` (each a :class:`Weight`: format, shape,
 bytes):
 
-* **From a GGUF file** (:func:`from_gguf`): each matrix keeps the file's own blocks.
-  Q4_1 and Q8_0 are read as they are; Q4_0 becomes Q4_1 (its offset ``-8 d`` as
-  the block's minimum); Q4_K becomes ``q4f`` (Q4_1's layout with float32 scale and
-  minimum per 32 weights: ``d * sc`` and ``dmin * m`` are exact in float32); Q5_0,
-  Q5_1 and Q5_K become ``q5f`` (the same with 5-bit weights a byte each); Q6_K becomes
-  ``q6s`` (int8 weights ``q - 32`` with a float32 scale ``d * sc`` per 16), and so does Q3_K
-  (weights -4..3, scale ``d * (sc - 32)`` per 16); IQ4_NL becomes Q8_0 and IQ4_XS ``q6s`` (the
-  non-linear table's int8 values, the scale ``d`` or ``d * (ls - 32)``): all exactly the file's values
-  (:data:`NATIVE_GGUF_TYPES`). Float tensors and the other block types (Q2_K, whose minimum per
-  16 weights no native format holds, and the IQ1, IQ2 and IQ3 grids) are dequantized to float32,
-  which is exact too. llama.cpp stores a llama file's
-  query and key rows permuted for its rope; they are put back in the model's order. Fused projections
-  (phi3's ``attn_qkv`` and ``ffn_up``) are split by rows, block for block. Norms and biases are read from
-  the file too (a gemma file's norms hold ``1 + w``, the multiplier itself).
+* **From a GGUF file** (:func:`from_gguf`): each matrix keeps the file's own blocks, as records of about the
+  file's bytes (:mod:`hvd_agents.runtime.gguf_blocks`): Q4_1 and Q8_0 as they are; Q4_0 as Q4_1 (its offset
+  ``-8 d`` as the block's minimum); Q4_K, Q5_K and Q6_K as ``q4k``, ``q5k`` and ``q6k`` (the super-block's
+  ``d``, ``dmin``, integer scales and packed weights), Q3_K as ``q6k``; Q5_0 and Q5_1 as ``q5_0`` and ``q5_1``:
+  IQ4_NL as Q8_0 and IQ4_XS as ``q6s`` (the non-linear table's int8 values with the block's scale): all
+  exactly the file's values (:data:`NATIVE_GGUF_TYPES`). Float tensors and the other block types (Q2_K, whose
+  minimum per 16 weights no native format holds; the IQ1, IQ2 and IQ3 grids) are dequantized to float32,
+  which is exact too.
+  llama.cpp stores a llama file's query and key rows permuted for its rope; they are put back in the model's
+  order. Fused projections (phi3's ``attn_qkv`` and ``ffn_up``) are split by rows, block for block. Norms and
+  biases are read from the file too (a gemma file's norms hold ``1 + w``, the multiplier itself).
 * **From a loaded model** (:func:`from_model`): ``int8`` quantizes each weight to
   Q8_0 (one float16 scale per 32 weights, symmetric), ``int4`` to Q4_1 (float16 scale
   and minimum per 32 weights), ``float32`` keeps the weights as they are.
@@ -37,10 +34,11 @@ import numpy as np
 import torch
 
 from hvd_agents.runtime import quant_native
+from hvd_agents.runtime.gguf_blocks import native_blocks
 from hvd_agents.runtime.gguf_file import GGUFFile
 from hvd_agents.runtime.quant_arch import GGUF_FAMILIES, Architecture, UnsupportedArchitecture, architecture
 from hvd_agents.runtime.quant_arch import unsupported_reason as _unsupported_reason
-from hvd_agents.runtime.quant_native import F32, Q4_1, Q4F, Q5F, Q6S, Q8_0
+from hvd_agents.runtime.quant_native import F32, Q4_1, Q8_0
 
 QK = 32
 WEIGHT_SCHEMES = ("gguf", "int8", "int4", "float32")
@@ -247,172 +245,7 @@ def _unpermute_rows(n_rows: int, heads: int) -> np.ndarray:
     return np.arange(n_rows).reshape(heads, dim, 2).swapaxes(2, 1).reshape(n_rows)
 
 
-def _q4_0_as_q4_1(raw: np.ndarray) -> np.ndarray:
-    rows = raw.shape[0]
-    blocks = raw.reshape(rows, -1, 18)
-    d = blocks[..., :2].copy().view(np.float16)
-    out = np.empty((rows, blocks.shape[1], 20), dtype=np.uint8)
-    out[..., 0:2] = d.view(np.uint8)
-    out[..., 2:4] = (d * np.float16(-8)).astype(np.float16).view(np.uint8)  # exact: a power of two
-    out[..., 4:] = blocks[..., 2:]
-    return out.reshape(rows, -1)
-
-
-def _q4_k_as_q4f(raw: np.ndarray) -> np.ndarray:
-    from gguf.quants import Q4_K
-
-    rows = raw.shape[0]
-    blocks = raw.reshape(-1, 144)  # 256 weights a block
-    n = blocks.shape[0]
-    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
-    dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
-    sc, mn = Q4_K.get_scale_min(blocks[:, 4:16].copy())
-    scale = (d * sc.astype(np.float32)).astype(np.float32)  # [n, 8], exact (11 x 6 bits)
-    minimum = -(dmin * mn.astype(np.float32)).astype(np.float32)
-    qs = blocks[:, 16:].reshape(n, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
-    q = (qs & np.uint8(0x0F)).reshape(n, 8, 32)  # eight sub-blocks of 32 weights, in order
-    out = np.empty((n, 8, 24), dtype=np.uint8)
-    out[..., 0:4] = scale[..., None].view(np.uint8)
-    out[..., 4:8] = minimum[..., None].view(np.uint8)
-    out[..., 8:] = q[..., :16] | (q[..., 16:] << 4)
-    return out.reshape(rows, -1)
-
-
-def _q5f_blocks(scale: np.ndarray, minimum: np.ndarray, q: np.ndarray, rows: int) -> np.ndarray:
-    """q5f blocks (float32 scale and minimum, 32 weights a byte each) from ``[n, 32]`` weights and their fields."""
-    out = np.empty((q.shape[0], 40), dtype=np.uint8)
-    out[:, 0:4] = scale.astype(np.float32).reshape(-1, 1).view(np.uint8)
-    out[:, 4:8] = minimum.astype(np.float32).reshape(-1, 1).view(np.uint8)
-    out[:, 8:] = q
-    return out.reshape(rows, -1)
-
-
-def _q5_legacy_as_q5f(raw: np.ndarray, with_min: bool) -> np.ndarray:
-    """Q5_0 (``d * (q - 16)``) and Q5_1 (``d * q + m``) blocks as q5f, exactly."""
-    rows = raw.shape[0]
-    size = 24 if with_min else 22
-    blocks = raw.reshape(-1, size)
-    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
-    head = 4 if with_min else 2
-    minimum = blocks[:, 2:4].copy().view(np.float16).astype(np.float32) if with_min else d * np.float32(-16)
-    qh = blocks[:, head : head + 4].copy().view(np.uint32)  # [n, 1]
-    qs = blocks[:, head + 4 :]
-    low = np.concatenate([qs & np.uint8(0x0F), qs >> np.uint8(4)], axis=1)  # [n, 32]
-    high = ((qh >> np.arange(32, dtype=np.uint32)) & np.uint32(1)).astype(np.uint8)
-    return _q5f_blocks(d, minimum, low | (high << np.uint8(4)), rows)
-
-
-def _q5_k_as_q5f(raw: np.ndarray) -> np.ndarray:
-    """Q5_K blocks (256 weights: ``d * sc * q - dmin * m`` per 32) as q5f, exactly."""
-    from gguf.quants import Q4_K
-
-    rows = raw.shape[0]
-    blocks = raw.reshape(-1, 176)
-    n = blocks.shape[0]
-    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
-    dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
-    sc, mn = Q4_K.get_scale_min(blocks[:, 4:16].copy())
-    scale = d * sc.astype(np.float32)  # [n, 8], exact
-    minimum = -(dmin * mn.astype(np.float32))
-    qh, qs = blocks[:, 16:48], blocks[:, 48:]
-    low = qs.reshape(n, -1, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
-    low = (low & np.uint8(0x0F)).reshape(n, -1, 32)
-    high = qh.reshape(n, -1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)
-    high = (high & np.uint8(0x01)).reshape(n, -1, 32)
-    q = (low | (high << np.uint8(4))).reshape(n * 8, 32)
-    return _q5f_blocks(scale.reshape(-1), minimum.reshape(-1), q, rows)
-
-
-def _q6_k_as_q6s(raw: np.ndarray) -> np.ndarray:
-    """Q6_K blocks (256 weights: ``d * sc * (q - 32)`` per 16) as q6s (float32 scale per 16, int8), exactly."""
-    rows = raw.shape[0]
-    blocks = raw.reshape(-1, 210)
-    n = blocks.shape[0]
-    ql, qh, sc = blocks[:, :128], blocks[:, 128:192], blocks[:, 192:208].copy().view(np.int8)
-    d = blocks[:, 208:210].copy().view(np.float16).astype(np.float32)
-    scale = (d * sc.astype(np.float32)).reshape(n * 8, 2)  # [n * 8, 2]: each half of a block of 32, exact
-    low = ql.reshape(n, -1, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
-    low = (low & np.uint8(0x0F)).reshape(n, -1, 32)
-    high = qh.reshape(n, -1, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
-    high = (high & np.uint8(0x03)).reshape(n, -1, 32)
-    q = ((low | (high << np.uint8(4))).astype(np.int8) - np.int8(32)).reshape(n * 8, 32)
-    out = np.empty((n * 8, 40), dtype=np.uint8)
-    out[:, 0:8] = scale.astype(np.float32).view(np.uint8)
-    out[:, 8:] = q.view(np.uint8)
-    return out.reshape(rows, -1)
-
-
-def _q3_k_as_q6s(raw: np.ndarray) -> np.ndarray:
-    """Q3_K blocks (256 weights: ``d * (sc - 32) * q``, q in -4..3, per 16) as q6s, exactly.
-
-    A block holds the high bits of its 256 weights (32 bytes), their low two bits (64 bytes, four
-    weights a byte), 16 six-bit scales packed in 12 bytes, and ``d`` (float16). Weights run in two
-    halves of 128; in a half, shift ``j`` of the 32 low-bit bytes gives 32 weights (16 a scale), whose
-    high bit is bit ``4 * half + j`` of the 32 high-bit bytes (set: +0, clear: -4), as llama.cpp reads them.
-    """
-    rows = raw.shape[0]
-    blocks = raw.reshape(-1, 110)
-    n = blocks.shape[0]
-    hmask, qs = blocks[:, :32], blocks[:, 32:96]
-    aux = blocks[:, 96:108].copy().view("<u4")  # [n, 3]
-    a0, a1, tmp = aux[:, 0], aux[:, 1], aux[:, 2]
-    k1, k2 = np.uint32(0x03030303), np.uint32(0x0F0F0F0F)
-    packed = np.stack([(a0 & k2) | (((tmp >> 0) & k1) << 4), (a1 & k2) | (((tmp >> 2) & k1) << 4),
-                       ((a0 >> 4) & k2) | (((tmp >> 4) & k1) << 4), ((a1 >> 4) & k2) | (((tmp >> 6) & k1) << 4)],
-                      axis=1).astype("<u4")
-    sc = packed.view(np.uint8).reshape(n, 16).astype(np.float32) - 32.0  # [n, 16], in scale order
-    d = blocks[:, 108:110].copy().view(np.float16).astype(np.float32)  # [n, 1]
-    scale = (d * sc).reshape(n * 8, 2)  # exact: an 11-bit significand times a 6-bit integer
-    shifts = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
-    low = (qs.reshape(n, 2, 1, 32) >> shifts) & np.uint8(3)  # [n, half, j, 32]
-    bits = (np.arange(2, dtype=np.uint8).reshape(1, 2, 1, 1) * 4 + np.arange(4, dtype=np.uint8).reshape(1, 1, 4, 1))
-    high = (hmask.reshape(n, 1, 1, 32) >> bits) & np.uint8(1)
-    q = (low.astype(np.int8) - np.int8(4) * (np.int8(1) - high.astype(np.int8))).reshape(n * 8, 32)
-    out = np.empty((n * 8, 40), dtype=np.uint8)
-    out[:, 0:8] = scale.view(np.uint8)
-    out[:, 8:] = q.view(np.uint8)
-    return out.reshape(rows, -1)
-
-
 # GGUF block types read natively, and what they become
-IQ4_VALUES = np.array((-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113), dtype=np.int8)
-
-
-def _iq4_values(qs: np.ndarray) -> np.ndarray:
-    """``[n, 16]`` bytes of 4-bit indices (low nibbles the first 16 weights, high nibbles the next 16) as the
-    ``[n, 32]`` int8 values of IQ4's table."""
-    return IQ4_VALUES[np.concatenate([qs & np.uint8(0x0F), qs >> np.uint8(4)], axis=1)]
-
-
-def _iq4_nl_as_q8_0(raw: np.ndarray) -> np.ndarray:
-    """IQ4_NL blocks (32 weights: ``d * table[q]``, ``d`` float16) as Q8_0 (the same ``d``, the table's int8
-    values), exactly."""
-    rows = raw.shape[0]
-    blocks = raw.reshape(-1, 18)
-    out = np.empty((blocks.shape[0], 34), dtype=np.uint8)
-    out[:, 0:2] = blocks[:, 0:2]
-    out[:, 2:] = _iq4_values(blocks[:, 2:]).view(np.uint8)
-    return out.reshape(rows, -1)
-
-
-def _iq4_xs_as_q6s(raw: np.ndarray) -> np.ndarray:
-    """IQ4_XS blocks (256 weights: ``d * (ls - 32) * table[q]`` per 32, ``ls`` 6 bits) as q6s (the float32
-    scale ``d * (ls - 32)``, exact in 11 x 6 bits, for both halves of a block of 32), exactly."""
-    rows = raw.shape[0]
-    blocks = raw.reshape(-1, 136)
-    n = blocks.shape[0]
-    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)  # [n, 1]
-    high = blocks[:, 2:4].copy().view(np.uint16)  # [n, 1]: 2 bits a sub-block
-    low = blocks[:, 4:8]
-    ls = np.concatenate([low & np.uint8(0x0F), low >> np.uint8(4)], axis=1)[:, [0, 4, 1, 5, 2, 6, 3, 7]]
-    ls = ls.astype(np.int32) | (((high >> (2 * np.arange(8, dtype=np.uint16))) & np.uint16(3)).astype(np.int32) << 4)
-    scale = (d * (ls - 32).astype(np.float32)).astype(np.float32).reshape(n * 8, 1)  # [n * 8, 1], exact
-    out = np.empty((n * 8, 40), dtype=np.uint8)
-    out[:, 0:8] = np.repeat(scale, 2, axis=1).view(np.uint8)
-    out[:, 8:] = _iq4_values(blocks[:, 8:].reshape(n * 8, 16)).view(np.uint8)
-    return out.reshape(rows, -1)
-
-
 NATIVE_GGUF_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
 
 
@@ -441,26 +274,9 @@ def _converted(kind, raw: np.ndarray, rows: int, cols: int) -> Weight:
     from gguf import GGMLQuantizationType as T
     from gguf.quants import dequantize
 
-    if kind == T.Q4_1:
-        return Weight(Q4_1, rows, cols, raw.reshape(rows, -1).copy())
-    if kind == T.Q8_0:
-        return Weight(Q8_0, rows, cols, raw.reshape(rows, -1).copy())
-    if kind == T.Q4_0:
-        return Weight(Q4_1, rows, cols, _q4_0_as_q4_1(raw.reshape(rows, -1)))
-    if kind == T.Q4_K:
-        return Weight(Q4F, rows, cols, _q4_k_as_q4f(raw.reshape(rows, -1)))
-    if kind in (T.Q5_0, T.Q5_1):
-        return Weight(Q5F, rows, cols, _q5_legacy_as_q5f(raw.reshape(rows, -1), with_min=kind == T.Q5_1))
-    if kind == T.Q5_K:
-        return Weight(Q5F, rows, cols, _q5_k_as_q5f(raw.reshape(rows, -1)))
-    if kind == T.Q6_K:
-        return Weight(Q6S, rows, cols, _q6_k_as_q6s(raw.reshape(rows, -1)))
-    if kind == T.Q3_K:
-        return Weight(Q6S, rows, cols, _q3_k_as_q6s(raw.reshape(rows, -1)))
-    if kind == T.IQ4_NL:
-        return Weight(Q8_0, rows, cols, _iq4_nl_as_q8_0(raw.reshape(rows, -1)))
-    if kind == T.IQ4_XS:
-        return Weight(Q6S, rows, cols, _iq4_xs_as_q6s(raw.reshape(rows, -1)))
+    native = native_blocks(kind, raw.reshape(rows, -1))
+    if native is not None:
+        return Weight(native[0], rows, cols, native[1])
     values = raw.copy() if kind == T.F32 else dequantize(raw, kind)
     return Weight(F32, rows, cols, np.ascontiguousarray(np.asarray(values, dtype=np.float32).reshape(rows, cols)))
 

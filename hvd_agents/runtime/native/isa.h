@@ -42,6 +42,20 @@ inline VI i_dot_u(VI acc, VI w, const int8_t* x) { return _mm512_dpbusd_epi32(ac
 inline VI i_prep_s(VI w) { return _mm512_xor_si512(w, _mm512_set1_epi8(static_cast<char>(0x80))); }
 inline VI i_dot_s(VI acc, VI w_prepped, const int8_t* x) { return i_dot_u(acc, w_prepped, x); }
 inline VI i_signed_fix(VI acc, int32_t xsum) { return _mm512_sub_epi32(acc, _mm512_set1_epi32(128 * xsum)); }
+// acc - v in every lane (an offset's share of a dot taken back: exact)
+inline VI i_sub1(VI acc, int32_t v) { return _mm512_sub_epi32(acc, _mm512_set1_epi32(v)); }
+// each 32-bit lane shifted left by S bits (right by -S)
+template <int S>
+inline VI i_shift(VI v) {
+  if constexpr (S > 0) return _mm512_slli_epi32(v, S);
+  else if constexpr (S < 0) return _mm512_srli_epi32(v, -S);
+  else return v;
+}
+// w | (i_shift<S>(plane) & mask), byte by byte: the high bits of packed weights put in place over their nibbles
+template <int S>
+inline VI i_with_bits(VI w, VI plane, char mask) {
+  return _mm512_ternarylogic_epi32(w, i_shift<S>(plane), _mm512_set1_epi8(mask), 0xF8);  // A | (B & C)
+}
 
 inline VF f_zero() { return _mm512_setzero_ps(); }
 inline VF f_set1(float v) { return _mm512_set1_ps(v); }
@@ -50,6 +64,13 @@ inline VF f_mul(VF a, VF b) { return _mm512_mul_ps(a, b); }
 inline VF f_cvt(VI v) { return _mm512_cvtepi32_ps(v); }
 inline VF f_load(const float* p) { return _mm512_loadu_ps(p); }
 inline VF f_load_h(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+// 16 bytes as floats: unsigned (K-quant sub-scales and minimums) or signed (Q6_K's sub-scales)
+inline VF f_from_u8(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline VF f_from_i8(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
 inline void f_store(float* p, VF v) { _mm512_storeu_ps(p, v); }
 inline VF f_fmadd(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }  // a * b + c, rounded once
 // the two 8-lane halves of a vector, and a vector of two halves
@@ -106,6 +127,22 @@ inline VI i_dot_s(VI acc, VI w, const int8_t* x) {
           dot_u8(acc.b, _mm256_sign_epi8(w.b, w.b), _mm256_sign_epi8(xv, w.b))};
 }
 inline VI i_signed_fix(VI acc, int32_t) { return acc; }
+inline VI i_sub1(VI acc, int32_t v) {
+  const __m256i vv = _mm256_set1_epi32(v);
+  return {_mm256_sub_epi32(acc.a, vv), _mm256_sub_epi32(acc.b, vv)};
+}
+template <int S>
+inline __m256i shift8(__m256i v) {
+  if constexpr (S > 0) return _mm256_slli_epi32(v, S);
+  else if constexpr (S < 0) return _mm256_srli_epi32(v, -S);
+  else return v;
+}
+template <int S>
+inline VI i_with_bits(VI w, VI plane, char mask) {
+  const __m256i m = _mm256_set1_epi8(mask);
+  return {_mm256_or_si256(w.a, _mm256_and_si256(shift8<S>(plane.a), m)),
+          _mm256_or_si256(w.b, _mm256_and_si256(shift8<S>(plane.b), m))};
+}
 
 inline VF f_zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
 inline VF f_set1(float v) { return {_mm256_set1_ps(v), _mm256_set1_ps(v)}; }
@@ -120,6 +157,14 @@ inline VF f_load_h(const uint16_t* p) {
 inline void f_store(float* p, VF v) {
   _mm256_storeu_ps(p, v.a);
   _mm256_storeu_ps(p + 8, v.b);
+}
+inline VF f_from_u8(const uint8_t* p) {
+  return {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)))),
+          _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8))))};
+}
+inline VF f_from_i8(const int8_t* p) {
+  return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)))),
+          _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8))))};
 }
 inline VF f_fmadd(VF x, VF y, VF z) { return {_mm256_fmadd_ps(x.a, y.a, z.a), _mm256_fmadd_ps(x.b, y.b, z.b)}; }
 inline __m256 f_lo(VF v) { return v.a; }

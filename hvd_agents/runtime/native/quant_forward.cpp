@@ -80,13 +80,14 @@ std::vector<AttentionJob> attention_jobs(const std::vector<int64_t>& starts, int
 // ---------------------------------------------------------------- weights
 
 Matrix make_matrix(int64_t fmt, int64_t N, int64_t K, at::Tensor data, c10::optional<at::Tensor> bias) {
-  TORCH_CHECK(fmt >= F32 && fmt <= Q6S, "unknown weight format ", fmt);
+  TORCH_CHECK(fmt >= F32 && fmt <= LAST_FORMAT, "unknown weight format ", fmt);
   Matrix m;
   m.fmt = static_cast<int>(fmt);
   m.N = N;
   m.K = K;
   TORCH_CHECK(N > 0 && K > 0, "a weight needs rows and columns");
-  if (m.fmt != F32) TORCH_CHECK(K % QK == 0, "quantized weights need columns in blocks of 32, not ", K);
+  const int64_t record = QK * record_of(m.fmt).blocks;
+  if (m.fmt != F32) TORCH_CHECK(K % record == 0, "this format needs columns in blocks of ", record, ", not ", K);
   const at::Tensor src = data.contiguous();
   if (m.fmt == F32) {
     TORCH_CHECK(src.scalar_type() == at::kFloat && src.numel() == N * K, "float32 weight must hold N * K values");

@@ -221,3 +221,25 @@ def test_the_scale_bench_builds_a_llama_3_2_1b_shape(monkeypatch, tmp_path) -> N
     assert archs.make_scale_file("1b", tmp_path, 2) == path and not written  # cached: not written again
     with pytest.raises(ValueError, match="scale"):
         archs.make_scale_file("70b", tmp_path, 2)
+
+
+def test_f16_matrices_are_held_in_16_bits_and_give_the_float32_files_logits(tmp_path) -> None:
+    # the same weights (values of float16) written as an F32 file and as an F16 file: the F16 file's matrices stay
+    # 16-bit on the native forward (half the bytes) and its logits and keys are bitwise the F32 file's
+    model = make_model("llama")
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(param.half().float())
+    f32 = GGUFFile(write_gguf(model, tmp_path / "f32.gguf", "F32"))
+    f16 = GGUFFile(write_gguf(model, tmp_path / "f16.gguf", "F16"))
+    weights32 = quant_weights.from_gguf(f32, skeleton(f32))
+    weights16 = quant_weights.from_gguf(f16, skeleton(f16))
+    assert {w.fmt for w in weights16.layers[0].values()} == {quant_native.F16}
+    assert sum(w.nbytes for w in weights16.layers[0].values()) * 2 == sum(w.nbytes for w in weights32.layers[0].values())
+    ids = list(range(3, 60))
+    outputs = []
+    for parsed, weights in ((f32, weights32), (f16, weights16)):
+        runner = quant_runner.QuantRunner(quant_runner.NativeModel(skeleton(parsed), weights, 512))
+        kv = runner.new_kv()
+        outputs.append((runner.forward(kv, ids[:40]), runner.forward(kv, ids[40:]), kv.k[:, :, :57].clone()))
+    assert all(torch.equal(a, b) for a, b in zip(*outputs))

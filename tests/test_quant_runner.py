@@ -94,6 +94,30 @@ def test_a_mutated_accumulation_order_fails_the_invariance_check() -> None:
     assert invariance_failures(mutated, w) > 0
 
 
+@pytest.mark.parametrize("path", quant_native.cpu_paths() if quant_native.available() else [])
+def test_16_bit_float_weights_give_the_bits_of_their_float32_values(path) -> None:
+    # F16 and BF16 matrices (a GGUF file's F16 / BF16 tensors) are read as float32 where the kernel reads them:
+    # every product is the one the same values held as float32 give, on 1 to 17 rows, whole and partial vectors
+    from gguf import GGMLQuantizationType as T
+
+    module = quant_native.build(path)
+    rng = np.random.default_rng(11)
+    for fmt, dtype in ((quant_native.F16, torch.float16), (quant_native.BF16, torch.bfloat16)):
+        for rows, cols in ((37, 800), (16, 107)):
+            w = torch.from_numpy(rng.standard_normal((rows, cols)).astype(np.float32)).to(dtype)
+            half = module.Matrix(fmt, rows, cols, w.view(torch.uint8).reshape(-1).contiguous())
+            full = module.Matrix(quant_native.F32, rows, cols, w.float().contiguous())
+            assert half.nbytes * 2 == full.nbytes
+            assert torch.equal(module.dequantize(half), w.float())
+            x = torch.from_numpy(rng.standard_normal((17, cols)).astype(np.float32))
+            for m in (1, 4, 17):
+                assert torch.equal(module.linear(half, x[:m]).view(torch.int32), module.linear(full, x[:m]).view(torch.int32))
+    # a GGUF BF16 tensor (2 bytes a value) keeps its bytes
+    values = torch.from_numpy(rng.standard_normal((4, 64)).astype(np.float32)).to(torch.bfloat16)
+    weight = quant_weights._converted(T.BF16, values.view(torch.uint8).numpy(), 4, 64)
+    assert weight.fmt == quant_native.BF16 and np.array_equal(quant_weights.dense(weight), values.float().numpy())
+
+
 def test_iq4_blocks_convert_exactly() -> None:
     # IQ4_NL (d * table[q] per 32) as Q8_0 and IQ4_XS (d * (ls - 32) * table[q] per 32 of 256) as q6s: the
     # native dequantization of the converted blocks is gguf's dequantization of the file's, bit for bit

@@ -48,10 +48,11 @@ FLAGS = PATH_FLAGS[REFERENCE]
 # weight formats of native Matrix objects (native/tile_formats.h): q4f is Q4_1 with float32 scale and minimum,
 # q5f the same with 5-bit weights a byte each, q6s int8 weights with a float32 scale per 16; q4k, q5k and q6k
 # the K-quants' super-blocks of 256 weights with their own fields; q5_0 and q5_1 the 5-bit blocks as nibbles
-# and a plane of 5th bits
-F32, Q4_1, Q8_0, Q4F, Q5F, Q6S, Q4K, Q5K, Q6K, Q5_0, Q5_1 = range(11)
+# and a plane of 5th bits; f16 and bf16 float weights in 16 bits (rows of 2-byte values, read as float32)
+F32, Q4_1, Q8_0, Q4F, Q5F, Q6S, Q4K, Q5K, Q6K, Q5_0, Q5_1, F16, BF16 = range(13)
 FORMAT_NAMES = {F32: "f32", Q4_1: "q4_1", Q8_0: "q8_0", Q4F: "q4f", Q5F: "q5f", Q6S: "q6s", Q4K: "q4k", Q5K: "q5k",
-                Q6K: "q6k", Q5_0: "q5_0", Q5_1: "q5_1"}
+                Q6K: "q6k", Q5_0: "q5_0", Q5_1: "q5_1", F16: "f16", BF16: "bf16"}
+FLOATS = (F32, F16, BF16)  # float weights: float32 inputs, no tiles
 QUANTIZED = (Q4_1, Q8_0, Q4F, Q5F, Q6S, Q4K, Q5K, Q6K, Q5_0, Q5_1)
 # what a row holds per record (one block of 32 weights, or a K-quant super-block of 8): blocks of 32 and the
 # fields (unit bytes, count, what they hold: a scale "s" or minimum "m" in float16 or float32, K-quant
@@ -76,8 +77,10 @@ def record_bytes(fmt: int) -> int:
 
 
 def bytes_per_block(fmt: int) -> float:
-    """Bytes a row holds per 32 weights in ``fmt`` (float32: 128)."""
-    return 128.0 if fmt == F32 else record_bytes(fmt) / RECORDS[fmt][0]
+    """Bytes a row holds per 32 weights in ``fmt`` (float32: 128, f16 and bf16: 64)."""
+    if fmt in FLOATS:
+        return 128.0 if fmt == F32 else 64.0
+    return record_bytes(fmt) / RECORDS[fmt][0]
 
 
 _lock = threading.RLock()
@@ -135,6 +138,10 @@ def _random_weight(module: ModuleType, fmt: int, rows: int, cols: int, rng: np.r
     """A weight of random records in ``fmt`` (scales kept small and finite, weights in the format's range)."""
     if fmt == F32:
         return module.Matrix(F32, rows, cols, torch.from_numpy(rng.standard_normal((rows, cols)).astype(np.float32)))
+    if fmt in (F16, BF16):
+        values = torch.from_numpy(rng.standard_normal((rows, cols)).astype(np.float32))
+        half = values.to(torch.float16 if fmt == F16 else torch.bfloat16)
+        return module.Matrix(fmt, rows, cols, half.view(torch.uint8).reshape(-1).contiguous())
     blocks, fields = RECORDS[fmt]
     records = rows * cols // 32 // blocks
     parts = [_random_field(rng, kind, (records, unit * count)) for unit, count, kind in fields]
@@ -153,7 +160,7 @@ def compare_paths(a: ModuleType, b: ModuleType, seed: int = 0) -> list[str]:
     (:func:`attention_differences`); an empty list when they agree everywhere."""
     rng = np.random.default_rng(seed)
     differences = []
-    for fmt in (*QUANTIZED, F32):
+    for fmt in (*QUANTIZED, *FLOATS):
         shapes = ((37, 1280), (16, 256), (5, 512)) if RECORDS.get(fmt, (1,))[0] == 8 else ((37, 800), (16, 256), (5, 96))
         for rows, cols in shapes:
             state = rng.bit_generator.state

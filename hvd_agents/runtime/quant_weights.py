@@ -9,9 +9,9 @@ bytes):
   ``-8 d`` as the block's minimum); Q4_K, Q5_K and Q6_K as ``q4k``, ``q5k`` and ``q6k`` (the super-block's
   ``d``, ``dmin``, integer scales and packed weights), Q3_K as ``q6k``; Q5_0 and Q5_1 as ``q5_0`` and ``q5_1``:
   IQ4_NL as Q8_0 and IQ4_XS as ``q6s`` (the non-linear table's int8 values with the block's scale): all
-  exactly the file's values (:data:`NATIVE_GGUF_TYPES`). Float tensors and the other block types (Q2_K, whose
-  minimum per 16 weights no native format holds; the IQ1, IQ2 and IQ3 grids) are dequantized to float32,
-  which is exact too.
+  exactly the file's values (:data:`NATIVE_GGUF_TYPES`). F16 and BF16 matrices keep their 16-bit values (the
+  kernel reads them as float32, exactly). F32 tensors and the other block types (Q2_K, whose minimum per 16
+  weights no native format holds; the IQ1, IQ2 and IQ3 grids) are float32 (dequantized exactly).
   llama.cpp stores a llama file's query and key rows permuted for its rope; they are put back in the model's
   order. Fused projections (phi3's ``attn_qkv`` and ``ffn_up``) are split by rows, block for block. Norms and
   biases are read from the file too (a gemma file's norms hold ``1 + w``, the multiplier itself).
@@ -38,7 +38,7 @@ from hvd_agents.runtime.gguf_blocks import native_blocks
 from hvd_agents.runtime.gguf_file import GGUFFile
 from hvd_agents.runtime.quant_arch import GGUF_FAMILIES, Architecture, UnsupportedArchitecture, architecture
 from hvd_agents.runtime.quant_arch import unsupported_reason as _unsupported_reason
-from hvd_agents.runtime.quant_native import F32, Q4_1, Q8_0
+from hvd_agents.runtime.quant_native import BF16, F16, F32, Q4_1, Q8_0
 
 QK = 32
 WEIGHT_SCHEMES = ("gguf", "int8", "int4", "float32")
@@ -60,7 +60,8 @@ _NORM_NAMES = {  # LayerNorms field -> (GGUF tensor, module path; gemma's where 
 
 @dataclass
 class Weight:
-    """One matrix ``[rows, cols]`` in a native format: ``data`` is uint8 blocks, or float32 for ``F32``."""
+    """One matrix ``[rows, cols]`` in a native format: ``data`` is uint8 blocks (or 16-bit floats' bytes for
+    ``F16`` and ``BF16``), or float32 for ``F32``."""
 
     fmt: int
     rows: int
@@ -277,6 +278,8 @@ def _converted(kind, raw: np.ndarray, rows: int, cols: int) -> Weight:
     native = native_blocks(kind, raw.reshape(rows, -1))
     if native is not None:
         return Weight(native[0], rows, cols, native[1])
+    if kind in (T.F16, T.BF16):  # the values' 2 bytes each, read as float32 by the kernel (exact)
+        return Weight(F16 if kind == T.F16 else BF16, rows, cols, np.ascontiguousarray(raw).reshape(rows, -1).view(np.uint8).copy())
     values = raw.copy() if kind == T.F32 else dequantize(raw, kind)
     return Weight(F32, rows, cols, np.ascontiguousarray(np.asarray(values, dtype=np.float32).reshape(rows, cols)))
 

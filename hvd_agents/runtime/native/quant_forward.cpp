@@ -87,10 +87,14 @@ Matrix make_matrix(int64_t fmt, int64_t N, int64_t K, at::Tensor data, c10::opti
   m.K = K;
   TORCH_CHECK(N > 0 && K > 0, "a weight needs rows and columns");
   const int64_t record = QK * record_of(m.fmt).blocks;
-  if (m.fmt != F32) TORCH_CHECK(K % record == 0, "this format needs columns in blocks of ", record, ", not ", K);
+  if (!is_float(m.fmt)) TORCH_CHECK(K % record == 0, "this format needs columns in blocks of ", record, ", not ", K);
   const at::Tensor src = data.contiguous();
   if (m.fmt == F32) {
     TORCH_CHECK(src.scalar_type() == at::kFloat && src.numel() == N * K, "float32 weight must hold N * K values");
+    m.data = src;
+  } else if (is_float(m.fmt)) {  // F16, BF16: the values' 2 bytes each, rows of K
+    TORCH_CHECK(src.scalar_type() == at::kByte && src.numel() == 2 * N * K, "a 16-bit float weight must hold ",
+                2 * N * K, " bytes, not ", src.numel());
     m.data = src;
   } else {
     TORCH_CHECK(src.scalar_type() == at::kByte && src.numel() == m.source_bytes(),

@@ -36,8 +36,13 @@ using namespace hvd_isa;
 // byte each; Q6S: int8 weights with a float32 scale per 16 (Q3_K). Q4K, Q5K, Q6K: the K-quants' super-blocks
 // (nibbles, a plane of 5th bits, two planes of 5th and 6th bits); Q5_0, Q5_1: nibbles and a plane, float16 d
 // (and m; Q5_0's minimum is -16 d)
-enum Format : int { F32 = 0, Q4_1 = 1, Q8_0 = 2, Q4F = 3, Q5F = 4, Q6S = 5, Q4K = 6, Q5K = 7, Q6K = 8, Q5_0 = 9, Q5_1 = 10 };
-constexpr int LAST_FORMAT = Q5_1;
+// F16, BF16: float weights held in 16 bits (the file's), each converted to float32 exactly where it is read, so
+// their products are those of F32 weights of the same values.
+enum Format : int {
+  F32 = 0, Q4_1 = 1, Q8_0 = 2, Q4F = 3, Q5F = 4, Q6S = 5, Q4K = 6, Q5K = 7, Q6K = 8, Q5_0 = 9, Q5_1 = 10, F16 = 11, BF16 = 12
+};
+constexpr int LAST_FORMAT = BF16;
+constexpr bool is_float(int fmt) { return fmt == F32 || fmt == F16 || fmt == BF16; }  // float inputs, not tiled
 constexpr int64_t QK = 32;  // weights per block
 constexpr int MAX_FIELDS = 5;
 
@@ -58,6 +63,7 @@ constexpr Record record_of(int fmt) {
     case Q6K: return {8, 3, {2, 1, 4}, {1, 16, 48}};             // d; 16 int8 scales; nibbles and 2 planes
     case Q5_0: return {1, 2, {2, 4}, {1, 5}};                    // d; nibbles and a plane
     case Q5_1: return {1, 3, {2, 2, 4}, {1, 1, 5}};              // d, m; nibbles and a plane
+    case F16: case BF16: return {1, 1, {2}, {32}};               // 16-bit floats (not tiled)
     default: return {1, 1, {4}, {32}};                           // F32 (not tiled)
   }
 }
@@ -99,15 +105,16 @@ struct Layout {
 struct Matrix {
   int fmt = F32;
   int64_t N = 0, K = 0;  // y[N] = W[N, K] x[K]
-  at::Tensor data;       // quantized: tiles of NT rows (the last one padded with zero rows); float32: [N, K]
+  at::Tensor data;       // quantized: tiles of NT rows (the last one padded with zero rows); floats: [N, K]
   at::Tensor bias;       // float32 [N] or undefined
   int64_t nb() const { return K / QK; }
   int64_t records() const { return nb() / record_of(fmt).blocks; }
   int64_t source_bytes() const { return N * records() * record_bytes(record_of(fmt)); }  // the converters' bytes
   int64_t tile_bytes() const { return records() * NT * record_bytes(record_of(fmt)); }
   const uint8_t* tile(int64_t t) const { return data.data_ptr<uint8_t>() + t * tile_bytes(); }
-  const float* frow(int64_t n) const { return data.data_ptr<float>() + n * K; }
-  bool quantized() const { return fmt != F32; }
+  const float* frow(int64_t n) const { return data.data_ptr<float>() + n * K; }                      // F32
+  const uint16_t* hrow(int64_t n) const { return reinterpret_cast<const uint16_t*>(data.data_ptr<uint8_t>()) + n * K; }  // F16, BF16
+  bool quantized() const { return !is_float(fmt); }
 };
 
 // zeroed bytes, in transparent huge pages where the kernel gives them: a decode step streams every tile once, and
@@ -321,9 +328,24 @@ inline bool by_format(int fmt, F&& f) {
   }
 }
 
+// a 16-bit float's value as float32 (exact)
+inline float f16_value(uint16_t h) { return _cvtsh_ss(h); }
+inline float bf16_value(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
 inline void dequantize_row(const Matrix& W, int64_t n, float* y) {
   const bool tiled = by_format(W.fmt, [&](auto fmt) { dequantize_tile_row<decltype(fmt)::value>(W, n, y); });
-  if (!tiled) std::memcpy(y, W.frow(n), W.K * sizeof(float));
+  if (tiled) return;
+  if (W.fmt == F32) {
+    std::memcpy(y, W.frow(n), W.K * sizeof(float));
+    return;
+  }
+  const uint16_t* h = W.hrow(n);
+  for (int64_t k = 0; k < W.K; ++k) y[k] = W.fmt == F16 ? f16_value(h[k]) : bf16_value(h[k]);
 }
 
 }  // namespace hvd_tiles

@@ -180,38 +180,73 @@ void tile_rows(const uint8_t* tile, int64_t nb, const QRows& x, int64_t r0, int6
   for (int64_t i = 0; i < R; ++i) f_store(out + i * NT, f_add(acc[i], macc[i]));
 }
 
-// float32: 8 lanes along k, then the lanes, then the tail.
-template <int MR>
-inline void dot_f32(const float* w, int64_t K, const float* x, int64_t r0, float* out) {
+// A float weight row (F32, or F16 / BF16 converted exactly as read): 8 values at k, or one.
+struct F32Row {
+  const float* w;
+  __m256 load8(int64_t k) const { return _mm256_loadu_ps(w + k); }
+  float at(int64_t k) const { return w[k]; }
+};
+struct F16Row {
+  const uint16_t* w;
+  __m256 load8(int64_t k) const { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + k))); }
+  float at(int64_t k) const { return f16_value(w[k]); }
+};
+struct BF16Row {
+  const uint16_t* w;
+  __m256 load8(int64_t k) const {
+    const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + k)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+  }
+  float at(int64_t k) const { return bf16_value(w[k]); }
+};
+
+// float weights: 8 lanes along k, then the lanes, then the tail (whatever the weights' storage: the same values,
+// the same operations).
+template <int MR, class Row>
+inline void dot_float(const Row& w, int64_t K, const float* x, int64_t r0, float* out) {
   const int64_t K8 = K - K % 8;
   __m256 acc[MR];
   for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t k = 0; k < K8; k += 8) {
-    const __m256 wv = _mm256_loadu_ps(w + k);
+    const __m256 wv = w.load8(k);
     for (int i = 0; i < MR; ++i) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(x + (r0 + i) * K + k), wv, acc[i]);
   }
   for (int i = 0; i < MR; ++i) {
     float s = hsum(acc[i]);
-    for (int64_t k = K8; k < K; ++k) s = std::fma(x[(r0 + i) * K + k], w[k], s);
+    for (int64_t k = K8; k < K; ++k) s = std::fma(x[(r0 + i) * K + k], w.at(k), s);
     out[i] = s;
   }
 }
 
-inline void f32_rows(const Matrix& W, int64_t n0, int64_t n1, const float* xf, int64_t M, const float* bias, float* y,
-                     int64_t ld, int64_t col0) {
+template <class Row>
+inline void float_rows(const Matrix& W, const Row& (*row_of)(const Matrix&, int64_t, Row&), int64_t n0, int64_t n1,
+                       const float* xf, int64_t M, const float* bias, float* y, int64_t ld, int64_t col0) {
   float out[4];
+  Row w{};
   for (int64_t n = n0; n < n1; ++n) {
+    row_of(W, n, w);
     int64_t r = 0;
     for (; r + 4 <= M; r += 4) {
-      dot_f32<4>(W.frow(n), W.K, xf, r, out);
+      dot_float<4>(w, W.K, xf, r, out);
       for (int i = 0; i < 4; ++i) y[(r + i) * ld + col0 + n] = bias ? out[i] + bias[n] : out[i];
     }
     const int64_t left = M - r;
-    if (left == 3) dot_f32<3>(W.frow(n), W.K, xf, r, out);
-    if (left == 2) dot_f32<2>(W.frow(n), W.K, xf, r, out);
-    if (left == 1) dot_f32<1>(W.frow(n), W.K, xf, r, out);
+    if (left == 3) dot_float<3>(w, W.K, xf, r, out);
+    if (left == 2) dot_float<2>(w, W.K, xf, r, out);
+    if (left == 1) dot_float<1>(w, W.K, xf, r, out);
     for (int i = 0; i < left; ++i) y[(r + i) * ld + col0 + n] = bias ? out[i] + bias[n] : out[i];
   }
+}
+
+inline const F32Row& f32_row(const Matrix& W, int64_t n, F32Row& r) { return r = F32Row{W.frow(n)}; }
+inline const F16Row& f16_row(const Matrix& W, int64_t n, F16Row& r) { return r = F16Row{W.hrow(n)}; }
+inline const BF16Row& bf16_row(const Matrix& W, int64_t n, BF16Row& r) { return r = BF16Row{W.hrow(n)}; }
+
+inline void f32_rows(const Matrix& W, int64_t n0, int64_t n1, const float* xf, int64_t M, const float* bias, float* y,
+                     int64_t ld, int64_t col0) {
+  if (W.fmt == F16) float_rows<F16Row>(W, f16_row, n0, n1, xf, M, bias, y, ld, col0);
+  else if (W.fmt == BF16) float_rows<BF16Row>(W, bf16_row, n0, n1, xf, M, bias, y, ld, col0);
+  else float_rows<F32Row>(W, f32_row, n0, n1, xf, M, bias, y, ld, col0);
 }
 
 template <int FMT>

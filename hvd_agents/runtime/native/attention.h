@@ -369,6 +369,18 @@ inline void score_keys(const float* const* q, int64_t hd, const float* kT, float
 }
 #endif  // __AVX512F__
 
+// Ask for the cache lines of float16 rows [t0, t1) (the next chunk of keys or values) while this chunk is computed,
+// in calls of kPrefetchQueries queries or more (a draft's rows, a prefill's): at 3,000 tokens of context a 4-row
+// draft took 9.5-9.9 ms with it against 10.6 ms without, a 17-row draft 22.5-23.4 against 24.3; a decode step's
+// calls (one or two queries) gained nothing measurable (5.8-6.3 ms either way), so they go without. (No result
+// depends on it.)
+constexpr int64_t kPrefetchQueries = 3;
+inline void prefetch_rows(const uint16_t* rows, int64_t hd, int64_t t0, int64_t t1) {
+  const char* first = reinterpret_cast<const char*>(rows + t0 * hd);
+  const char* last = reinterpret_cast<const char*>(rows + t1 * hd);
+  for (const char* p = first; p < last; p += 64) _mm_prefetch(p, _MM_HINT_T0);
+}
+
 // Scratch of one attend() call for up to Q queries of head_dim hd whose rows see up to `seen` keys.
 struct Scratch {
   std::vector<float> scores, kv, kT, acc;
@@ -409,6 +421,7 @@ inline void attend(const Query* queries, int64_t Q, const at::Half* K, const at:
   active.reserve(Q);
   for (int64_t t0 = lo; t0 < hi; t0 += kChunk) {
     const int64_t t1 = std::min(hi, t0 + kChunk), pairs = (t1 - t0 + 1) / 2;
+    if (Q >= kPrefetchQueries) prefetch_rows(K16, hd, t1, std::min(hi, t1 + kChunk));
     active.clear();
     for (int64_t u = 0; u < Q; ++u)
       if (queries[u].lo < t1 && queries[u].hi > t0) active.push_back(u);
@@ -484,8 +497,10 @@ inline void attend(const Query* queries, int64_t Q, const at::Half* K, const at:
   // 3. the weighted values: the runs a chunk of converted values at a time, each query's sums carried across
   // chunks; then the extra slots'
   std::fill(acc, acc + Q * hd, 0.0f);
+  if (Q >= kPrefetchQueries) prefetch_rows(V16, hd, lo, std::min(hi, lo + kChunk));
   for (int64_t t0 = lo; t0 < hi; t0 += kChunk) {
     const int64_t t1 = std::min(hi, t0 + kChunk);
+    if (Q >= kPrefetchQueries) prefetch_rows(V16, hd, t1, std::min(hi, t1 + kChunk));
     for (int64_t i = 0; i < (t1 - t0) * hd; i += 8) _mm256_storeu_ps(kv + i, load_h8(V16 + t0 * hd + i));
     // query u over rows [begin, end) of the chunk, in order (its sums carried in acc)
     const auto one = [&](int64_t u, int64_t begin, int64_t end) {

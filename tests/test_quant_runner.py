@@ -286,13 +286,8 @@ def _attention_alone_differs(module, seed: int) -> list[tuple[int, int, int]]:
     rng = np.random.default_rng(seed)
     differing = []
     for queries, hd, slots in quant_native.ATTENTION_CASES:
-        q = torch.from_numpy((rng.standard_normal((queries, hd)) * 3).astype(np.float32))
-        k = torch.from_numpy(rng.standard_normal((slots, hd)).astype(np.float16))
-        v = torch.from_numpy(rng.standard_normal((slots, hd)).astype(np.float16))
-        lo = rng.integers(0, slots // 3 + 1, queries).tolist()
-        hi = [int(rng.integers(low + 1, slots + 1)) for low in lo]
-        together = module.attention(q, k, v, lo, hi, hd**-0.5)
-        alone = module.attention(q, k, v, lo, hi, hd**-0.5, alone=True)
+        case = quant_native.attention_case(rng, queries, hd, slots)
+        together, alone = module.attention(*case), module.attention(*case, alone=True)
         if not torch.equal(together.view(torch.int32), alone.view(torch.int32)):
             differing.append((queries, hd, slots))
     return differing

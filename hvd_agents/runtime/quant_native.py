@@ -187,17 +187,21 @@ def attention_differences(a: ModuleType, b: ModuleType, rng: np.random.Generator
     run of the slots (as the rows of a prompt, a draft or a window do)."""
     differences = []
     for queries, hd, slots in ATTENTION_CASES:
-        scale = float(rng.uniform(0.5, 4.0))
-        q = torch.from_numpy((rng.standard_normal((queries, hd)) * scale).astype(np.float32))
-        k = torch.from_numpy(rng.standard_normal((slots, hd)).astype(np.float16))
-        v = torch.from_numpy(rng.standard_normal((slots, hd)).astype(np.float16))
-        lo = rng.integers(0, slots // 3 + 1, queries).tolist()
-        hi = [int(rng.integers(low + 1, slots + 1)) for low in lo]
-        ya = a.attention(q, k, v, lo, hi, hd**-0.5)
-        yb = b.attention(q, k, v, lo, hi, hd**-0.5)
-        if not torch.equal(ya.view(torch.int32), yb.view(torch.int32)):
+        case = attention_case(rng, queries, hd, slots)
+        if not torch.equal(a.attention(*case).view(torch.int32), b.attention(*case).view(torch.int32)):
             differences.append(f"attention of {queries} queries, head_dim {hd}, {slots} slots")
     return differences
+
+
+def attention_case(rng: np.random.Generator, queries: int, hd: int, slots: int) -> tuple:
+    """Arguments of a module's ``attention`` (``q, k, v, lo, hi, scale``): random queries of a random magnitude,
+    keys and values of ``slots`` float16 rows, each query seeing its own run of them."""
+    q = torch.from_numpy((rng.standard_normal((queries, hd)) * rng.uniform(0.5, 4.0)).astype(np.float32))
+    k = torch.from_numpy(rng.standard_normal((slots, hd)).astype(np.float16))
+    v = torch.from_numpy(rng.standard_normal((slots, hd)).astype(np.float16))
+    lo = rng.integers(0, slots // 3 + 1, queries).tolist()
+    hi = [int(rng.integers(low + 1, slots + 1)) for low in lo]
+    return q, k, v, lo, hi, hd**-0.5
 
 
 def self_check(path: str) -> str:

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "isa.h"
@@ -35,18 +36,16 @@ constexpr int64_t kChunk = 64;   // keys (values) converted from float16 at a ti
 constexpr int64_t kMaxQueries = 128;  // queries one attend() call takes
 // kTransposeQueries: queries from which a call's scores read a transposed chunk (the transposition pays for
 // itself over that many queries); kScoreQueries: queries a pass over it (a sum per query and vector of keys in
-// flight: 6 x 4 of the 32 registers); kPairQueries: queries a pass over pairs of keys; kValueQueries,
-// kPairValues: weigh that many, two queries' values at once.
+// flight: 6 x 4 of the 32 registers); kPairQueries: queries a pass over pairs of keys; kValueQueries: queries
+// whose values are weighed at once (then pairs).
 #if defined(__AVX512F__)
 constexpr int64_t kTransposeQueries = 6;
 constexpr size_t kScoreQueries = 6;
 constexpr size_t kPairQueries = 4;  // queries a pass over pairs of keys
-constexpr size_t kValueQueries = 6;  // weigh six queries' values at once (6 x 4 sums in flight)
-constexpr bool kPairValues = true;
+constexpr int kValueQueries = 6;  // weigh six queries' values at once (6 x 4 sums in flight)
 #else  // (no transposed chunks: 16 registers hold neither a transposed pass's sums nor spare lanes)
 constexpr size_t kPairQueries = 4;
-constexpr size_t kValueQueries = 1;
-constexpr bool kPairValues = false;  // eight 8-lane sums in flight already
+constexpr int kValueQueries = 1;  // one query's values at a time: eight 8-lane sums in flight already
 #endif
 
 // One query of an attend() call: it sees the cache slots [lo, hi), then the slots extra[0 .. n_extra) (each
@@ -111,31 +110,8 @@ inline void weigh_group(float* acc, int64_t off0, const float* p, int64_t n, con
   for (int j = 0; j < NV; ++j) hvd_isa::f_store(acc + off0 + 16 * j, a[j]);
 }
 
-// The same for two queries over the same rows (each row loaded once for both): twice the independent sums
-// in flight, which 512-bit vectors need to keep the multiply-adders busy.
-template <int NV, class Load>
-inline void weigh_group2(float* acc, float* acc2, int64_t off0, const float* p, const float* p2, int64_t n,
-                         const Load& load16) {
-  VF a[NV], b[NV];
-  for (int j = 0; j < NV; ++j) {
-    a[j] = hvd_isa::f_load(acc + off0 + 16 * j);
-    b[j] = hvd_isa::f_load(acc2 + off0 + 16 * j);
-  }
-  for (int64_t t = 0; t < n; ++t) {
-    const VF pv = hvd_isa::f_set1(p[t]), pv2 = hvd_isa::f_set1(p2[t]);
-    for (int j = 0; j < NV; ++j) {
-      const VF v = load16(t, off0 + 16 * j);
-      a[j] = hvd_isa::f_fmadd(pv, v, a[j]);
-      b[j] = hvd_isa::f_fmadd(pv2, v, b[j]);
-    }
-  }
-  for (int j = 0; j < NV; ++j) {
-    hvd_isa::f_store(acc + off0 + 16 * j, a[j]);
-    hvd_isa::f_store(acc2 + off0 + 16 * j, b[j]);
-  }
-}
-
-// The same for NQ queries (AVX-512: NQ x NV sums in flight, each row's vectors loaded once for all of them).
+// The same for NQ queries over the same rows (each row's vectors loaded once for all of them): NQ x NV independent
+// sums in flight, which 512-bit vectors need to keep the multiply-adders busy.
 template <int NQ, int NV, class Load>
 inline void weigh_group_n(float* const* acc, int64_t off0, const float* const* p, int64_t n, const Load& load16) {
   VF a[NQ][NV];
@@ -162,19 +138,6 @@ inline void weigh_n(float* const* acc, int64_t hd, const float* const* p, int64_
       case 2: weigh_group_n<NQ, 2>(acc, off, p, n, load16); break;
       case 3: weigh_group_n<NQ, 3>(acc, off, p, n, load16); break;
       default: weigh_group_n<NQ, 4>(acc, off, p, n, load16); break;
-    }
-  }
-}
-
-// weigh() for two queries over the same n rows (an output of whole 16-lane vectors).
-template <class Load16>
-inline void weigh2(float* acc, float* acc2, int64_t hd, const float* p, const float* p2, int64_t n, const Load16& load16) {
-  for (int64_t off = 0; off < hd; off += 64) {
-    switch (std::min<int64_t>(4, (hd - off) / 16)) {
-      case 1: weigh_group2<1>(acc, acc2, off, p, p2, n, load16); break;
-      case 2: weigh_group2<2>(acc, acc2, off, p, p2, n, load16); break;
-      case 3: weigh_group2<3>(acc, acc2, off, p, p2, n, load16); break;
-      default: weigh_group2<4>(acc, acc2, off, p, p2, n, load16); break;
     }
   }
 }
@@ -510,53 +473,35 @@ inline void attend(const Query* queries, int64_t Q, const at::Half* K, const at:
             [v, hd](int64_t t, int64_t off) { return hvd_isa::f_load(v + t * hd + off); },
             [v, hd](int64_t t, int64_t off) { return _mm256_loadu_ps(v + t * hd + off); });
     };
+    // queries [u, u + NQ) together: each alone up to where all of them see the rows, together there, alone after
+    const auto together = [&](auto nq, int64_t u) {
+      constexpr int NQ = decltype(nq)::value;
+      int64_t bs[NQ], es[NQ], b = t0, e = t1;
+      for (int w = 0; w < NQ; ++w) {
+        bs[w] = std::max(t0, queries[u + w].lo);
+        es[w] = std::min(t1, queries[u + w].hi);
+        b = std::max(b, bs[w]);
+        e = std::min(e, es[w]);
+      }
+      if (e <= b) {
+        for (int w = 0; w < NQ; ++w) one(u + w, bs[w], es[w]);
+        return;
+      }
+      float* accs[NQ];
+      const float* ps[NQ];
+      for (int w = 0; w < NQ; ++w) {
+        one(u + w, bs[w], b);
+        accs[w] = acc + (u + w) * hd;
+        ps[w] = scores + (u + w) * ld + b - queries[u + w].lo;
+      }
+      const float* v = kv + (b - t0) * hd;
+      weigh_n<NQ>(accs, hd, ps, e - b, [v, hd](int64_t t, int64_t off) { return hvd_isa::f_load(v + t * hd + off); });
+      for (int w = 0; w < NQ; ++w) one(u + w, e, es[w]);
+    };
     int64_t u = 0;
-    if (kValueQueries > 2 && hd % 16 == 0) {
-      // kValueQueries at a time: each alone up to where all of them see the rows, together there, alone after
-      constexpr int NQ = static_cast<int>(kValueQueries);
-      for (; u + NQ <= Q; u += NQ) {
-        int64_t bs[NQ], es[NQ], b = t0, e = t1;
-        for (int w = 0; w < NQ; ++w) {
-          bs[w] = std::max(t0, queries[u + w].lo);
-          es[w] = std::min(t1, queries[u + w].hi);
-          b = std::max(b, bs[w]);
-          e = std::min(e, es[w]);
-        }
-        if (e <= b) {
-          for (int w = 0; w < NQ; ++w) one(u + w, bs[w], es[w]);
-          continue;
-        }
-        float* accs[NQ];
-        const float* ps[NQ];
-        for (int w = 0; w < NQ; ++w) {
-          one(u + w, bs[w], b);
-          accs[w] = acc + (u + w) * hd;
-          ps[w] = scores + (u + w) * ld + b - queries[u + w].lo;
-        }
-        const float* v = kv + (b - t0) * hd;
-        weigh_n<NQ>(accs, hd, ps, e - b, [v, hd](int64_t t, int64_t off) { return hvd_isa::f_load(v + t * hd + off); });
-        for (int w = 0; w < NQ; ++w) one(u + w, e, es[w]);
-      }
-    }
-    if (kPairValues && hd % 16 == 0) {
-      // two queries at a time: each alone up to where both see the rows, together there, alone after
-      for (; u + 1 < Q; u += 2) {
-        const Query &x = queries[u], &y = queries[u + 1];
-        const int64_t bx = std::max(t0, x.lo), ex = std::min(t1, x.hi), by = std::max(t0, y.lo), ey = std::min(t1, y.hi);
-        const int64_t b = std::max(bx, by), e = std::min(ex, ey);
-        if (e <= b) {
-          one(u, bx, ex);
-          one(u + 1, by, ey);
-          continue;
-        }
-        one(u, bx, b);
-        one(u + 1, by, b);
-        const float* v = kv + (b - t0) * hd;
-        weigh2(acc + u * hd, acc + (u + 1) * hd, hd, scores + u * ld + b - x.lo, scores + (u + 1) * ld + b - y.lo, e - b,
-               [v, hd](int64_t t, int64_t off) { return hvd_isa::f_load(v + t * hd + off); });
-        one(u, e, ex);
-        one(u + 1, e, ey);
-      }
+    if (kValueQueries > 1 && hd % 16 == 0) {  // kValueQueries at a time, then pairs
+      for (; u + kValueQueries <= Q; u += kValueQueries) together(std::integral_constant<int, kValueQueries>{}, u);
+      for (; u + 2 <= Q; u += 2) together(std::integral_constant<int, 2>{}, u);
     }
     for (; u < Q; ++u) one(u, std::max(t0, queries[u].lo), std::min(t1, queries[u].hi));
   }

@@ -218,13 +218,13 @@ inline void dot_float(const Row& w, int64_t K, const float* x, int64_t r0, float
   }
 }
 
-template <class Row>
-inline void float_rows(const Matrix& W, const Row& (*row_of)(const Matrix&, int64_t, Row&), int64_t n0, int64_t n1,
-                       const float* xf, int64_t M, const float* bias, float* y, int64_t ld, int64_t col0) {
+// row_of(n): weight row n as a Row
+template <class RowOf>
+inline void float_rows(const Matrix& W, const RowOf& row_of, int64_t n0, int64_t n1, const float* xf, int64_t M,
+                       const float* bias, float* y, int64_t ld, int64_t col0) {
   float out[4];
-  Row w{};
   for (int64_t n = n0; n < n1; ++n) {
-    row_of(W, n, w);
+    const auto w = row_of(n);
     int64_t r = 0;
     for (; r + 4 <= M; r += 4) {
       dot_float<4>(w, W.K, xf, r, out);
@@ -238,15 +238,14 @@ inline void float_rows(const Matrix& W, const Row& (*row_of)(const Matrix&, int6
   }
 }
 
-inline const F32Row& f32_row(const Matrix& W, int64_t n, F32Row& r) { return r = F32Row{W.frow(n)}; }
-inline const F16Row& f16_row(const Matrix& W, int64_t n, F16Row& r) { return r = F16Row{W.hrow(n)}; }
-inline const BF16Row& bf16_row(const Matrix& W, int64_t n, BF16Row& r) { return r = BF16Row{W.hrow(n)}; }
-
 inline void f32_rows(const Matrix& W, int64_t n0, int64_t n1, const float* xf, int64_t M, const float* bias, float* y,
                      int64_t ld, int64_t col0) {
-  if (W.fmt == F16) float_rows<F16Row>(W, f16_row, n0, n1, xf, M, bias, y, ld, col0);
-  else if (W.fmt == BF16) float_rows<BF16Row>(W, bf16_row, n0, n1, xf, M, bias, y, ld, col0);
-  else float_rows<F32Row>(W, f32_row, n0, n1, xf, M, bias, y, ld, col0);
+  if (W.fmt == F16)
+    float_rows(W, [&](int64_t n) { return F16Row{W.hrow(n)}; }, n0, n1, xf, M, bias, y, ld, col0);
+  else if (W.fmt == BF16)
+    float_rows(W, [&](int64_t n) { return BF16Row{W.hrow(n)}; }, n0, n1, xf, M, bias, y, ld, col0);
+  else
+    float_rows(W, [&](int64_t n) { return F32Row{W.frow(n)}; }, n0, n1, xf, M, bias, y, ld, col0);
 }
 
 template <int FMT>

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -65,6 +66,11 @@ def test_records_keep_the_step_record_names_and_read_back() -> None:
     assert np.array_equal(feature_matrix(CacheDraftFeatures.from_record(record), 4), feature_matrix(features, 4))
     short = CacheDraftFeatures.from_record({"num_candidates": 3, "prob_1": 0.5})
     assert short.probs.tolist() == [1.0, 0.5] and short.support.tolist() == [3.0, 3.0]
+    assert len(short.share) == 0 and len(short.seen) == 0  # not counted: share 1, seen 0 in the rows
+    counted = replace(features, share=[0.25, 1.0], seen=[8, 2])
+    counted_record = counted.to_record()
+    assert list(counted_record)[-4:] == ["share_0", "share_1", "seen_0", "seen_1"]
+    assert CacheDraftFeatures.from_record(counted_record) == counted
 
     seen = features.with_target(TargetSignal(logp=-0.5, entropy=1.25))
     chosen = ChosenDraftFeatures(seen, full_len=4, pred_accepted=1.5, rate=2.0)
@@ -101,6 +107,35 @@ def test_read_samples_names_the_line_of_a_misspelt_feature(tmp_path) -> None:
     path.write_text(json.dumps(good) + "\n" + json.dumps({**good, "features": {"match_lenn": 3}}) + "\n")
     with pytest.raises(Exception, match=r"steps.jsonl:2: unknown feature name in a step record: 'match_lenn'"):
         read_samples([path])
+
+
+def test_context_share_columns_and_their_defaults() -> None:
+    counted = feature_matrix(CacheDraftFeatures(match_len=9, probs=[1.0, 1.0], support=[1, 1],
+                                                share=[0.25, 1.0], seen=[7, 0]), 3)
+    col = {name: counted[:, i] for i, name in enumerate(FEATURE_NAMES)}
+    assert col["share"].tolist() == [0.25, 1.0, 1.0]  # past the counted positions: share 1, seen 0
+    assert col["log_seen"].tolist() == pytest.approx([math.log(8), 0.0, 0.0])
+    assert col["split"].tolist() == pytest.approx([0.75 * math.log(8), 0.0, 0.0])
+    with pytest.raises(ValueError, match="share and seen"):
+        CacheDraftFeatures(probs=[1.0, 1.0], support=[1, 1], share=[0.5], seen=[2])
+    with pytest.raises(FeatureRecordError, match=r"share_0 must be in \[0, 1\]"):
+        CacheDraftFeatures.from_record({"share_0": 2.0})
+
+
+def test_weights_written_before_the_share_features_read_them_as_zero(tmp_path) -> None:
+    w = weights_with(bias=-1.5, prob=3.0)
+    path = tmp_path / "old.json"
+    PayoffWeights(w.weights).save(path)
+    document = json.loads(path.read_text())
+    for name in ("share", "log_seen", "split"):
+        del document["weights"][name]
+    path.write_text(json.dumps(document))
+    loaded = PayoffWeights.load(path)
+    assert np.array_equal(loaded.weights, w.weights)
+    features = CacheDraftFeatures(match_len=4, probs=[1.0] * 3, support=[1] * 3, share=[0.1] * 3, seen=[50] * 3)
+    plain = CacheDraftFeatures(match_len=4, probs=[1.0] * 3, support=[1] * 3)
+    old = PayoffPredictor(loaded)
+    assert np.array_equal(old.survival(features, 3), old.survival(plain, 3))  # the model it was fitted as
 
 
 def test_survival_is_the_cumulative_product_of_hazards() -> None:

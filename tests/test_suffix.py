@@ -271,3 +271,28 @@ def test_the_other_sources_shorter_match_continues_as_an_alternative() -> None:
     draft = drafter.propose(DraftContext("r", prompt, len(prompt)), 3)
     assert draft.token_ids == (3, 4, 5) and draft.features.from_store
     assert [(a.depth, a.tokens) for a in drafter.alternatives("r", draft.token_ids, limit=4)] == [(0, (9, 9, 0))]
+
+
+def test_successor_counts_count_what_followed_the_gram() -> None:
+    index = NgramIndex()
+    # "1 2 3 4" is followed by 9, then by 7, and ends the index (no successor yet: not counted)
+    index.extend([1, 2, 3, 4, 9, 1, 2, 3, 4, 7, 1, 2, 3, 4])
+    assert index.successor_counts([1, 2, 3, 4], 9) == (1, 2)
+    assert index.successor_counts([1, 2, 3, 4], 5) == (0, 2)
+    assert index.successor_counts([5, 6, 7, 8], 9) == (0, 0)  # never seen
+    index.erase(0, 5)  # erased occurrences no longer count, though their hash entries remain
+    assert index.successor_counts([1, 2, 3, 4], 9) == (0, 1)
+
+
+def test_draft_share_marks_where_copied_text_forked_before() -> None:
+    # "10 11 12 13" went on with 21, 22 and 23 in three earlier calls; the longest match (the last one, "5 10 11
+    # 12 13") copies 23, but the four tokens before that position forked three ways: share 1/3 there, over 3
+    # occurrences; the tokens after it went on one way each time they were seen
+    store = CacheStore()
+    store.add([1, 10, 11, 12, 13, 21, 30], SpanKind.GENERATED)
+    store.add([2, 10, 11, 12, 13, 22, 30], SpanKind.GENERATED)
+    store.add([5, 10, 11, 12, 13, 23, 30], SpanKind.GENERATED)
+    draft = propose(SuffixDrafter(store), [0, 5, 10, 11, 12, 13], 2)
+    assert draft.token_ids == (23, 30)
+    assert draft.features.share.tolist() == pytest.approx([1 / 3, 1.0])
+    assert draft.features.seen.tolist() == [3.0, 1.0]

@@ -8,6 +8,12 @@ row of :data:`FEATURE_NAMES` per position, built from a :class:`CacheDraftFeatur
   match length (and whether it covers the whole output so far), candidate count,
   branch probability and support at each position, provenance kind, distance,
   store or live context;
+* at each position, how the few tokens before it went on wherever they occurred
+  before (in the context and the store): the share of those occurrences followed by
+  the drafted token (``share``) and how many there were (``log_seen``; ``split`` is
+  ``(1 - share) * log_seen``). The longest match has one or a few candidates, which
+  agree with each other; the same four tokens seen many times with many successors
+  mark where copied text forks (a tool call's name, an argument's value);
 * the decoding state: position in the output, this request's acceptance history
   (:class:`HistoryFeatures`), this session's acceptance rate for the draft's
   provenance kind (:mod:`hvd_agents.drafters.cache.history`);
@@ -50,7 +56,8 @@ from hvd_agents.errors import HVDError
 from hvd_agents.structure import SPAN_KINDS, SpanKind
 
 # Columns that vary with the position in the draft (filled per row).
-POSITION_FEATURES: tuple[str, ...] = ("log_pos", "prob", "log_path", "beyond_match", "log_support")
+POSITION_FEATURES: tuple[str, ...] = ("log_pos", "prob", "log_path", "beyond_match", "log_support", "share",
+                                      "log_seen", "split")
 # Columns shared by every row of a draft.
 DRAFT_FEATURES: tuple[str, ...] = (
     "bias",
@@ -147,11 +154,15 @@ class CacheDraftFeatures:
         probs: ``[n]`` branch probability of each drafted position (share of the
             still agreeing candidates that continue with the drafted token).
         support: ``[n]`` candidates continuing with the drafted token at each position.
+        share: ``[n]`` share of the earlier occurrences of the tokens before each position that the drafted
+            token followed (1 where there were none).
+        seen: ``[n]`` how many such occurrences were counted.
         target: the target's signal from the previous verification (None: none reported).
 
-    ``probs`` and ``support`` take any float sequences and are kept as read-only
-    float64 arrays of one length ``n``; rows past ``n`` (a record that left
-    positions out) take branch probability 1 and support ``candidates``.
+    ``probs``, ``support``, ``share`` and ``seen`` take any float sequences and are kept as read-only
+    float64 arrays of one length ``n`` (``share`` and ``seen`` may be empty: not known); rows past ``n``
+    (a record that left positions out) take branch probability 1, support ``candidates``, share 1 and
+    seen 0.
     """
 
     match_len: int = 0
@@ -166,15 +177,22 @@ class CacheDraftFeatures:
     probs: np.ndarray = field(default_factory=_no_positions)  # [n]
     support: np.ndarray = field(default_factory=_no_positions)  # [n]
     target: TargetSignal | None = None
+    share: np.ndarray = field(default_factory=_no_positions)  # [n] or [0]
+    seen: np.ndarray = field(default_factory=_no_positions)  # [n] or [0]
 
     def __post_init__(self) -> None:
         probs, support = _positions(self.probs, "probs"), _positions(self.support, "support")
         if probs.shape != support.shape:
             raise ValueError(f"probs and support must have one length, got {len(probs)} and {len(support)}")
+        share, seen = _positions(self.share, "share"), _positions(self.seen, "seen")
+        if share.shape != seen.shape or (len(share) and share.shape != probs.shape):
+            raise ValueError(f"share and seen must be empty or as long as probs, got {len(share)} and {len(seen)}")
         if min(self.match_len, self.candidates, self.out_pos) < 0:
             raise ValueError("match_len, candidates and out_pos must be >= 0")
         object.__setattr__(self, "probs", probs)
         object.__setattr__(self, "support", support)
+        object.__setattr__(self, "share", share)
+        object.__setattr__(self, "seen", seen)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, CacheDraftFeatures):
@@ -226,6 +244,8 @@ class CacheDraftFeatures:
         )
         record.update(zip(_position_names("prob", len(probs)), probs))
         record.update(zip(_position_names("support", len(probs)), self.support.tolist()))
+        record.update(zip(_position_names("share", len(self.share)), self.share.tolist()))
+        record.update(zip(_position_names("seen", len(self.seen)), self.seen.tolist()))
         if self.target is not None:
             record.update(
                 {"has_target": 1.0, "target_logp": float(self.target.logp), "target_entropy": float(self.target.entropy)}
@@ -254,7 +274,7 @@ class CacheDraftFeatures:
         values = {name: _number(name, value) for name, value in record.items()}
         get = values.get
         candidates = _count(values, "num_candidates", 1)
-        positions: dict[str, dict[int, float]] = {"prob": {}, "support": {}}
+        positions: dict[str, dict[int, float]] = {"prob": {}, "support": {}, "share": {}, "seen": {}}
         kinds = []
         for name, value in values.items():
             indexed = _POSITION_NAME.fullmatch(name)
@@ -266,7 +286,7 @@ class CacheDraftFeatures:
                 kinds.append(_KIND_NAMES[name])
         if len(kinds) > 1:
             raise FeatureRecordError(f"a draft has one provenance kind, the record names {len(kinds)}")
-        n = 1 + max([-1, *positions["prob"], *positions["support"]])
+        n = 1 + max([-1, *(i for indexed in positions.values() for i in indexed)])
         probs = np.ones(n)  # [n]
         support = np.full(n, float(candidates))  # [n]
         for i, p in positions["prob"].items():
@@ -275,6 +295,15 @@ class CacheDraftFeatures:
             probs[i] = p
         for i, s in positions["support"].items():
             support[i] = _whole(f"support_{i}", s)
+        share, seen = np.zeros(0), np.zeros(0)
+        if positions["share"] or positions["seen"]:
+            share, seen = np.ones(n), np.zeros(n)  # [n]: positions a record leaves out were not counted
+            for i, p in positions["share"].items():
+                if not 0.0 <= p <= 1.0:
+                    raise FeatureRecordError(f"share_{i} must be in [0, 1], got {p}")
+                share[i] = p
+            for i, c in positions["seen"].items():
+                seen[i] = _whole(f"seen_{i}", c)
         history = HistoryFeatures(
             drafts=_count(values, "hist_drafts", 0),
             last_frac=get("last_frac", PRIOR_RATE),
@@ -294,6 +323,8 @@ class CacheDraftFeatures:
             probs=probs,
             support=support,
             target=_target(values),
+            share=share,
+            seen=seen,
         )
 
 
@@ -395,6 +426,9 @@ def position_columns(features: CacheDraftFeatures, length: int) -> np.ndarray:
     columns[2] = np.cumsum(np.log(np.clip(columns[1], 1e-6, 1.0)))
     columns[3] = np.maximum(columns[0] - math.log1p(features.match_len), 0.0)
     columns[4] = np.log1p(_padded(features.support, length, float(features.candidates)))
+    columns[5] = _padded(features.share, length, 1.0)
+    columns[6] = np.log1p(_padded(features.seen, length, 0.0))
+    columns[7] = (1.0 - columns[5]) * columns[6]
     return columns
 
 
@@ -407,8 +441,9 @@ def feature_matrix(features: CacheDraftFeatures, length: int) -> np.ndarray:
 
 MAX_POSITIONS = 256  # record names and log-positions precomputed up to here (longer drafts compute them)
 _LOG_POSITIONS = np.log1p(np.arange(MAX_POSITIONS, dtype=np.float64))
-_POSITION_NAMES = {prefix: tuple(f"{prefix}_{i}" for i in range(MAX_POSITIONS)) for prefix in ("prob", "support")}
-_POSITION_NAME = re.compile(r"(prob|support)_(0|[1-9][0-9]*)")
+_POSITION_PREFIXES = ("prob", "support", "share", "seen")
+_POSITION_NAMES = {prefix: tuple(f"{prefix}_{i}" for i in range(MAX_POSITIONS)) for prefix in _POSITION_PREFIXES}
+_POSITION_NAME = re.compile(r"(prob|support|share|seen)_(0|[1-9][0-9]*)")
 _KIND_NAMES = {f"kind={kind.value}": kind for kind in SPAN_KINDS}
 _FLAGS = ("from_store", "covers_output", "last_full", "has_target")
 _COUNTS = ("match_len", "num_candidates", "pos", "hist_drafts")
@@ -450,7 +485,7 @@ def _is_known(name: str) -> bool:
 def _unknown_message(unknown: Sequence[str]) -> str:
     hints = []
     for name in unknown:
-        close = difflib.get_close_matches(name, [*_KNOWN_NAMES, "prob_0", "support_0"], n=1, cutoff=0.6)
+        close = difflib.get_close_matches(name, [*_KNOWN_NAMES, "prob_0", "support_0", "share_0", "seen_0"], n=1, cutoff=0.6)
         hints.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
     return f"unknown feature name{'s' if len(unknown) > 1 else ''} in a step record: {', '.join(hints)}"
 

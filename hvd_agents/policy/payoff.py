@@ -47,6 +47,9 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_WEIGHTS = "default.json"
 NUM_POSITION_FEATURES = len(POSITION_FEATURES)
+# Features added after weights files were first written: a file without them reads them as 0 (the model it was
+# fitted as).
+LATER_FEATURES: tuple[str, ...] = ("share", "log_seen", "split")
 MAX_SESSIONS = 1024  # per-session online offsets kept (least recently used dropped)
 # Online adaptation moves only the intercepts (overall and per provenance kind): a
 # session shifts how often drafts of each kind are accepted, while the shape of the
@@ -87,7 +90,7 @@ class PayoffWeights:
     def from_document(cls, document: Any, origin: str = "<document>") -> PayoffWeights:
         if not isinstance(document, dict) or not isinstance(document.get("weights"), dict):
             raise PayoffWeightsError(f"{origin}: expected an object with a 'weights' object")
-        named = document["weights"]
+        named = {name: 0.0 for name in LATER_FEATURES} | document["weights"]
         if set(named) != set(FEATURE_NAMES):
             missing = sorted(set(FEATURE_NAMES) - set(named))
             extra = sorted(set(named) - set(FEATURE_NAMES))

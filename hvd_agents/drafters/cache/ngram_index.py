@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 NGRAM_SIZES: tuple[int, ...] = (4, 2, 1)  # lookup order: longest first
+SUCCESSOR_LIMIT = 64  # most recent occurrences of an n-gram read by successor_counts
 SEPARATOR = -1  # never matches a real token; marks span boundaries and evicted tokens
 _MASK = (1 << 64) - 1
 _PRIME = 1_000_003
@@ -187,6 +188,30 @@ class NgramIndex:
         window = self._tokens[np.where(valid, positions, 0)]  # [c, m]
         equal = valid & (window == tail[::-1][None, :])  # [c, m]
         return np.cumprod(equal, axis=1).sum(axis=1)  # [c]
+
+    def successor_counts(self, gram: Sequence[int], token: int, limit: int = SUCCESSOR_LIMIT) -> tuple[int, int]:
+        """How often the ``len(gram)``-gram ``gram`` (``len(gram)`` in :data:`NGRAM_SIZES`) was followed by
+        ``token``, and how often by any token, over its ``limit`` most recent occurrences.
+
+        An occurrence at the end of the index (no successor yet) or before a separator does not count.
+
+        Example::
+
+            index = NgramIndex(); index.extend([1, 2, 3, 4, 9, 1, 2, 3, 4, 7, 1, 2, 3, 4])
+            index.successor_counts([1, 2, 3, 4], 9)  ->  (1, 2)   # followed by 9 once, by 7 once
+        """
+        n = len(gram)
+        hits = self._maps.get(n, {}).get(ngram_key(gram)) if n in self._maps else None
+        if not hits:
+            return 0, 0
+        ends = np.asarray(hits[-limit:], dtype=np.int64)  # [c]
+        ends = ends[ends + 1 < self._len]
+        if len(ends) == 0:
+            return 0, 0
+        real = self._compare(ends, np.asarray(gram, dtype=np.int64)) == n  # [c]: not a hash collision or erased
+        following = self._tokens[ends[real] + 1]  # [c']
+        following = following[following != SEPARATOR]
+        return int(np.count_nonzero(following == token)), len(following)
 
     def continuation(self, end: int, k: int) -> list[int]:
         """Up to ``k`` tokens after position ``end``, stopping at a separator."""

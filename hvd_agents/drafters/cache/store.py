@@ -144,6 +144,12 @@ class CacheStore:
         with self._lock:
             return self._index.lookup(query, max_match)
 
+    def successor_counts(self, gram: Sequence[int], token: int) -> tuple[int, int]:
+        """How often ``gram`` was followed by ``token``, and by any token, in the store
+        (:meth:`NgramIndex.successor_counts`)."""
+        with self._lock:
+            return self._index.successor_counts(gram, token)
+
     def continuations(
         self, query: Sequence[int], k: int, max_match: int = 64, max_candidates: int = 12
     ) -> tuple[int, list[tuple[list[int], StoredSpan]]]:

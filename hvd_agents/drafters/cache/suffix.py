@@ -41,6 +41,10 @@ from hvd_agents.drafters.cache.store import CacheStore
 from hvd_agents.policy.features import CacheDraftFeatures
 from hvd_agents.structure import PromptStructure, SpanKind
 
+CONTEXT_GRAM = 4
+"""Tokens before a draft position whose earlier successors give its ``share`` and ``seen`` features (an n-gram size
+the index keeps)."""
+
 
 @dataclass(frozen=True)
 class _Candidate:
@@ -59,11 +63,16 @@ class Alternative:
         depth: the draft position it replaces (0: the first draft token).
         share: its share of the candidates that agree with the draft before ``depth``.
         tokens: its tokens from ``depth`` on.
+        fork: where the :data:`CONTEXT_GRAM` tokens before ``depth`` were seen before followed by other tokens than
+            the draft's, the share of those that went on with this alternative's first token, out of their number
+            plus one (a token never seen there stays possible): P(the target takes it where it rejects the draft's);
+            None where they were not.
     """
 
     depth: int
     share: float
     tokens: tuple[int, ...]
+    fork: float | None = None
 
 
 @dataclass
@@ -142,8 +151,44 @@ class SuffixDrafter:
             history=state.history.features(),
             probs=probs,
             support=support,
+            **self._context_counts(state, ctx.token_ids, tokens),
         )
         return Draft(tuple(tokens), None, float(match_len), f"{self.source}:{chosen.kind.value}", features)
+
+    def _context_counts(self, state: _RequestState, context: Sequence[int], tokens: Sequence[int]) -> dict:
+        """For each draft position, how often the :data:`CONTEXT_GRAM` tokens before it (context, then the draft)
+        were followed by the drafted token before, and how often by any token, in this request's context and the
+        store: the ``share`` and ``seen`` features. Where earlier occurrences of the same few tokens went on in
+        many ways (a tool call's name, an argument's value), the longest match's single continuation is a guess."""
+        window = [int(t) for t in context[-CONTEXT_GRAM:]] + [int(t) for t in tokens]
+        share, seen = [], []
+        for i, token in enumerate(tokens):
+            gram = window[i : i + CONTEXT_GRAM]
+            if len(gram) < CONTEXT_GRAM:
+                share.append(1.0)
+                seen.append(0.0)
+                continue
+            same, total = state.index.successor_counts(gram, token)
+            if self.store is not None:
+                store_same, store_total = self.store.successor_counts(gram, token)
+                same, total = same + store_same, total + store_total
+            share.append(same / total if total else 1.0)
+            seen.append(float(total))
+        return {"share": share, "seen": seen}
+
+    def _fork_share(self, state: _RequestState, draft: Sequence[int], depth: int, token: int) -> float | None:
+        """``Alternative.fork`` of ``token`` departing from ``draft`` at ``depth``."""
+        window = [int(t) for t in state.index.tokens[-CONTEXT_GRAM:].tolist()] + [int(t) for t in draft[:depth]]
+        gram = window[-CONTEXT_GRAM:]
+        if len(gram) < CONTEXT_GRAM:
+            return None
+        counts = [state.index.successor_counts(gram, t) for t in (token, draft[depth])]
+        if self.store is not None:
+            stored = [self.store.successor_counts(gram, t) for t in (token, draft[depth])]
+            counts = [(a + c, b + d) for (a, b), (c, d) in zip(counts, stored)]
+        (mine, total), (drafted, _) = counts
+        others = total - drafted
+        return mine / (others + 1) if others > 0 else None
 
     def alternatives(self, req_id: str, draft: Sequence[int], limit: int) -> list[Alternative]:
         """Up to ``limit`` continuations of the last proposal's candidates that depart from ``draft``.
@@ -173,7 +218,8 @@ class SuffixDrafter:
                 continue  # agrees with the draft as far as either goes, or departs like an earlier one
             seen.add((depth, tokens[depth]))
             agreeing = sum(w for t, w in groups.items() if len(t) > depth and t[:depth] == draft[:depth])
-            out.append(Alternative(depth, weight / agreeing if agreeing else 0.0, tokens[depth:]))
+            fork = self._fork_share(state, draft, depth, tokens[depth])
+            out.append(Alternative(depth, weight / agreeing if agreeing else 0.0, tokens[depth:], fork))
             if len(out) >= limit:
                 break
         return out

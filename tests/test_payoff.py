@@ -152,9 +152,10 @@ def test_packaged_weights_rank_a_long_schema_match_above_a_one_token_guess() -> 
     strong = CacheDraftFeatures.from_record(
         {"match_len": 24.0, "num_candidates": 1.0, "kind=assistant_tool_call": 1.0, "hist_drafts": 3.0,
          "last_frac": 1.0, "last_full": 1.0, "ema_frac": 0.9, "kind_rate": 0.9})
+    # 2 of its 20 candidates go on with the drafted token (a record without support_0 would claim all 20 do)
     weak = CacheDraftFeatures.from_record(
-        {"match_len": 1.0, "num_candidates": 20.0, "prob_0": 0.1, "kind=template": 1.0, "hist_drafts": 3.0,
-         "last_frac": 0.0, "ema_frac": 0.1, "kind_rate": 0.1})
+        {"match_len": 1.0, "num_candidates": 20.0, "prob_0": 0.1, "support_0": 2.0, "kind=template": 1.0,
+         "hist_drafts": 3.0, "last_frac": 0.0, "ema_frac": 0.1, "kind_rate": 0.1})
     assert predictor.expected_accepted(strong, 16) > 4 * predictor.expected_accepted(weak, 16)
     assert np.all(np.diff(predictor.survival(strong, 16)) <= 0)
 

@@ -296,3 +296,23 @@ def test_draft_share_marks_where_copied_text_forked_before() -> None:
     assert draft.token_ids == (23, 30)
     assert draft.features.share.tolist() == pytest.approx([1 / 3, 1.0])
     assert draft.features.seen.tolist() == [3.0, 1.0]
+
+
+def test_successor_counts_of_many_grams_match_one_at_a_time() -> None:
+    index = NgramIndex()
+    index.extend([1, 2, 3, 4, 9, 1, 2, 3, 4, 7, 5, 6, 7, 8, 9, 1, 2, 3, 4])
+    grams, tokens = [[1, 2, 3, 4], [5, 6, 7, 8], [1, 2, 3, 4], [6, 6, 6, 6]], [9, 9, 7, 1]
+    same, total = index.successor_counts_many(grams, tokens)
+    assert list(zip(same.tolist(), total.tolist())) == [index.successor_counts(g, t) for g, t in zip(grams, tokens)]
+    assert list(zip(same.tolist(), total.tolist())) == [(1, 2), (1, 1), (1, 2), (0, 0)]
+
+
+def test_draft_share_after_a_short_context_counts_only_positions_with_four_tokens_before() -> None:
+    # context "10 11" then the draft "12 13 21": only 21 has four tokens before it (10 11 12 13), seen 3 times
+    store = CacheStore()
+    for first, nxt in ((1, 21), (2, 22), (5, 21)):
+        store.add([first, 10, 11, 12, 13, nxt, 30], SpanKind.GENERATED)
+    draft = propose(SuffixDrafter(store), [10, 11], 3)
+    assert draft.token_ids[:2] == (12, 13)
+    assert draft.features.seen.tolist()[:2] == [0.0, 0.0] and draft.features.share.tolist()[:2] == [1.0, 1.0]
+    assert draft.features.seen.tolist()[2] == 3.0

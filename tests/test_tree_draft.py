@@ -132,34 +132,3 @@ def test_hvd_tree_step_in_the_drafter_keeps_the_main_branch_first() -> None:
     assert draft.token_ids[:1] == (1,) and 4 in draft.token_ids[main:]
     drafter.observe(DraftOutcome("r", draft, len(draft.path((4, 5, 6, 0))), (4, 5, 6, 0)))
     assert drafter.alternatives.taken > drafter.config.alternative_taken_prior
-
-
-def test_an_alternative_seen_at_the_fork_before_is_weighed_by_its_count_there() -> None:
-    # the main token at depth 0 is rejected half the time; the alternative 7 went on after the same tokens in 3 of
-    # the 4 other continuations seen there: 0.5 * 3 / (4 + 1), not the taken rate's 0.5 * 0.3 * 1.0
-    survival = np.array([0.5, 0.25])
-    seen = plan_tree(Draft((1, 2)), survival, [Alternative(0, 1.0, (7,), fork=0.6)], rates(0.3, 0.8),
-                     CostModel.linear(0.0), 1.0, 16)
-    unseen = plan_tree(Draft((1, 2)), survival, [Alternative(0, 1.0, (7,))], rates(0.3, 0.8),
-                       CostModel.linear(0.0), 1.0, 16)
-    assert seen.survival[-1] == pytest.approx(0.3) and unseen.survival[-1] == pytest.approx(0.15)
-
-
-def test_the_cache_drafter_counts_an_alternatives_fork() -> None:
-    # after "10 11 12 13": 21 twice, 22 once, 23 once; the draft takes the most frequent, 21, and each alternative
-    # has 1 of the 2 other continuations seen there: 1 / (2 + 1)
-    from hvd_agents.drafters import CacheStore
-    from hvd_agents.structure import SpanKind
-
-    store = CacheStore()
-    for first, nxt in ((1, 21), (2, 21), (3, 22), (5, 23)):
-        store.add([first, 10, 11, 12, 13, nxt, 30], SpanKind.GENERATED)
-    drafter = SuffixDrafter(store)
-    drafter.start("r", [0, 10, 11, 12, 13])
-    draft = drafter.propose(DraftContext("r", [0, 10, 11, 12, 13], 5), 2)
-    forks = {alt.tokens[0]: alt.fork for alt in drafter.alternatives("r", draft.token_ids, 8)}
-    main = draft.token_ids[0]
-    assert main == 21
-    counts = {21: 2, 22: 1, 23: 1}
-    others = sum(n for t, n in counts.items() if t != main)
-    assert forks == {t: pytest.approx(n / (others + 1)) for t, n in counts.items() if t != main}

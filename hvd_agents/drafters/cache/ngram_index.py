@@ -200,18 +200,51 @@ class NgramIndex:
             index = NgramIndex(); index.extend([1, 2, 3, 4, 9, 1, 2, 3, 4, 7, 1, 2, 3, 4])
             index.successor_counts([1, 2, 3, 4], 9)  ->  (1, 2)   # followed by 9 once, by 7 once
         """
-        n = len(gram)
-        hits = self._maps.get(n, {}).get(ngram_key(gram)) if n in self._maps else None
-        if not hits:
-            return 0, 0
-        ends = np.asarray(hits[-limit:], dtype=np.int64)  # [c]
-        ends = ends[ends + 1 < self._len]
-        if len(ends) == 0:
-            return 0, 0
-        real = self._compare(ends, np.asarray(gram, dtype=np.int64)) == n  # [c]: not a hash collision or erased
-        following = self._tokens[ends[real] + 1]  # [c']
-        following = following[following != SEPARATOR]
-        return int(np.count_nonzero(following == token)), len(following)
+        same, total = self.successor_counts_many([gram], [token], limit)
+        return int(same[0]), int(total[0])
+
+    def successor_counts_many(
+        self, grams: Sequence[Sequence[int]], tokens: Sequence[int], limit: int = SUCCESSOR_LIMIT
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`successor_counts` of each ``(gram, token)`` pair, in one pass (``grams`` of one length ``n``).
+
+        Returns:
+            ``[g]`` how often each gram was followed by its token, ``[g]`` how often by any token.
+        """
+        g = len(grams)
+        same, total = np.zeros(g, dtype=np.int64), np.zeros(g, dtype=np.int64)  # [g], [g]
+        if g == 0:
+            return same, total
+        n = len(grams[0])
+        table = self._maps.get(n)
+        if table is None:
+            return same, total
+        ends: list[int] = []
+        rows: list[int] = []
+        for row, gram in enumerate(grams):
+            hits = table.get(ngram_key(gram))
+            if hits:
+                hits = hits[-limit:]
+                ends.extend(hits)
+                rows.extend([row] * len(hits))
+        if not ends:
+            return same, total
+        end_arr = np.asarray(ends, dtype=np.int64)  # [c]
+        row_arr = np.asarray(rows, dtype=np.int64)  # [c]
+        keep = end_arr + 1 < self._len
+        end_arr, row_arr = end_arr[keep], row_arr[keep]
+        if len(end_arr) == 0:
+            return same, total
+        gram_arr = np.asarray(grams, dtype=np.int64)  # [g, n]
+        positions = end_arr[:, None] - np.arange(n - 1, -1, -1)[None, :]  # [c, n]
+        window = self._tokens[np.maximum(positions, 0)]  # [c, n]
+        real = ((positions >= 0) & (window == gram_arr[row_arr])).all(axis=1)  # [c]: not a collision or erased
+        following = self._tokens[end_arr + 1]  # [c]
+        counted = real & (following != SEPARATOR)  # [c]
+        token_arr = np.asarray(tokens, dtype=np.int64)  # [g]
+        total += np.bincount(row_arr[counted], minlength=g)
+        same += np.bincount(row_arr[counted & (following == token_arr[row_arr])], minlength=g)
+        return same, total
 
     def continuation(self, end: int, k: int) -> list[int]:
         """Up to ``k`` tokens after position ``end``, stopping at a separator."""

@@ -150,6 +150,13 @@ class CacheStore:
         with self._lock:
             return self._index.successor_counts(gram, token)
 
+    def successor_counts_many(
+        self, grams: Sequence[Sequence[int]], tokens: Sequence[int]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`successor_counts` of each ``(gram, token)`` pair (:meth:`NgramIndex.successor_counts_many`)."""
+        with self._lock:
+            return self._index.successor_counts_many(grams, tokens)
+
     def continuations(
         self, query: Sequence[int], k: int, max_match: int = 64, max_candidates: int = 12
     ) -> tuple[int, list[tuple[list[int], StoredSpan]]]:

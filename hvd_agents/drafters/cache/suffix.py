@@ -34,6 +34,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from hvd_agents.drafters.base import Draft, DraftContext, DraftOutcome, started
 from hvd_agents.drafters.cache.history import AcceptanceHistory, KindRates
 from hvd_agents.drafters.cache.ngram_index import NgramIndex
@@ -63,16 +65,11 @@ class Alternative:
         depth: the draft position it replaces (0: the first draft token).
         share: its share of the candidates that agree with the draft before ``depth``.
         tokens: its tokens from ``depth`` on.
-        fork: where the :data:`CONTEXT_GRAM` tokens before ``depth`` were seen before followed by other tokens than
-            the draft's, the share of those that went on with this alternative's first token, out of their number
-            plus one (a token never seen there stays possible): P(the target takes it where it rejects the draft's);
-            None where they were not.
     """
 
     depth: int
     share: float
     tokens: tuple[int, ...]
-    fork: float | None = None
 
 
 @dataclass
@@ -160,35 +157,21 @@ class SuffixDrafter:
         were followed by the drafted token before, and how often by any token, in this request's context and the
         store: the ``share`` and ``seen`` features. Where earlier occurrences of the same few tokens went on in
         many ways (a tool call's name, an argument's value), the longest match's single continuation is a guess."""
-        window = [int(t) for t in context[-CONTEXT_GRAM:]] + [int(t) for t in tokens]
-        share, seen = [], []
-        for i, token in enumerate(tokens):
-            gram = window[i : i + CONTEXT_GRAM]
-            if len(gram) < CONTEXT_GRAM:
-                share.append(1.0)
-                seen.append(0.0)
-                continue
-            same, total = state.index.successor_counts(gram, token)
-            if self.store is not None:
-                store_same, store_total = self.store.successor_counts(gram, token)
-                same, total = same + store_same, total + store_total
-            share.append(same / total if total else 1.0)
-            seen.append(float(total))
-        return {"share": share, "seen": seen}
-
-    def _fork_share(self, state: _RequestState, draft: Sequence[int], depth: int, token: int) -> float | None:
-        """``Alternative.fork`` of ``token`` departing from ``draft`` at ``depth``."""
-        window = [int(t) for t in state.index.tokens[-CONTEXT_GRAM:].tolist()] + [int(t) for t in draft[:depth]]
-        gram = window[-CONTEXT_GRAM:]
-        if len(gram) < CONTEXT_GRAM:
-            return None
-        counts = [state.index.successor_counts(gram, t) for t in (token, draft[depth])]
+        head = [int(t) for t in context[-CONTEXT_GRAM:]]
+        window = head + [int(t) for t in tokens]
+        skip = CONTEXT_GRAM - len(head)  # leading positions with fewer than CONTEXT_GRAM tokens before them
+        grams = [window[i - skip : i - skip + CONTEXT_GRAM] for i in range(skip, len(tokens))]
+        followers = [int(t) for t in tokens[skip:]]
+        same, total = state.index.successor_counts_many(grams, followers)  # [g], [g]
         if self.store is not None:
-            stored = [self.store.successor_counts(gram, t) for t in (token, draft[depth])]
-            counts = [(a + c, b + d) for (a, b), (c, d) in zip(counts, stored)]
-        (mine, total), (drafted, _) = counts
-        others = total - drafted
-        return mine / (others + 1) if others > 0 else None
+            store_same, store_total = self.store.successor_counts_many(grams, followers)
+            same, total = same + store_same, total + store_total
+        share = np.ones(len(tokens))  # [n]
+        seen = np.zeros(len(tokens))  # [n]
+        counted = total > 0
+        share[skip:][counted] = same[counted] / total[counted]
+        seen[skip:] = total
+        return {"share": share, "seen": seen}
 
     def alternatives(self, req_id: str, draft: Sequence[int], limit: int) -> list[Alternative]:
         """Up to ``limit`` continuations of the last proposal's candidates that depart from ``draft``.
@@ -218,8 +201,7 @@ class SuffixDrafter:
                 continue  # agrees with the draft as far as either goes, or departs like an earlier one
             seen.add((depth, tokens[depth]))
             agreeing = sum(w for t, w in groups.items() if len(t) > depth and t[:depth] == draft[:depth])
-            fork = self._fork_share(state, draft, depth, tokens[depth])
-            out.append(Alternative(depth, weight / agreeing if agreeing else 0.0, tokens[depth:], fork))
+            out.append(Alternative(depth, weight / agreeing if agreeing else 0.0, tokens[depth:]))
             if len(out) >= limit:
                 break
         return out

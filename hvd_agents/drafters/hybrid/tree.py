@@ -165,8 +165,7 @@ def plan_tree(
         depth = alternative.depth
         if depth >= n or not alternative.tokens:
             continue
-        taken = alternative.fork if alternative.fork is not None else rates.taken * _weight(alternative) / departing[depth]
-        alive = reach[depth] * (1.0 - hazard[depth]) * taken
+        alive = reach[depth] * (1.0 - hazard[depth]) * rates.taken * _weight(alternative) / departing[depth]
         parent = depth - 1
         for token in alternative.tokens[: max(k - depth, 0)]:
             parent = add(token, float(alive), parent, owner)

@@ -316,3 +316,27 @@ def test_draft_share_after_a_short_context_counts_only_positions_with_four_token
     assert draft.token_ids[:2] == (12, 13)
     assert draft.features.seen.tolist()[:2] == [0.0, 0.0] and draft.features.share.tolist()[:2] == [1.0, 1.0]
     assert draft.features.seen.tolist()[2] == 3.0
+
+
+def test_successors_count_each_follower_and_continue_from_its_latest_occurrence() -> None:
+    index = NgramIndex()
+    # "1 2 3 4" went on with 9 8, 7 6 and 9 5; the last occurrence ends the index (no successor yet)
+    index.extend([1, 2, 3, 4, 9, 8, 1, 2, 3, 4, 7, 6, 1, 2, 3, 4, 9, 5, 1, 2, 3, 4])
+    first, never = index.successors([[1, 2, 3, 4], [5, 6, 7, 8]], 2)
+    assert first == {9: (2, [9, 5]), 7: (1, [7, 6])} and never == {}
+    index.erase(0, 6)  # erased occurrences no longer count
+    assert index.successors([[1, 2, 3, 4]], 2)[0] == {9: (1, [9, 5]), 7: (1, [7, 6])}
+
+
+def test_where_the_draft_forks_the_other_followers_grow_alternatives_by_their_share() -> None:
+    # "10 11 12 13" went on with 21, 22 (twice) and 23; the longest match copies 23, whose four tokens before
+    # forked: the other followers depart there, weighed by their share of what followed those tokens
+    store = CacheStore()
+    for first, nxt in ((1, 21), (2, 22), (3, 22), (5, 23)):
+        store.add([first, 10, 11, 12, 13, nxt, 30 + nxt], SpanKind.GENERATED)
+    drafter = SuffixDrafter(store)
+    draft = propose(drafter, [0, 5, 10, 11, 12, 13], 2)
+    assert draft.token_ids == (23, 53)
+    forks = [a for a in drafter.alternatives("r", draft.token_ids, limit=4) if a.fork]
+    assert [(a.depth, a.tokens, a.share) for a in forks] == [(0, (22, 52), 0.5), (0, (21, 51), 0.25)]
+    assert len(drafter.alternatives("r", draft.token_ids, limit=1)) == 1

@@ -132,3 +132,16 @@ def test_hvd_tree_step_in_the_drafter_keeps_the_main_branch_first() -> None:
     assert draft.token_ids[:1] == (1,) and 4 in draft.token_ids[main:]
     drafter.observe(DraftOutcome("r", draft, len(draft.path((4, 5, 6, 0))), (4, 5, 6, 0)))
     assert drafter.alternatives.taken > drafter.config.alternative_taken_prior
+
+
+def test_a_fork_alternative_survives_by_its_share_within_what_the_main_token_leaves() -> None:
+    # main S = [0.5, 0.4] (hazards 0.5, 0.8); a fork at depth 0 seen going on with 7 in 30% of its occurrences, one
+    # at depth 1 with 8 in 90%: 7 survives 0.3 (below the 0.5 the main token leaves), 8 survives 0.5 * 0.2 (all that
+    # the main token leaves there); a candidate alternative's share is not split with them
+    alternatives = [Alternative(0, 0.3, (7,), fork=True), Alternative(1, 0.9, (8,), fork=True),
+                    Alternative(0, 0.5, (9,))]
+    plan = plan_tree(Draft((1, 2)), np.array([0.5, 0.4]), alternatives, rates(0.4), CostModel.linear(0.0), 1.0, 16)
+    by_token = dict(zip(plan.draft.token_ids, plan.survival))
+    assert by_token[7] == pytest.approx(0.3)
+    assert by_token[8] == pytest.approx(0.5 * 0.2)
+    assert by_token[9] == pytest.approx(0.5 * 0.4)  # reach 1, main rejected 0.5, taken 0.4, its share the whole

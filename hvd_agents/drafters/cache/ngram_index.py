@@ -246,6 +246,50 @@ class NgramIndex:
         same += np.bincount(row_arr[counted & (following == token_arr[row_arr])], minlength=g)
         return same, total
 
+    def successors(
+        self, grams: Sequence[Sequence[int]], k: int, limit: int = SUCCESSOR_LIMIT
+    ) -> list[dict[int, tuple[int, list[int]]]]:
+        """For each of ``grams`` (one length ``n`` in :data:`NGRAM_SIZES`), the tokens that followed it over its
+        ``limit`` most recent occurrences: for each token, how often, and up to ``k`` tokens from its most recent
+        occurrence on (the token first).
+
+        Example::
+
+            index = NgramIndex(); index.extend([1, 2, 3, 4, 9, 8, 1, 2, 3, 4, 7, 6, 1, 2, 3, 4])
+            index.successors([[1, 2, 3, 4]], 2)  ->  [{7: (1, [7, 6]), 9: (1, [9, 8])}]
+        """
+        out: list[dict[int, tuple[int, list[int]]]] = [{} for _ in grams]
+        if not grams:
+            return out
+        n = len(grams[0])
+        table = self._maps.get(n)
+        if table is None:
+            return out
+        ends: list[int] = []
+        rows: list[int] = []
+        for row, gram in enumerate(grams):
+            hits = table.get(ngram_key(gram))
+            if hits:
+                hits = hits[-limit:]
+                ends.extend(hits)
+                rows.extend([row] * len(hits))
+        if not ends:
+            return out
+        end_arr = np.asarray(ends, dtype=np.int64)  # [c]
+        row_arr = np.asarray(rows, dtype=np.int64)  # [c]
+        keep = end_arr + 1 < self._len
+        end_arr, row_arr = end_arr[keep], row_arr[keep]
+        gram_arr = np.asarray(grams, dtype=np.int64)  # [g, n]
+        positions = end_arr[:, None] - np.arange(n - 1, -1, -1)[None, :]  # [c, n]
+        window = self._tokens[np.maximum(positions, 0)]  # [c, n]
+        following = self._tokens[end_arr + 1]  # [c]
+        counted = ((positions >= 0) & (window == gram_arr[row_arr])).all(axis=1) & (following != SEPARATOR)  # [c]
+        for row, end, token in zip(row_arr[counted].tolist(), end_arr[counted].tolist(), following[counted].tolist()):
+            seen = out[row].get(token)
+            # occurrences are in index order: the last one read is the most recent
+            out[row][token] = (seen[0] + 1 if seen else 1, end)
+        return [{token: (count, self.continuation(end, k)) for token, (count, end) in row.items()} for row in out]
+
     def continuation(self, end: int, k: int) -> list[int]:
         """Up to ``k`` tokens after position ``end``, stopping at a separator."""
         window = self._tokens[end + 1 : min(end + 1 + k, self._len)].tolist()

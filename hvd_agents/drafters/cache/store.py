@@ -157,6 +157,11 @@ class CacheStore:
         with self._lock:
             return self._index.successor_counts_many(grams, tokens)
 
+    def successors(self, grams: Sequence[Sequence[int]], k: int) -> list[dict[int, tuple[int, list[int]]]]:
+        """What followed each of ``grams`` in the store, and how often (:meth:`NgramIndex.successors`)."""
+        with self._lock:
+            return self._index.successors(grams, k)
+
     def continuations(
         self, query: Sequence[int], k: int, max_match: int = 64, max_candidates: int = 12
     ) -> tuple[int, list[tuple[list[int], StoredSpan]]]:

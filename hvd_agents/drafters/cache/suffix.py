@@ -63,13 +63,16 @@ class Alternative:
 
     Attributes:
         depth: the draft position it replaces (0: the first draft token).
-        share: its share of the candidates that agree with the draft before ``depth``.
+        share: its share of the candidates that agree with the draft before ``depth``; for a fork
+            alternative, its share of the occurrences of the tokens before ``depth`` (what followed them).
         tokens: its tokens from ``depth`` on.
+        fork: it comes from what followed the tokens before ``depth`` elsewhere, not from a candidate.
     """
 
     depth: int
     share: float
     tokens: tuple[int, ...]
+    fork: bool = False
 
 
 @dataclass
@@ -81,6 +84,7 @@ class _RequestState:
     candidates: list[_Candidate] = field(default_factory=list)  # of the last proposal
     backups: list[list[int]] = field(default_factory=list)  # its other source's shorter-match continuations
     k: int = 0
+    forks: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)  # the last proposal's (depth, gram before)
     last_span: int | None = None
     last_kind: SpanKind | None = None
     output: list[int] = field(default_factory=list)
@@ -169,19 +173,50 @@ class SuffixDrafter:
         share = np.ones(len(tokens))  # [n]
         seen = np.zeros(len(tokens))  # [n]
         counted = total > 0
+        state.forks = [(skip + i, tuple(grams[i])) for i in np.flatnonzero(total > same).tolist()]
         share[skip:][counted] = same[counted] / total[counted]
         seen[skip:] = total
         return {"share": share, "seen": seen}
 
     def alternatives(self, req_id: str, draft: Sequence[int], limit: int) -> list[Alternative]:
-        """Up to ``limit`` continuations of the last proposal's candidates that depart from ``draft``.
-
-        One per departure point and token, the most shared first (ties: the most
-        recent). ``draft`` is the proposal's tokens (a prefix of them is fine).
+        """Up to ``limit`` continuations that depart from ``draft``, the last proposal's tokens (a prefix of them
+        is fine): first the other candidates' (one per departure point and token, the most shared first, ties:
+        the most recent), then, at the draft's forks (positions whose :data:`CONTEXT_GRAM` tokens before them
+        were followed by other tokens before), those other tokens' continuations from their latest occurrence,
+        the most frequent first, each weighed by its share of the fork's occurrences.
         """
         state = started(self._requests, req_id, self.source, "alternatives")
         if limit <= 0 or not state.candidates:
             return []
+        draft = tuple(draft)
+        out = self._candidate_alternatives(state, draft, limit)
+        seen = {(alternative.depth, alternative.tokens[0]) for alternative in out}
+        forks: list[tuple[float, Alternative]] = []
+        at = [(depth, gram) for depth, gram in state.forks if depth < len(draft)]
+        if at:
+            grams = [gram for _, gram in at]
+            room = state.k - min(depth for depth, _ in at)
+            found = state.index.successors(grams, room)
+            if self.store is not None:
+                for mine, shared in zip(found, self.store.successors(grams, room)):
+                    for token, (count, tokens) in shared.items():
+                        local = mine.get(token)
+                        mine[token] = (count + local[0], local[1]) if local else (count, tokens)
+            for (depth, _), followers in zip(at, found):
+                total = sum(count for count, _ in followers.values())
+                for token, (count, tokens) in followers.items():
+                    if token == draft[depth] or (depth, token) in seen or not tokens:
+                        continue
+                    seen.add((depth, token))
+                    alternative = Alternative(depth, count / total, tuple(tokens[: state.k - depth]), fork=True)
+                    forks.append((count / total, alternative))
+        forks.sort(key=lambda item: -item[0])
+        chosen = [alternative for _, alternative in forks[: limit - len(out)]]
+        out += chosen
+        return out
+
+    def _candidate_alternatives(self, state: _RequestState, draft: tuple[int, ...], limit: int) -> list[Alternative]:
+        """The other candidates' continuations departing from ``draft`` (see :meth:`alternatives`)."""
         groups: dict[tuple[int, ...], int] = {}
         for candidate in state.candidates:
             key = tuple(candidate.tokens[: state.k])
@@ -190,7 +225,6 @@ class SuffixDrafter:
             groups.setdefault(tuple(tokens[: state.k]), 0)
         if len(groups) < 2:
             return []
-        draft = tuple(draft)
         out: list[Alternative] = []
         seen: set[tuple[int, int]] = set()
         for tokens, weight in sorted(groups.items(), key=lambda item: -item[1]):

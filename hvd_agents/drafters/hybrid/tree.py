@@ -3,8 +3,9 @@
 Where the cache drafter's candidates disagree (an earlier tool call went on one
 way, another the other way), one path through them is a bet on one of them. The
 step instead verifies a *tree*: the proposed path (the *main branch*) and the
-other candidates' continuations
-(:meth:`~hvd_agents.drafters.cache.suffix.SuffixDrafter.alternatives`) branching
+other candidates' continuations, and at the draft's forks (where the few tokens
+before a position went on in other ways elsewhere) those other ways
+(:meth:`~hvd_agents.drafters.cache.suffix.SuffixDrafter.alternatives`), branching
 off it where they depart. The target accepts the longest root path it would have
 produced itself, so a tree accepts at least what any of its branches would.
 
@@ -19,6 +20,11 @@ tree down to it. With the main branch's predicted survivals ``S_i``
   there (rate ``t``, learned online), this one by its weight ``w`` (its share of
   the candidates, :data:`BACKUP_WEIGHT` for a shorter match's continuation) over
   the weights ``W_j`` of all alternatives departing there;
+* the first token of a *fork* alternative departing at depth ``j`` (a token
+  that followed the same few tokens before depth ``j`` elsewhere, in a share
+  ``s`` of their occurrences): ``S_{j-1} * min(s, 1 - h_j)``: the target takes
+  it about as often as the same text went on with it before, and never more
+  often than it rejects the main token there;
 * each later token of an alternative: its parent's survival times ``g``, the
   rate at which a taken alternative goes on (learned online).
 
@@ -159,13 +165,16 @@ def plan_tree(
     hazard = np.divide(survival[:n], reach[:-1], out=np.zeros(n), where=reach[:-1] > 0)  # [n]
     departing: dict[int, float] = {}
     for alternative in alternatives:
-        if alternative.depth < n and alternative.tokens:
+        if alternative.depth < n and alternative.tokens and not alternative.fork:
             departing[alternative.depth] = departing.get(alternative.depth, 0.0) + _weight(alternative)
     for owner, alternative in enumerate(alternatives):
         depth = alternative.depth
         if depth >= n or not alternative.tokens:
             continue
-        alive = reach[depth] * (1.0 - hazard[depth]) * rates.taken * _weight(alternative) / departing[depth]
+        if alternative.fork:
+            alive = reach[depth] * min(alternative.share, 1.0 - hazard[depth])
+        else:
+            alive = reach[depth] * (1.0 - hazard[depth]) * rates.taken * _weight(alternative) / departing[depth]
         parent = depth - 1
         for token in alternative.tokens[: max(k - depth, 0)]:
             parent = add(token, float(alive), parent, owner)

@@ -144,6 +144,53 @@ def test_iq4_blocks_convert_exactly() -> None:
     assert gguf_blocks.native_blocks(T.IQ4_XS, xs)[0] == quant_native.Q6S
 
 
+# the grid types: bytes a block of 256 weights, and the float16 ``d``'s byte offset (IQ1_M: in the scales' top nibbles)
+IQ_GRID_BLOCKS = {"IQ2_XXS": (66, 0), "IQ2_XS": (74, 0), "IQ2_S": (82, 0), "IQ3_XXS": (98, 0), "IQ3_S": (110, 0),
+                  "IQ1_S": (50, 0), "IQ1_M": (56, None)}
+
+
+def _random_iq_blocks(name: str, rows: int, cols: int, seed: int) -> np.ndarray:
+    """Random blocks of grid type ``name`` ``[rows, bytes]``: every byte pattern is a valid block; ``d`` any finite
+    float16 (zeros, subnormals, both signs, up to 65504)."""
+    size, at = IQ_GRID_BLOCKS[name]
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(rows * cols // 256, size), dtype=np.uint8)
+    d = rng.integers(0, 1 << 16, size=blocks.shape[0], dtype=np.uint16)
+    d[(d & 0x7C00) == 0x7C00] &= np.uint16(0x83FF)  # an infinity or NaN's exponent cleared: finite
+    if at is not None:
+        blocks[:, at : at + 2] = d.reshape(-1, 1).view(np.uint8)
+    else:  # IQ1_M: d's 4 nibbles are the top nibbles of its 4 16-bit scale words
+        words = blocks[:, 48:56].copy().view(np.uint16) & np.uint16(0x0FFF)
+        words |= ((d.reshape(-1, 1) >> np.array([0, 4, 8, 12], dtype=np.uint16)) & np.uint16(0xF)) << np.uint16(12)
+        blocks[:, 48:56] = words.view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("name", list(IQ_GRID_BLOCKS))
+def test_iq_grid_blocks_convert_exactly(name) -> None:
+    # IQ1/IQ2/IQ3 (a scale per 16 or 32 weights times grid values and signs, IQ1's grid -+ 1/8) as q6s: float32
+    # scales (IQ1's over 8) and int8 weights whose products are gguf's dequantized values, bit for bit, through the
+    # kernel's dequantization and the loader
+    from gguf import GGMLQuantizationType as T
+    from gguf.quants import dequantize
+
+    module = quant_native.module()
+    raw = _random_iq_blocks(name, 8, 1024, seed=len(name))
+    expected = dequantize(raw.reshape(-1), T[name]).astype(np.float32).reshape(8, 1024)
+    fmt, data = gguf_blocks.native_blocks(T[name], raw)
+    assert fmt == quant_native.Q6S and data.nbytes == 8 * 1024 // 32 * 40
+    got = module.dequantize(_matrix(module, quant_weights.Weight(fmt, 8, 1024, data))).numpy()
+    assert np.isfinite(expected).all() and np.count_nonzero(expected) > 0.9 * expected.size
+    assert np.array_equal(got.view(np.int32), expected.view(np.int32))  # bit for bit, zeros' signs too
+    loaded = quant_weights._converted(T[name], raw, 8, 1024)
+    assert loaded.fmt == quant_native.Q6S and np.array_equal(quant_weights.dense(loaded).view(np.int32), expected.view(np.int32))
+    assert name in quant_weights.NATIVE_GGUF_TYPES
+    # the kernel's products with them: as the float32 weights' products, to int8 activation precision
+    x = torch.from_numpy(np.random.default_rng(2).standard_normal((3, 1024)).astype(np.float32))
+    dense = x @ torch.from_numpy(expected).T
+    assert (module.linear(_matrix(module, loaded), x) - dense).abs().max() <= 0.03 * dense.abs().max()
+
+
 @pytest.mark.parametrize("wide", [False, True], ids=["compact", "wide"])
 def test_gguf_block_conversions_are_exact(wide) -> None:
     from gguf.quants import dequantize

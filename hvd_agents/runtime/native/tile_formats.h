@@ -33,7 +33,7 @@ namespace hvd_tiles {
 using namespace hvd_isa;
 
 // Q4_1, Q8_0: the GGUF blocks. Q4F: Q4_1 with float32 scale and minimum; Q5F: the same with 5-bit weights a
-// byte each; Q6S: int8 weights with a float32 scale per 16 (Q3_K). Q4K, Q5K, Q6K: the K-quants' super-blocks
+// byte each; Q6S: int8 weights with a float32 scale per 16 (Q3_K, IQ4_XS, the IQ1/IQ2/IQ3 grids). Q4K, Q5K, Q6K: the K-quants' super-blocks
 // (nibbles, a plane of 5th bits, two planes of 5th and 6th bits); Q5_0, Q5_1: nibbles and a plane, float16 d
 // (and m; Q5_0's minimum is -16 d)
 // F16, BF16: float weights held in 16 bits (the file's), each converted to float32 exactly where it is read, so

@@ -340,3 +340,14 @@ def test_where_the_draft_forks_the_other_followers_grow_alternatives_by_their_sh
     forks = [a for a in drafter.alternatives("r", draft.token_ids, limit=4) if a.fork]
     assert [(a.depth, a.tokens, a.share) for a in forks] == [(0, (22, 52), 0.5), (0, (21, 51), 0.25)]
     assert len(drafter.alternatives("r", draft.token_ids, limit=1)) == 1
+
+
+def test_a_drafter_that_does_not_count_forks_drafts_the_same_without_their_features_or_alternatives() -> None:
+    store = CacheStore()
+    for first, nxt in ((1, 21), (2, 22), (3, 22), (5, 23)):
+        store.add([first, 10, 11, 12, 13, nxt, 30 + nxt], SpanKind.GENERATED)
+    counting, plain = SuffixDrafter(store), SuffixDrafter(store, count_forks=False)
+    drafts = [propose(drafter, [0, 5, 10, 11, 12, 13], 2) for drafter in (counting, plain)]
+    assert drafts[0].token_ids == drafts[1].token_ids == (23, 53)
+    assert len(drafts[1].features.share) == 0 and len(drafts[0].features.share) == 2
+    assert not any(a.fork for a in plain.alternatives("r", drafts[1].token_ids, limit=4))

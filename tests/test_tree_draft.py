@@ -145,3 +145,29 @@ def test_a_fork_alternative_survives_by_its_share_within_what_the_main_token_lea
     assert by_token[7] == pytest.approx(0.3)
     assert by_token[8] == pytest.approx(0.5 * 0.2)
     assert by_token[9] == pytest.approx(0.5 * 0.4)  # reach 1, main rejected 0.5, taken 0.4, its share the whole
+
+
+def test_fork_alternatives_never_taken_lower_their_scale_and_leave_the_candidates_rate_alone() -> None:
+    # main 1 2 3 with S = [0.5, 0.4, 0.3] (hazard 0.5 at depth 0); a fork alternative (share 0.4) and a
+    # candidate's (share 1) depart at depth 0; the target rejects the main token and takes neither, every time
+    learned = rates(0.4)
+    alternatives = [Alternative(0, 0.4, (7,), fork=True), Alternative(0, 1.0, (8,))]
+    survival = np.array([0.5, 0.4, 0.3])
+    first = plan_tree(Draft((1, 2, 3)), survival, alternatives, learned, CostModel.linear(0.0), 1.0, 16)
+    node = first.draft.token_ids.index(7)
+    assert first.forks == ((node, pytest.approx(0.8)),)  # min(0.4, 0.5) / 0.5: its chance where 1 is rejected
+    assert first.survival[node] == pytest.approx(0.4)
+    taken_before = learned.taken
+    for _ in range(40):
+        plan = plan_tree(Draft((1, 2, 3)), survival, alternatives, learned, CostModel.linear(0.0), 1.0, 16)
+        learned.observe(plan.draft, plan.main, (9,), (1, 2, 3), plan.forks)
+    assert learned.fork_scale < 0.2
+    later = plan_tree(Draft((1, 2, 3)), survival, alternatives, learned, CostModel.linear(0.0), 1.0, 16)
+    assert later.survival[later.draft.token_ids.index(7)] < 0.1
+    assert learned.taken == pytest.approx(taken_before * 0.95**40)  # the candidate's alternative: tried, not taken
+    # where the target takes the fork alternative, its scale rises and t, the candidates' rate, still falls
+    other = rates(0.4)
+    for _ in range(40):
+        plan = plan_tree(Draft((1, 2, 3)), survival, alternatives, other, CostModel.linear(0.0), 1.0, 16)
+        other.observe(plan.draft, plan.main, (7, 5), (1, 2, 3), plan.forks)
+    assert other.fork_scale > 1.1 and other.taken < 0.1

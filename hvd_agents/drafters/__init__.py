@@ -71,7 +71,7 @@ def _model_only(resources: DrafterResources) -> Drafter:
 DRAFTER_FACTORIES: dict[str, Callable[[DrafterResources], Drafter]] = {
     "ar": lambda res: NoDrafter(),
     "pld": lambda res: PromptLookupDrafter(),
-    "hvd-cache": lambda res: SuffixDrafter(res.store),
+    "hvd-cache": lambda res: SuffixDrafter(res.store, count_forks=False),
     "model": _model_only,
     "hvd": lambda res: HybridDrafter(SuffixDrafter(res.store), cost=res.cost, model=res.model_drafter()),
     "hvd-paper": lambda res: PaperDrafter(SuffixDrafter(res.store), model=res.model_drafter(),

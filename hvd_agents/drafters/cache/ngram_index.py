@@ -54,6 +54,18 @@ def _bulk_keys(tokens: np.ndarray, n: int) -> np.ndarray:
     return h
 
 
+def gram_keys(grams: Sequence[Sequence[int]]) -> list[int]:
+    """:func:`ngram_key` of each of ``grams`` (one length), in one vectorized pass."""
+    if not grams:
+        return []
+    values = np.asarray(grams, dtype=np.int64).astype(np.uint64) + np.uint64(2)  # [g, n]
+    h = np.zeros(len(values), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for column in values.T:
+            h = h * np.uint64(_PRIME) + column
+    return h.tolist()
+
+
 @dataclass(frozen=True)
 class Match:
     """An earlier occurrence of the query's suffix: tokens ``[end - length + 1, end]``."""
@@ -204,91 +216,76 @@ class NgramIndex:
         return int(same[0]), int(total[0])
 
     def successor_counts_many(
-        self, grams: Sequence[Sequence[int]], tokens: Sequence[int], limit: int = SUCCESSOR_LIMIT
+        self, grams: Sequence[Sequence[int]], tokens: Sequence[int], limit: int = SUCCESSOR_LIMIT,
+        keys: Sequence[int] | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`successor_counts` of each ``(gram, token)`` pair, in one pass (``grams`` of one length ``n``).
+        """:meth:`successor_counts` of each ``(gram, token)`` pair, in one pass (``grams`` of one length ``n``;
+        ``keys``: their :func:`gram_keys`, when known).
 
         Returns:
             ``[g]`` how often each gram was followed by its token, ``[g]`` how often by any token.
         """
         g = len(grams)
         same, total = np.zeros(g, dtype=np.int64), np.zeros(g, dtype=np.int64)  # [g], [g]
-        if g == 0:
-            return same, total
-        n = len(grams[0])
-        table = self._maps.get(n)
+        rows, _, following = self._occurrences(grams, limit, keys)
+        if len(rows):
+            token_arr = np.asarray(tokens, dtype=np.int64)  # [g]
+            total += np.bincount(rows, minlength=g)
+            same += np.bincount(rows[following == token_arr[rows]], minlength=g)
+        return same, total
+
+    def successors(
+        self, grams: Sequence[Sequence[int]], k: int, limit: int = SUCCESSOR_LIMIT, keys: Sequence[int] | None = None
+    ) -> list[dict[int, tuple[int, list[int]]]]:
+        """For each of ``grams`` (one length ``n`` in :data:`NGRAM_SIZES`; ``keys``: their :func:`gram_keys`, when
+        known), the tokens that followed it over its ``limit`` most recent occurrences: for each token, how
+        often, and up to ``k`` tokens from its most recent occurrence on (the token first).
+
+        Example::
+
+            index = NgramIndex(); index.extend([1, 2, 3, 4, 9, 8, 1, 2, 3, 4, 7, 6, 1, 2, 3, 4])
+            index.successors([[1, 2, 3, 4]], 2)  ->  [{9: (1, [9, 8]), 7: (1, [7, 6])}]
+        """
+        out: list[dict[int, tuple[int, int]]] = [{} for _ in grams]
+        rows, ends, following = self._occurrences(grams, limit, keys)
+        for row, end, token in zip(rows.tolist(), ends.tolist(), following.tolist()):
+            seen = out[row].get(token)
+            # occurrences are in index order: the last one read is the most recent
+            out[row][token] = (seen[0] + 1 if seen else 1, end)
+        return [{token: (count, self.continuation(end, k)) for token, (count, end) in row.items()} for row in out]
+
+    def _occurrences(
+        self, grams: Sequence[Sequence[int]], limit: int, keys: Sequence[int] | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The ``limit`` most recent occurrences of each gram that have a successor: ``[c]`` the gram's row,
+        ``[c]`` the occurrence's last position, ``[c]`` the token after it (hash collisions, erased text and
+        separators left out)."""
+        empty = np.zeros(0, dtype=np.int64)
+        table = self._maps.get(len(grams[0])) if grams else None
         if table is None:
-            return same, total
+            return empty, empty, empty
+        n = len(grams[0])
         ends: list[int] = []
         rows: list[int] = []
-        for row, gram in enumerate(grams):
-            hits = table.get(ngram_key(gram))
+        for row, key in enumerate(keys if keys is not None else gram_keys(grams)):
+            hits = table.get(key)
             if hits:
                 hits = hits[-limit:]
                 ends.extend(hits)
                 rows.extend([row] * len(hits))
         if not ends:
-            return same, total
+            return empty, empty, empty
         end_arr = np.asarray(ends, dtype=np.int64)  # [c]
         row_arr = np.asarray(rows, dtype=np.int64)  # [c]
         keep = end_arr + 1 < self._len
         end_arr, row_arr = end_arr[keep], row_arr[keep]
-        if len(end_arr) == 0:
-            return same, total
         gram_arr = np.asarray(grams, dtype=np.int64)  # [g, n]
         positions = end_arr[:, None] - np.arange(n - 1, -1, -1)[None, :]  # [c, n]
         window = self._tokens[np.maximum(positions, 0)]  # [c, n]
         real = ((positions >= 0) & (window == gram_arr[row_arr])).all(axis=1)  # [c]: not a collision or erased
         following = self._tokens[end_arr + 1]  # [c]
         counted = real & (following != SEPARATOR)  # [c]
-        token_arr = np.asarray(tokens, dtype=np.int64)  # [g]
-        total += np.bincount(row_arr[counted], minlength=g)
-        same += np.bincount(row_arr[counted & (following == token_arr[row_arr])], minlength=g)
-        return same, total
-
-    def successors(
-        self, grams: Sequence[Sequence[int]], k: int, limit: int = SUCCESSOR_LIMIT
-    ) -> list[dict[int, tuple[int, list[int]]]]:
-        """For each of ``grams`` (one length ``n`` in :data:`NGRAM_SIZES`), the tokens that followed it over its
-        ``limit`` most recent occurrences: for each token, how often, and up to ``k`` tokens from its most recent
-        occurrence on (the token first).
-
-        Example::
-
-            index = NgramIndex(); index.extend([1, 2, 3, 4, 9, 8, 1, 2, 3, 4, 7, 6, 1, 2, 3, 4])
-            index.successors([[1, 2, 3, 4]], 2)  ->  [{7: (1, [7, 6]), 9: (1, [9, 8])}]
-        """
-        out: list[dict[int, tuple[int, list[int]]]] = [{} for _ in grams]
-        if not grams:
-            return out
-        n = len(grams[0])
-        table = self._maps.get(n)
-        if table is None:
-            return out
-        ends: list[int] = []
-        rows: list[int] = []
-        for row, gram in enumerate(grams):
-            hits = table.get(ngram_key(gram))
-            if hits:
-                hits = hits[-limit:]
-                ends.extend(hits)
-                rows.extend([row] * len(hits))
-        if not ends:
-            return out
-        end_arr = np.asarray(ends, dtype=np.int64)  # [c]
-        row_arr = np.asarray(rows, dtype=np.int64)  # [c]
-        keep = end_arr + 1 < self._len
-        end_arr, row_arr = end_arr[keep], row_arr[keep]
-        gram_arr = np.asarray(grams, dtype=np.int64)  # [g, n]
-        positions = end_arr[:, None] - np.arange(n - 1, -1, -1)[None, :]  # [c, n]
-        window = self._tokens[np.maximum(positions, 0)]  # [c, n]
-        following = self._tokens[end_arr + 1]  # [c]
-        counted = ((positions >= 0) & (window == gram_arr[row_arr])).all(axis=1) & (following != SEPARATOR)  # [c]
-        for row, end, token in zip(row_arr[counted].tolist(), end_arr[counted].tolist(), following[counted].tolist()):
-            seen = out[row].get(token)
-            # occurrences are in index order: the last one read is the most recent
-            out[row][token] = (seen[0] + 1 if seen else 1, end)
-        return [{token: (count, self.continuation(end, k)) for token, (count, end) in row.items()} for row in out]
+        return row_arr[counted], end_arr[counted], following[counted]
 
     def continuation(self, end: int, k: int) -> list[int]:
         """Up to ``k`` tokens after position ``end``, stopping at a separator."""

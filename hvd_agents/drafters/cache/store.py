@@ -151,16 +151,17 @@ class CacheStore:
             return self._index.successor_counts(gram, token)
 
     def successor_counts_many(
-        self, grams: Sequence[Sequence[int]], tokens: Sequence[int]
+        self, grams: Sequence[Sequence[int]], tokens: Sequence[int], keys: Sequence[int] | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`successor_counts` of each ``(gram, token)`` pair (:meth:`NgramIndex.successor_counts_many`)."""
         with self._lock:
-            return self._index.successor_counts_many(grams, tokens)
+            return self._index.successor_counts_many(grams, tokens, keys=keys)
 
-    def successors(self, grams: Sequence[Sequence[int]], k: int) -> list[dict[int, tuple[int, list[int]]]]:
+    def successors(self, grams: Sequence[Sequence[int]], k: int,
+                   keys: Sequence[int] | None = None) -> list[dict[int, tuple[int, list[int]]]]:
         """What followed each of ``grams`` in the store, and how often (:meth:`NgramIndex.successors`)."""
         with self._lock:
-            return self._index.successors(grams, k)
+            return self._index.successors(grams, k, keys=keys)
 
     def continuations(
         self, query: Sequence[int], k: int, max_match: int = 64, max_candidates: int = 12

@@ -38,7 +38,7 @@ import numpy as np
 
 from hvd_agents.drafters.base import Draft, DraftContext, DraftOutcome, started
 from hvd_agents.drafters.cache.history import AcceptanceHistory, KindRates
-from hvd_agents.drafters.cache.ngram_index import NgramIndex
+from hvd_agents.drafters.cache.ngram_index import NgramIndex, gram_keys
 from hvd_agents.drafters.cache.store import CacheStore
 from hvd_agents.policy.features import CacheDraftFeatures
 from hvd_agents.structure import PromptStructure, SpanKind
@@ -84,7 +84,7 @@ class _RequestState:
     candidates: list[_Candidate] = field(default_factory=list)  # of the last proposal
     backups: list[list[int]] = field(default_factory=list)  # its other source's shorter-match continuations
     k: int = 0
-    forks: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)  # the last proposal's (depth, gram before)
+    forks: list[tuple[int, tuple[int, ...], int]] = field(default_factory=list)  # last proposal's (depth, gram, key)
     last_span: int | None = None
     last_kind: SpanKind | None = None
     output: list[int] = field(default_factory=list)
@@ -101,6 +101,9 @@ class SuffixDrafter:
             continuations are read.
         register_outputs: add each finished request's output to the store.
         source: name reported in ``Draft.source`` (suffixed with the provenance kind).
+        count_forks: count, at each draft position, what followed the tokens before it elsewhere (the ``share``
+            and ``seen`` features, the forks :meth:`alternatives` branches at); off where nothing reads them
+            (the drafter alone, method ``hvd-cache``), which saves their cost at every step.
     """
 
     def __init__(
@@ -111,12 +114,14 @@ class SuffixDrafter:
         max_candidates: int = 12,
         register_outputs: bool = True,
         source: str = "suffix",
+        count_forks: bool = True,
     ) -> None:
         self.store = store
         self.max_match = max_match
         self.max_candidates = max_candidates
         self.register_outputs = register_outputs
         self.source = source
+        self.count_forks = count_forks
         self._requests: dict[str, _RequestState] = {}
         self._kind_rates = KindRates()
 
@@ -132,7 +137,7 @@ class SuffixDrafter:
         if k <= 0:
             return Draft()
         candidates, match_len = self._candidates(state, ctx.token_ids, k)
-        state.candidates, state.k = candidates, k
+        state.candidates, state.k, state.forks = candidates, k, []
         if not candidates:
             return Draft()
         tokens, probs, support, chosen = _frequent_path(candidates, k)
@@ -152,7 +157,7 @@ class SuffixDrafter:
             history=state.history.features(),
             probs=probs,
             support=support,
-            **self._context_counts(state, ctx.token_ids, tokens),
+            **(self._context_counts(state, ctx.token_ids, tokens) if self.count_forks else {}),
         )
         return Draft(tuple(tokens), None, float(match_len), f"{self.source}:{chosen.kind.value}", features)
 
@@ -166,14 +171,15 @@ class SuffixDrafter:
         skip = CONTEXT_GRAM - len(head)  # leading positions with fewer than CONTEXT_GRAM tokens before them
         grams = [window[i - skip : i - skip + CONTEXT_GRAM] for i in range(skip, len(tokens))]
         followers = [int(t) for t in tokens[skip:]]
-        same, total = state.index.successor_counts_many(grams, followers)  # [g], [g]
+        keys = gram_keys(grams)
+        same, total = state.index.successor_counts_many(grams, followers, keys=keys)  # [g], [g]
         if self.store is not None:
-            store_same, store_total = self.store.successor_counts_many(grams, followers)
+            store_same, store_total = self.store.successor_counts_many(grams, followers, keys=keys)
             same, total = same + store_same, total + store_total
         share = np.ones(len(tokens))  # [n]
         seen = np.zeros(len(tokens))  # [n]
         counted = total > 0
-        state.forks = [(skip + i, tuple(grams[i])) for i in np.flatnonzero(total > same).tolist()]
+        state.forks = [(skip + i, tuple(grams[i]), keys[i]) for i in np.flatnonzero(total > same).tolist()]
         share[skip:][counted] = same[counted] / total[counted]
         seen[skip:] = total
         return {"share": share, "seen": seen}
@@ -192,17 +198,17 @@ class SuffixDrafter:
         out = self._candidate_alternatives(state, draft, limit)
         seen = {(alternative.depth, alternative.tokens[0]) for alternative in out}
         forks: list[tuple[float, Alternative]] = []
-        at = [(depth, gram) for depth, gram in state.forks if depth < len(draft)]
+        at = [fork for fork in state.forks if fork[0] < len(draft)]
         if at:
-            grams = [gram for _, gram in at]
-            room = state.k - min(depth for depth, _ in at)
-            found = state.index.successors(grams, room)
+            grams, keys = [gram for _, gram, _ in at], [key for _, _, key in at]
+            room = state.k - at[0][0]
+            found = state.index.successors(grams, room, keys=keys)
             if self.store is not None:
-                for mine, shared in zip(found, self.store.successors(grams, room)):
+                for mine, shared in zip(found, self.store.successors(grams, room, keys=keys)):
                     for token, (count, tokens) in shared.items():
                         local = mine.get(token)
                         mine[token] = (count + local[0], local[1]) if local else (count, tokens)
-            for (depth, _), followers in zip(at, found):
+            for (depth, _, _), followers in zip(at, found):
                 total = sum(count for count, _ in followers.values())
                 for token, (count, tokens) in followers.items():
                     if token == draft[depth] or (depth, token) in seen or not tokens:

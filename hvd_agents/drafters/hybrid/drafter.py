@@ -98,6 +98,7 @@ class StepDecision:
         ask_cost: where a gated model drafter was asked with nothing better to verify, what the ask cost in
             plain steps as priced (its forward and its catch-up); None where it was not asked so.
         survival: the predictor's survivals of the cache proposal, before calibration (empty: no proposal).
+        forks: the verified tree's fork alternatives, as :attr:`~.tree.TreePlan.forks` (empty: none).
     """
 
     source: str = "none"
@@ -111,6 +112,7 @@ class StepDecision:
     predicted: float | None = None
     ask_cost: float | None = None
     survival: tuple[float, ...] = ()
+    forks: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -293,18 +295,21 @@ class HybridDrafter:
         survival = np.zeros(0)
         node_survival: tuple[float, ...] = ()
         cache_main = 0
+        forks: tuple[tuple[int, float], ...] = ()
         if cached.token_ids:
             predicted_survival = self.predictor.survival(features, len(cached), request.session_id)
             survival = predicted_survival
             if self.survival_calibration is not None:
                 survival = self.survival_calibration.apply(predicted_survival)
-            # 2. the tree over the candidates, cut at the node count with the best value, or dropped
-            alternatives = (self.cache.alternatives(ctx.req_id, cached.token_ids, self.config.branches)
-                            if self.config.branches else [])
+            # 2. the tree over the candidates, cut at the node count with the best value, or dropped; an alternative
+            # survives at most as long as the main branch before it, so only where that could pay is one read
+            reach = _paying_reach(survival, cost, rate, k)
+            alternatives = (self.cache.alternatives(ctx.req_id, cached.token_ids[:reach], self.config.branches)
+                            if self.config.branches and reach else [])
             plan = plan_tree(cached, survival, alternatives, self.alternatives, cost, rate, k)
             if plan.choice.length > 0 and plan.choice.value > best.choice.value:
                 best = _Candidate("cache", plan.choice, plan.draft)
-                node_survival, cache_main = plan.survival, plan.main
+                node_survival, cache_main, forks = plan.survival, plan.main, plan.forks
 
         # 3. the model drafter, where it may beat that
         model_cost = (ctx.step_cost.with_drafting(self.pricing.draft_token_cost(timed) / ctx.step_share) if batched
@@ -317,7 +322,8 @@ class HybridDrafter:
         predicted = float(survival.sum()) if cached.token_ids else None
         raw = tuple(predicted_survival.tolist()) if cached.token_ids else ()
         request.decision = StepDecision(best.source, features, main, best.choice.cost, len(best.draft), draft_s,
-                                        policy_s, cached.token_ids, predicted, ask_cost, raw)
+                                        policy_s, cached.token_ids, predicted, ask_cost, raw,
+                                        forks if best.source == "cache" else ())
         if best.source != "cache":
             return best.draft
         judged = ChosenDraftFeatures(features, len(cached), best.choice.expected_tokens - 1.0, rate)
@@ -414,11 +420,11 @@ class HybridDrafter:
         draft = outcome.draft
         if step.source != "cache" or step.main == 0:
             if step.source == "cache":
-                self.alternatives.observe(draft, 0, outcome.new_token_ids, step.cache_tokens)
+                self.alternatives.observe(draft, 0, outcome.new_token_ids, step.cache_tokens, step.forks)
             return DraftOutcome(outcome.req_id, Draft(), 0, outcome.new_token_ids)
         if step.main >= len(draft):
             return outcome
-        self.alternatives.observe(draft, step.main, outcome.new_token_ids, step.cache_tokens)
+        self.alternatives.observe(draft, step.main, outcome.new_token_ids, step.cache_tokens, step.forks)
         main_accepted = sum(1 for node in draft.path(outcome.new_token_ids) if node < step.main)
         main = Draft(draft.token_ids[: step.main], None, draft.score, draft.source, draft.features)
         return DraftOutcome(outcome.req_id, main, main_accepted, outcome.new_token_ids)
@@ -432,6 +438,15 @@ class HybridDrafter:
         ema = self.config.model_rate_ema
         request.model_acceptance += ema * (observed - request.model_acceptance)
         self.model_acceptance += ema * (observed - self.model_acceptance)
+
+
+def _paying_reach(survival: np.ndarray, cost: CostModel, rate: float, k: int) -> int:
+    """How many of a draft's first positions an alternative may depart at and still pay: depth 0, and each
+    depth ``j`` whose main branch before it survives above ``rate`` times the cheapest node's cost (an
+    alternative's first token survives less than that)."""
+    cheapest = float(np.diff(cost.verify_curve(k + 1)).min()) if k > 0 else 0.0
+    paying = survival > rate * cheapest  # [n]
+    return 1 + int(np.cumprod(paying).sum()) if len(survival) else 0
 
 
 def _model_survival(request: _HybridRequestState, n: int) -> np.ndarray:

@@ -22,9 +22,11 @@ tree down to it. With the main branch's predicted survivals ``S_i``
   the weights ``W_j`` of all alternatives departing there;
 * the first token of a *fork* alternative departing at depth ``j`` (a token
   that followed the same few tokens before depth ``j`` elsewhere, in a share
-  ``s`` of their occurrences): ``S_{j-1} * min(s, 1 - h_j)``: the target takes
-  it about as often as the same text went on with it before, and never more
-  often than it rejects the main token there;
+  ``s`` of their occurrences): ``S_{j-1} * min(f * s, 1 - h_j)``: the target
+  takes it about as often as the same text went on with it before (times ``f``,
+  learned online: how often fork alternatives were taken where tried, against
+  the chances their shares gave them), and never more often than it rejects the
+  main token there;
 * each later token of an alternative: its parent's survival times ``g``, the
   rate at which a taken alternative goes on (learned online).
 
@@ -64,34 +66,60 @@ BACKUP_WEIGHT = 0.1
 at a shorter match), against the shares of those that have one."""
 
 
+FORK_PRIOR = 2.0
+"""The chances (and takes) of tried fork alternatives the running sums start from: the scale starts at 1, the
+shares as seen, held with the weight of two expected takes."""
+
+
 @dataclass
 class AlternativeRates:
-    """The two rates the alternatives' survivals are built from, learned from verified trees.
+    """The rates the alternatives' survivals are built from, learned from verified trees.
 
     Attributes:
-        taken: ``t``, P(the target takes one of the alternatives departing where it rejected the main branch).
+        taken: ``t``, P(the target takes one of the candidates' alternatives departing where it rejected the main
+            branch).
         goes_on: ``g``, P(a taken alternative's next token is accepted too | the ones before it were).
         ema: weight of the newest observation.
+        fork_taken: running count of the fork alternatives the target took where they were tried.
+        fork_expected: running sum of the chances their shares gave them there (both sums weigh each earlier
+            alternative down by ``1 - ema``); ``fork_taken / fork_expected`` is :attr:`fork_scale`.
     """
 
     taken: float
     goes_on: float
     ema: float
+    fork_taken: float = FORK_PRIOR
+    fork_expected: float = FORK_PRIOR
 
-    def observe(self, draft: Draft, main: int, emitted: Sequence[int], proposal: Sequence[int]) -> None:
+    @property
+    def fork_scale(self) -> float:
+        """``f``: how much more (or less) often the target takes a fork alternative than its share says."""
+        return self.fork_taken / self.fork_expected
+
+    def observe(self, draft: Draft, main: int, emitted: Sequence[int], proposal: Sequence[int],
+                forks: Sequence[tuple[int, float]] = ()) -> None:
         """Learn from a verified tree whose first ``main`` tokens are the main branch: ``emitted`` are the
-        step's new tokens, ``proposal`` the whole main branch the cache drafter proposed (beyond the cut too)."""
+        step's new tokens, ``proposal`` the whole main branch the cache drafter proposed (beyond the cut too),
+        ``forks`` the fork alternatives' first nodes and the chance each had, as seen, where the main token
+        before it was rejected (:attr:`TreePlan.forks`)."""
         if main >= len(draft):
             return  # no alternative was verified
         path = draft.path(emitted)
+        on_path = set(path)
         main_accepted = sum(1 for node in path if node < main)
         # the target's token where the main branch stopped: the main token there (verified or not) was right,
         # so the alternatives departing there were not tried against it
         at = main_accepted
         rejected = at < len(proposal) and at < len(emitted) and emitted[at] != proposal[at]
-        tried = list(tried_alternatives(draft, main, main_accepted, set(path))) if rejected else []
+        fork_nodes = {node for node, _ in forks}
+        tried = list(tried_alternatives(draft, main, main_accepted, on_path, fork_nodes)) if rejected else []
         if tried:
             self.taken += self.ema * (float(any(tried)) - self.taken)
+        parents = draft.parents or ()
+        tried_forks = [(node, chance) for node, chance in forks if rejected and parents[node] == main_accepted - 1]
+        for node, chance in tried_forks:  # running sums, each earlier one weighed down by 1 - ema
+            self.fork_taken = (1.0 - self.ema) * self.fork_taken + float(node in on_path)
+            self.fork_expected = (1.0 - self.ema) * self.fork_expected + chance
         taken = [node for node in path if node >= main]
         if not taken:
             return
@@ -112,12 +140,16 @@ class TreePlan:
             tokens in order; a chain when no alternative pays.
         main: how many main-branch tokens it keeps.
         survival: each node's survival, in the draft's order.
+        forks: each kept fork alternative's first node (its index in the draft) and its chance, as seen, where
+            the main token before it is rejected (``min(s, 1 - h) / (1 - h)``): what :attr:`AlternativeRates.fork_scale`
+            is learned against.
     """
 
     choice: Choice
     draft: Draft
     main: int
     survival: tuple[float, ...]
+    forks: tuple[tuple[int, float], ...] = ()
 
 
 def plan_tree(
@@ -164,6 +196,7 @@ def plan_tree(
     reach = np.concatenate([[1.0], survival[:n]])  # [n + 1]: reach[j] = S_{j-1}
     hazard = np.divide(survival[:n], reach[:-1], out=np.zeros(n), where=reach[:-1] > 0)  # [n]
     departing: dict[int, float] = {}
+    fork_chance: dict[int, float] = {}  # a fork alternative's first node: its chance where the main token is rejected
     for alternative in alternatives:
         if alternative.depth < n and alternative.tokens and not alternative.fork:
             departing[alternative.depth] = departing.get(alternative.depth, 0.0) + _weight(alternative)
@@ -171,13 +204,16 @@ def plan_tree(
         depth = alternative.depth
         if depth >= n or not alternative.tokens:
             continue
+        left = 1.0 - hazard[depth]  # the main token's rejection there
         if alternative.fork:
-            alive = reach[depth] * min(alternative.share, 1.0 - hazard[depth])
+            alive = reach[depth] * min(alternative.share * rates.fork_scale, left)
         else:
-            alive = reach[depth] * (1.0 - hazard[depth]) * rates.taken * _weight(alternative) / departing[depth]
+            alive = reach[depth] * left * rates.taken * _weight(alternative) / departing[depth]
         parent = depth - 1
-        for token in alternative.tokens[: max(k - depth, 0)]:
+        for i, token in enumerate(alternative.tokens[: max(k - depth, 0)]):
             parent = add(token, float(alive), parent, owner)
+            if i == 0 and alternative.fork and left > 0:
+                fork_chance[parent] = min(alternative.share, left) / left
             alive *= rates.goes_on
 
     # best first: a node becomes a candidate once its parent is taken
@@ -203,14 +239,16 @@ def plan_tree(
     out_parents = tuple(position[parents[node]] if parents[node] >= 0 else -1 for node in ordered)
     # a draft with an alternative keeps its parents even where they form a chain (one departing right after the cut)
     tree = Draft(out_tokens, None, draft.score, draft.source, draft.features, out_parents if main < length else None)
-    return TreePlan(choice, tree, main, tuple(values[node] for node in ordered))
+    forks = tuple((position[node], fork_chance[node]) for node in ordered if node in fork_chance)
+    return TreePlan(choice, tree, main, tuple(values[node] for node in ordered), forks)
 
 
 def _weight(alternative: Alternative) -> float:
     return alternative.share if alternative.share > 0 else BACKUP_WEIGHT
 
 
-def tried_alternatives(draft: Draft, main: int, main_accepted: int, path: set[int]) -> Iterator[bool]:
+def tried_alternatives(draft: Draft, main: int, main_accepted: int, path: set[int],
+                       skip: set[int] | frozenset[int] = frozenset()) -> Iterator[bool]:
     """For each alternative the target tried, whether it was the target's choice.
 
     An alternative is tried when it departs where the main branch was rejected
@@ -223,8 +261,9 @@ def tried_alternatives(draft: Draft, main: int, main_accepted: int, path: set[in
         main: the main branch's length.
         main_accepted: how many main-branch tokens the target accepted.
         path: the indices of the accepted tokens.
+        skip: first nodes not to count (the fork alternatives', whose rate is learned apart).
     """
     for node, parent in enumerate(draft.parents or ()):
-        if node < main or parent >= main or parent != main_accepted - 1:
+        if node < main or parent >= main or parent != main_accepted - 1 or node in skip:
             continue  # not an alternative's first token, or not where the main branch was rejected
         yield node in path

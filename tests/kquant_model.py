@@ -13,6 +13,7 @@ from hvd_agents.runtime import gguf_blocks, quant_weights
 
 BLOCKS = {"Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210), "Q3_K": (256, 110), "Q5_0": (32, 22),
           "Q5_1": (32, 24)}  # weights and bytes a block
+SIZES = {**BLOCKS, "Q2_K": (256, 84)}  # and Q2_K (one native format, no wide one to compare with)
 # a layer's matrices: every type of a Q4_K_M, Q5_K_M or Q3_K_M file's layers
 LAYER_KINDS = {"attn_q": "Q4_K", "attn_k": "Q5_K", "attn_v": "Q6_K", "attn_output": "Q3_K", "ffn_gate": "Q4_K",
                "ffn_up": "Q5_0", "ffn_down": "Q6_K"}
@@ -26,9 +27,9 @@ def kind(name: str):
 
 
 def random_blocks(name: str, rows: int, cols: int, seed: int) -> np.ndarray:
-    """Random GGUF blocks of type ``name`` (:data:`BLOCKS`) ``[rows, bytes]``: random bits, small finite float16
+    """Random GGUF blocks of type ``name`` (:data:`SIZES`) ``[rows, bytes]``: random bits, small finite float16
     fields."""
-    weights, size = BLOCKS[name]
+    weights, size = SIZES[name]
     rng = np.random.default_rng(seed)
     blocks = rng.integers(0, 256, size=(rows * cols // weights, size), dtype=np.uint8)
     n = blocks.shape[0]
@@ -38,6 +39,8 @@ def random_blocks(name: str, rows: int, cols: int, seed: int) -> np.ndarray:
 
     if name in ("Q4_K", "Q5_K"):
         blocks[:, 0:2], blocks[:, 2:4] = half(0.002, 0.02), half(0.0, 0.006)  # d, dmin
+    elif name == "Q2_K":
+        blocks[:, 80:82], blocks[:, 82:84] = half(0.002, 0.02), half(0.0, 0.006)  # d, dmin
     elif name == "Q6_K":
         blocks[:, 208:210] = half(0.001, 0.004)
     elif name == "Q3_K":

@@ -36,7 +36,8 @@ VOCAB = 96
 
 # the GGUF type each native format converts here
 _GGUF_OF = {quant_native.Q4F: "Q4_K", quant_native.Q4K: "Q4_K", quant_native.Q5F: "Q5_K", quant_native.Q5K: "Q5_K",
-            quant_native.Q6S: "Q6_K", quant_native.Q6K: "Q6_K", quant_native.Q5_0: "Q5_0", quant_native.Q5_1: "Q5_1"}
+            quant_native.Q6S: "Q6_K", quant_native.Q6K: "Q6_K", quant_native.Q5_0: "Q5_0", quant_native.Q5_1: "Q5_1",
+            quant_native.Q2K: "Q2_K"}
 _WIDE = (quant_native.Q4F, quant_native.Q5F, quant_native.Q6S)
 
 
@@ -189,6 +190,88 @@ def test_iq_grid_blocks_convert_exactly(name) -> None:
     x = torch.from_numpy(np.random.default_rng(2).standard_normal((3, 1024)).astype(np.float32))
     dense = x @ torch.from_numpy(expected).T
     assert (module.linear(_matrix(module, loaded), x) - dense).abs().max() <= 0.03 * dense.abs().max()
+
+
+def _random_q2_k_blocks(rows: int, cols: int, seed: int) -> np.ndarray:
+    """Random Q2_K blocks ``[rows, bytes]``: every byte pattern of scales and weights; ``d`` and ``dmin`` any finite
+    float16 (zeros, subnormals, both signs, up to 65504)."""
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(rows * cols // 256, 84), dtype=np.uint8)
+    halves = rng.integers(0, 1 << 16, size=(blocks.shape[0], 2), dtype=np.uint16)
+    halves[(halves & 0x7C00) == 0x7C00] &= np.uint16(0x83FF)  # an infinity or NaN's exponent cleared: finite
+    blocks[:, 80:84] = halves.view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+def _tree8(p: np.ndarray) -> np.ndarray:
+    """``((0+1)+(2+3))+((4+5)+(6+7))`` over the last axis of 8, in float32."""
+    return ((p[..., 0] + p[..., 1]) + (p[..., 2] + p[..., 3])) + ((p[..., 4] + p[..., 5]) + (p[..., 6] + p[..., 7]))
+
+
+def _q2_k_reference(raw: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """``x [M, K] @ W.T`` for Q2_K rows ``raw`` in float32 numpy, in the kernel's documented order (tile_linear.h):
+    the inputs quantized per block of 32 (``d = max|x| / 127``, ``q = round(x * (127 / max|x|))``); per block,
+    ``p = (d sc_0 * dx) * dot_0 + (d sc_1 * dx) * dot_1`` and ``q = (-dmin) m_0 * (dx * sum_0) + (-dmin) m_1 *
+    (dx * sum_1)`` over its halves of 16; each group of 8 blocks summed as a tree, the groups added in order into
+    two sums, ``y = acc + macc``. Read from the file's bytes, not from the native record."""
+    rows = raw.shape[0]
+    blocks = raw.reshape(rows, -1, 84)
+    d = blocks[..., 80:82].copy().view(np.float16).astype(np.float32)
+    dmin = blocks[..., 82:84].copy().view(np.float16).astype(np.float32)
+    scale = (d * (blocks[..., :16] & np.uint8(15)).astype(np.float32)).reshape(rows, -1, 2)  # [N, blocks, half]
+    minimum = (-dmin * (blocks[..., :16] >> np.uint8(4)).astype(np.float32)).reshape(rows, -1, 2)
+    shifts = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 1, 4, 1)
+    w = ((blocks[..., 16:80].reshape(rows, -1, 2, 1, 32) >> shifts) & np.uint8(3)).astype(np.int64)
+    w = w.reshape(rows, -1, 2, 16)  # [N, blocks, half, 16]
+    m, k = x.shape
+    xb = x.reshape(m, k // 32, 32)
+    amax = np.abs(xb).max(axis=-1)
+    dx = amax / np.float32(127)
+    inv = np.where(amax != 0, np.float32(127) / np.where(amax != 0, amax, np.float32(1)), np.float32(0))
+    xq = np.rint(xb * inv.astype(np.float32)[..., None]).astype(np.int64).reshape(m, -1, 2, 16)
+    dots = np.einsum("nbht,mbht->mnbh", w, xq).astype(np.float32)  # exact
+    sx = dx[..., None] * xq.sum(-1).astype(np.float32)  # [M, blocks, half]: dx times the half's sum
+    dxn = dx[:, None, :]
+    p = (scale[None, ..., 0] * dxn) * dots[..., 0] + (scale[None, ..., 1] * dxn) * dots[..., 1]
+    q = minimum[None, ..., 0] * sx[:, None, :, 0] + minimum[None, ..., 1] * sx[:, None, :, 1]
+    p, q = _tree8(p.reshape(m, rows, -1, 8)), _tree8(q.reshape(m, rows, -1, 8))
+    acc, macc = np.zeros((m, rows), np.float32), np.zeros((m, rows), np.float32)
+    for g in range(p.shape[-1]):
+        acc, macc = acc + p[..., g], macc + q[..., g]
+    return acc + macc
+
+
+@pytest.mark.parametrize("path", quant_native.cpu_paths() if quant_native.available() else [])
+def test_q2_k_blocks_convert_exactly_and_compute_the_reference_bits(path) -> None:
+    # Q2_K (d * sc * q - dmin * m per 16 weights, 2-bit q) as q2k: the file's bytes reordered (10.5 per 32); the
+    # dequantized values are gguf's bit for bit, and every product is the float32 reference's bit for bit (no wide
+    # format holds a minimum per 16 weights: the reference follows the kernel's documented order), on 1, 3, 17 and
+    # 64 weight rows (partial tiles) and 1, 3, 17 and 64 input rows, every path this CPU runs
+    from gguf import GGMLQuantizationType as T
+    from gguf.quants import dequantize
+
+    module = quant_native.build(path)
+    rng = np.random.default_rng(3)
+    for rows, cols, seed in ((1, 512, 1), (3, 1280, 2), (17, 768, 3), (64, 512, 4)):
+        raw = _random_q2_k_blocks(rows, cols, seed)
+        fmt, data = gguf_blocks.native_blocks(T.Q2_K, raw)
+        assert fmt == quant_native.Q2K and data.nbytes == raw.nbytes == rows * cols // 32 * 10.5
+        assert quant_native.bytes_per_block(fmt) == 10.5
+        matrix = _matrix(module, quant_weights.Weight(fmt, rows, cols, data))
+        expected = dequantize(raw.reshape(-1), T.Q2_K).astype(np.float32).reshape(rows, cols)
+        assert np.isfinite(expected).all() and np.count_nonzero(expected) > 0.9 * expected.size
+        assert np.array_equal(module.dequantize(matrix).numpy().view(np.int32), expected.view(np.int32))
+        x = (rng.standard_normal((64, cols)) * rng.uniform(0.1, 10)).astype(np.float32)
+        x[0, :32] = 0.0  # a block of zeros: d = 0
+        for m in (1, 3, 17, 64):
+            got = module.linear(matrix, torch.from_numpy(x[:m])).numpy()
+            assert np.array_equal(got.view(np.int32), _q2_k_reference(raw, x[:m]).view(np.int32)), (rows, m)
+    # the loader reads Q2_K natively
+    raw = _random_q2_k_blocks(4, 256, 9)
+    loaded = quant_weights._converted(T.Q2_K, raw, 4, 256)
+    assert loaded.fmt == quant_native.Q2K and "Q2_K" in quant_weights.NATIVE_GGUF_TYPES
+    expected = dequantize(raw.reshape(-1), T.Q2_K).astype(np.float32).reshape(4, 256)
+    assert np.array_equal(quant_weights.dense(loaded).view(np.int32), expected.view(np.int32))
 
 
 @pytest.mark.parametrize("wide", [False, True], ids=["compact", "wide"])

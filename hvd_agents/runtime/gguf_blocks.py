@@ -10,6 +10,11 @@
 * Q6_K as ``q6k``: ``d``, the 16 int8 scales, per block the low nibbles and two planes of high bits, the
   weights ``q - 32``: 26.25 bytes per 32 (the file's). Q3_K as ``q6k`` too: its weights -4..3 as ``q - 32``,
   its scales ``sc - 32``.
+* Q2_K as ``q2k``: the file's ``d`` and ``-dmin`` (float16), its 16 bytes of a 4-bit scale and a 4-bit minimum
+  per 16 weights, then per block the 2-bit weights in 2 words (bits ``2 s`` of byte ``i`` of word ``c``: weight
+  ``16 c + 4 s + i``): 10.5 bytes per 32 weights, the file's. The kernel computes a half block's scale
+  ``d * sc`` and minimum ``(-dmin) * m`` (exact: 11 x 4 bits) and takes the minimum's product with each half
+  block's exact integer sum of the activations.
 * Q5_0 and Q5_1 as ``q5_0`` and ``q5_1``: the file's ``d`` (and ``m``), the nibbles, a plane of 5th bits (22
   and 24 bytes per 32, the file's).
 * IQ4_NL as Q8_0 (``d * table[q]``: the file's ``d``, the non-linear table's int8 values; 34 bytes per 32, the
@@ -26,7 +31,9 @@
 The kernel computes a K-quant block's float32 scale as ``d * sc`` and its minimum as ``(-dmin) * m``, and Q5_0's
 minimum as ``d * -16``: the same float32 products the *wide* formats (``q4f``, ``q5f``, ``q6s``: float32 fields
 per 32 weights, 24 to 40 bytes) hold, computed once at load. So a product is bitwise the same in either
-layout; ``wide=True`` gives the wide layout, which the tests compare with.
+layout; ``wide=True`` gives the wide layout, which the tests compare with. No wide format holds a minimum per 16
+weights: Q2_K is ``q2k`` either way, and the tests compare its products with a float32 reference that follows the
+kernel's documented order.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ import functools
 
 import numpy as np
 
-from hvd_agents.runtime.quant_native import Q4_1, Q4F, Q4K, Q5_0, Q5_1, Q5F, Q5K, Q6K, Q6S, Q8_0
+from hvd_agents.runtime.quant_native import Q2K, Q4_1, Q4F, Q4K, Q5_0, Q5_1, Q5F, Q5K, Q6K, Q6S, Q8_0
 
 _NIBBLE_SHIFTS = np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
 
@@ -47,10 +54,10 @@ def native_blocks(kind, raw: np.ndarray, wide: bool = False) -> tuple[int, np.nd
         kind: a ``gguf.GGMLQuantizationType``.
         raw: rows of the file's blocks (rows convert independently).
         wide: Q4_K, Q5_K, Q6_K, Q3_K, Q5_0 and Q5_1 in the wide formats (float32 fields per 32 weights); the
-            IQ types are one format either way.
+            IQ types and Q2_K are one format either way.
 
     Returns:
-        ``(format, records)``, or None for a type no native format holds (float tensors, Q2_K).
+        ``(format, records)``, or None for a type no native format holds (float tensors).
     """
     from gguf import GGMLQuantizationType as T
 
@@ -63,6 +70,7 @@ def native_blocks(kind, raw: np.ndarray, wide: bool = False) -> tuple[int, np.nd
         T.Q5_K: (Q5K, q5_k_as_q5k, Q5F, q5_k_as_q5f),
         T.Q6_K: (Q6K, q6_k_as_q6k, Q6S, q6_k_as_q6s),
         T.Q3_K: (Q6K, q3_k_as_q6k, Q6S, q3_k_as_q6s),
+        T.Q2_K: (Q2K, q2_k_as_q2k, Q2K, q2_k_as_q2k),
         T.Q5_0: (Q5_0, q5_0_as_q5_0, Q5F, lambda r: q5_legacy_as_q5f(r, with_min=False)),
         T.Q5_1: (Q5_1, q5_1_as_q5_1, Q5F, lambda r: q5_legacy_as_q5f(r, with_min=True)),
         T.IQ4_NL: (Q8_0, iq4_nl_as_q8_0, Q8_0, iq4_nl_as_q8_0),
@@ -213,6 +221,28 @@ def q3_k_as_q6k(raw: np.ndarray) -> np.ndarray:
     _, sc, q = _q3_k_fields(blocks)
     weights = (q + np.int8(32)).astype(np.uint8).reshape(n, 8, 32)
     return _q6k_records(_half(blocks, 108), sc, weights).reshape(rows, -1)
+
+
+def q2_k_as_q2k(raw: np.ndarray) -> np.ndarray:
+    """Q2_K blocks (256 weights: ``d * sc * q - dmin * m`` per 16, q 2 bits, ``sc`` and ``m`` 4 bits) as q2k records
+    (``d``, ``-dmin``, the file's 16 scale and minimum bytes, the weights as 2-bit fields), exactly.
+
+    A block holds 16 bytes of scales (low nibble) and minimums (high nibble), 64 bytes of weights (four a byte),
+    ``d`` and ``dmin``: in half ``h`` of 128 weights, shift ``2 j`` of its 32 bytes gives block ``4 h + j`` of 32
+    weights, the scale bytes ``2 b`` and ``2 b + 1`` its halves', as llama.cpp reads them.
+    """
+    rows = raw.shape[0]
+    blocks = raw.reshape(-1, 84)
+    n = blocks.shape[0]
+    shifts = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
+    q = (blocks[:, 16:80].reshape(n, 2, 1, 32) >> shifts) & np.uint8(3)  # [n, h, j, 32]: block 4 h + j
+    q = q.reshape(n, 8, 2, 4, 4)  # [n, block, word c, shift s, byte i]: weight 16 c + 4 s + i
+    words = np.bitwise_or.reduce(q << (np.uint8(2) * np.arange(4, dtype=np.uint8)).reshape(4, 1), axis=-2)
+    out = np.empty((n, 84), dtype=np.uint8)
+    out[:, 0:2], out[:, 2:4] = _half(blocks, 80), _negated_half(blocks, 82)
+    out[:, 4:20] = blocks[:, 0:16]
+    out[:, 20:] = words.astype(np.uint8).reshape(n, 64)
+    return out.reshape(rows, -1)
 
 
 def _q5_legacy_fields(raw: np.ndarray, with_min: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

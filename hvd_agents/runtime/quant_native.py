@@ -48,15 +48,16 @@ FLAGS = PATH_FLAGS[REFERENCE]
 # weight formats of native Matrix objects (native/tile_formats.h): q4f is Q4_1 with float32 scale and minimum,
 # q5f the same with 5-bit weights a byte each, q6s int8 weights with a float32 scale per 16; q4k, q5k and q6k
 # the K-quants' super-blocks of 256 weights with their own fields; q5_0 and q5_1 the 5-bit blocks as nibbles
-# and a plane of 5th bits; f16 and bf16 float weights in 16 bits (rows of 2-byte values, read as float32)
-F32, Q4_1, Q8_0, Q4F, Q5F, Q6S, Q4K, Q5K, Q6K, Q5_0, Q5_1, F16, BF16 = range(13)
+# and a plane of 5th bits; f16 and bf16 float weights in 16 bits (rows of 2-byte values, read as float32); q2k
+# Q2_K's super-blocks (d, -dmin, a 4-bit scale and minimum per 16 weights, 2-bit weights)
+F32, Q4_1, Q8_0, Q4F, Q5F, Q6S, Q4K, Q5K, Q6K, Q5_0, Q5_1, F16, BF16, Q2K = range(14)
 FORMAT_NAMES = {F32: "f32", Q4_1: "q4_1", Q8_0: "q8_0", Q4F: "q4f", Q5F: "q5f", Q6S: "q6s", Q4K: "q4k", Q5K: "q5k",
-                Q6K: "q6k", Q5_0: "q5_0", Q5_1: "q5_1", F16: "f16", BF16: "bf16"}
+                Q6K: "q6k", Q5_0: "q5_0", Q5_1: "q5_1", F16: "f16", BF16: "bf16", Q2K: "q2k"}
 FLOATS = (F32, F16, BF16)  # float weights: float32 inputs, no tiles
-QUANTIZED = (Q4_1, Q8_0, Q4F, Q5F, Q6S, Q4K, Q5K, Q6K, Q5_0, Q5_1)
+QUANTIZED = (Q4_1, Q8_0, Q4F, Q5F, Q6S, Q4K, Q5K, Q6K, Q5_0, Q5_1, Q2K)
 # what a row holds per record (one block of 32 weights, or a K-quant super-block of 8): blocks of 32 and the
 # fields (unit bytes, count, what they hold: a scale "s" or minimum "m" in float16 or float32, K-quant
-# sub-scales "u6" (0..63) or "i8", weights "w")
+# sub-scales "u6" (0..63) or "i8", Q2_K's scale and minimum nibbles "u4u4", weights "w")
 RECORDS = {
     Q4_1: (1, ((2, 1, "s16"), (2, 1, "m16"), (4, 4, "w"))),
     Q8_0: (1, ((2, 1, "s16"), (4, 8, "w"))),
@@ -68,6 +69,7 @@ RECORDS = {
     Q6K: (8, ((2, 1, "s16"), (1, 16, "i8"), (4, 48, "w"))),
     Q5_0: (1, ((2, 1, "s16"), (4, 5, "w"))),
     Q5_1: (1, ((2, 1, "s16"), (2, 1, "m16"), (4, 5, "w"))),
+    Q2K: (8, ((2, 1, "s16"), (2, 1, "m16"), (1, 16, "u4u4"), (4, 16, "w"))),
 }
 
 
@@ -131,7 +133,7 @@ def _random_field(rng: np.random.Generator, kind: str, shape: tuple[int, int]) -
         return values.view(np.uint8).reshape(shape)
     if kind == "u6":
         return rng.integers(0, 64, size=shape, dtype=np.uint8)
-    return rng.integers(0, 256, size=shape, dtype=np.uint8)  # i8 scales, weights (masked by the caller)
+    return rng.integers(0, 256, size=shape, dtype=np.uint8)  # i8 and u4u4 scales, weights (masked by the caller)
 
 
 def _random_weight(module: ModuleType, fmt: int, rows: int, cols: int, rng: np.random.Generator):

@@ -7,13 +7,15 @@ bytes):
 * **From a GGUF file** (:func:`from_gguf`): each matrix keeps the file's own blocks, as records of about the
   file's bytes (:mod:`hvd_agents.runtime.gguf_blocks`): Q4_1 and Q8_0 as they are; Q4_0 as Q4_1 (its offset
   ``-8 d`` as the block's minimum); Q4_K, Q5_K and Q6_K as ``q4k``, ``q5k`` and ``q6k`` (the super-block's
-  ``d``, ``dmin``, integer scales and packed weights), Q3_K as ``q6k``; Q5_0 and Q5_1 as ``q5_0`` and ``q5_1``:
+  ``d``, ``dmin``, integer scales and packed weights), Q3_K as ``q6k``, Q2_K as ``q2k`` (``d``, ``dmin``, the
+  file's 4-bit scale and minimum per 16 weights, 2-bit weights: the file's 10.5 bytes per 32); Q5_0 and Q5_1
+  as ``q5_0`` and ``q5_1``:
   IQ4_NL as Q8_0 and IQ4_XS as ``q6s`` (the non-linear table's int8 values with the block's scale); the grid types
   IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S and IQ1_M as ``q6s`` (the block's float32 scale per 16 or 32
   weights, the int8 ``grid * sign``, IQ1's ``8 (grid + delta)`` with the scale over 8): all exactly the file's
   values (:data:`NATIVE_GGUF_TYPES`). F16 and BF16 matrices keep their 16-bit values (the kernel reads them as
-  float32, exactly). F32 tensors and the other block types (Q2_K, whose minimum per 16 weights no native format
-  holds) are float32 (dequantized exactly).
+  float32, exactly). F32 tensors and the other block types (TQ1_0, TQ2_0, MXFP4, ...) are float32
+  (dequantized exactly).
   llama.cpp stores a llama file's query and key rows permuted for its rope; they are put back in the model's
   order. Fused projections (phi3's ``attn_qkv`` and ``ffn_up``) are split by rows, block for block. Norms and
   biases are read from the file too (a gemma file's norms hold ``1 + w``, the multiplier itself).
@@ -249,8 +251,8 @@ def _unpermute_rows(n_rows: int, heads: int) -> np.ndarray:
 
 
 # GGUF block types read natively, and what they become
-NATIVE_GGUF_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
-                     "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M")
+NATIVE_GGUF_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL",
+                     "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M")
 
 
 CONVERT_BYTES = 1 << 25  # file bytes converted at a time: a large matrix's temporaries stay this size

@@ -57,6 +57,12 @@ inline VI i_with_bits(VI w, VI plane, char mask) {
   return _mm512_ternarylogic_epi32(w, i_shift<S>(plane), _mm512_set1_epi8(mask), 0xF8);  // A | (B & C)
 }
 
+// 2-bit weights of 16 rows: bits 2 S and 2 S + 1 of every byte (a shift and an and)
+template <int S>
+inline VI i_crumb(VI w) {
+  return _mm512_and_si512(i_shift<-2 * S>(w), _mm512_set1_epi8(0x03));
+}
+
 inline VF f_zero() { return _mm512_setzero_ps(); }
 inline VF f_set1(float v) { return _mm512_set1_ps(v); }
 inline VF f_add(VF a, VF b) { return _mm512_add_ps(a, b); }
@@ -70,6 +76,12 @@ inline VF f_from_u8(const uint8_t* p) {
 }
 inline VF f_from_i8(const int8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+// 16 bytes' low (HIGH false) or high nibbles as floats (Q2_K's 4-bit scales and minimums)
+template <bool HIGH>
+inline VF f_from_u4(const uint8_t* p) {
+  const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm512_cvtepi32_ps(HIGH ? _mm512_srli_epi32(v, 4) : _mm512_and_si512(v, _mm512_set1_epi32(0x0F)));
 }
 inline void f_store(float* p, VF v) { _mm512_storeu_ps(p, v); }
 inline VF f_fmadd(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }  // a * b + c, rounded once
@@ -144,6 +156,12 @@ inline VI i_with_bits(VI w, VI plane, char mask) {
           _mm256_or_si256(w.b, _mm256_and_si256(shift8<S>(plane.b), m))};
 }
 
+template <int S>
+inline VI i_crumb(VI w) {
+  const __m256i m = _mm256_set1_epi8(0x03);
+  return {_mm256_and_si256(shift8<-2 * S>(w.a), m), _mm256_and_si256(shift8<-2 * S>(w.b), m)};
+}
+
 inline VF f_zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
 inline VF f_set1(float v) { return {_mm256_set1_ps(v), _mm256_set1_ps(v)}; }
 inline VF f_add(VF x, VF y) { return {_mm256_add_ps(x.a, y.a), _mm256_add_ps(x.b, y.b)}; }
@@ -166,6 +184,13 @@ inline VF f_from_i8(const int8_t* p) {
   return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)))),
           _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8))))};
 }
+template <bool HIGH>
+inline __m256 u4_8(const uint8_t* p) {
+  const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_cvtepi32_ps(HIGH ? _mm256_srli_epi32(v, 4) : _mm256_and_si256(v, _mm256_set1_epi32(0x0F)));
+}
+template <bool HIGH>
+inline VF f_from_u4(const uint8_t* p) { return {u4_8<HIGH>(p), u4_8<HIGH>(p + 8)}; }
 inline VF f_fmadd(VF x, VF y, VF z) { return {_mm256_fmadd_ps(x.a, y.a, z.a), _mm256_fmadd_ps(x.b, y.b, z.b)}; }
 inline __m256 f_lo(VF v) { return v.a; }
 inline __m256 f_hi(VF v) { return v.b; }

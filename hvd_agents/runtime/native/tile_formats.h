@@ -6,13 +6,18 @@
 // the converters (runtime/gguf_blocks.py) write rows of records, and a tile holds each field as
 // [count][NT rows][unit], so one vector load reads a unit of every row of the tile. The last field is the
 // weights: per block, 4 words of nibbles (the low nibbles weights 0-15, the high ones 16-31, 4 a word) and 0,
-// 1 or 2 words of high bits (a *plane*), or 8 words of a byte a weight.
+// 1 or 2 words of high bits (a *plane*), or 8 words of a byte a weight, or (Q2K) 2 words of 2-bit weights
+// (bits 2 s and 2 s + 1 of byte i of word c hold weight 16 c + 4 s + i).
 //
 // The K-quant records hold the file's own fields: Q4_K and Q5_K a float16 d and -dmin per super-block and a
 // 6-bit scale and minimum per block (a byte each), Q6_K a float16 d and an int8 scale per 16 weights. A
 // block's float32 scale is computed as d * sc and its minimum as (-dmin) * m: one float32 product of the
 // same values as the wide formats (Q4F, Q5F, Q6S) store, so the same bits, and exact (an 11-bit significand
 // times a 6-bit integer).
+// Q2_K's record is the file's bytes, reordered: float16 d and -dmin per super-block, the file's 16 bytes of a
+// 4-bit scale (low nibble) and a 4-bit minimum (high nibble) per 16 weights, the 2-bit weights (10.5 bytes per
+// 32 weights). A half block's float32 scale is d * sc and its minimum (-dmin) * m (exact: 11 x 4 bits), and
+// the kernel takes the minimum's product per half block with the activations' exact sum over those 16.
 #pragma once
 
 #include <torch/extension.h>
@@ -35,13 +40,14 @@ using namespace hvd_isa;
 // Q4_1, Q8_0: the GGUF blocks. Q4F: Q4_1 with float32 scale and minimum; Q5F: the same with 5-bit weights a
 // byte each; Q6S: int8 weights with a float32 scale per 16 (Q3_K, IQ4_XS, the IQ1/IQ2/IQ3 grids). Q4K, Q5K, Q6K: the K-quants' super-blocks
 // (nibbles, a plane of 5th bits, two planes of 5th and 6th bits); Q5_0, Q5_1: nibbles and a plane, float16 d
-// (and m; Q5_0's minimum is -16 d)
+// (and m; Q5_0's minimum is -16 d); Q2K: Q2_K's super-blocks (2-bit weights, a scale and a minimum per 16)
 // F16, BF16: float weights held in 16 bits (the file's), each converted to float32 exactly where it is read, so
 // their products are those of F32 weights of the same values.
 enum Format : int {
-  F32 = 0, Q4_1 = 1, Q8_0 = 2, Q4F = 3, Q5F = 4, Q6S = 5, Q4K = 6, Q5K = 7, Q6K = 8, Q5_0 = 9, Q5_1 = 10, F16 = 11, BF16 = 12
+  F32 = 0, Q4_1 = 1, Q8_0 = 2, Q4F = 3, Q5F = 4, Q6S = 5, Q4K = 6, Q5K = 7, Q6K = 8, Q5_0 = 9, Q5_1 = 10, F16 = 11, BF16 = 12,
+  Q2K = 13
 };
-constexpr int LAST_FORMAT = BF16;
+constexpr int LAST_FORMAT = Q2K;
 constexpr bool is_float(int fmt) { return fmt == F32 || fmt == F16 || fmt == BF16; }  // float inputs, not tiled
 constexpr int64_t QK = 32;  // weights per block
 constexpr int MAX_FIELDS = 5;
@@ -63,6 +69,7 @@ constexpr Record record_of(int fmt) {
     case Q6K: return {8, 3, {2, 1, 4}, {1, 16, 48}};             // d; 16 int8 scales; nibbles and 2 planes
     case Q5_0: return {1, 2, {2, 4}, {1, 5}};                    // d; nibbles and a plane
     case Q5_1: return {1, 3, {2, 2, 4}, {1, 1, 5}};              // d, m; nibbles and a plane
+    case Q2K: return {8, 4, {2, 2, 1, 4}, {1, 1, 16, 16}};       // d, -dmin; 16 scale|minimum<<4; 2-bit weights
     case F16: case BF16: return {1, 1, {2}, {32}};               // 16-bit floats (not tiled)
     default: return {1, 1, {4}, {32}};                           // F32 (not tiled)
   }
@@ -89,13 +96,15 @@ struct Layout {
   static constexpr int W_OFF = field_offset(R, R.nf - 1);        // the weights
   static constexpr int WORDS = R.count[R.nf - 1] / BLOCKS;       // words of 4 bytes a row per block
   static constexpr int64_t WB = NT * 4 * WORDS;                  // a tile's block of weights
-  static constexpr bool NIBBLES = WORDS != 8;
+  static constexpr bool CRUMBS = FMT == Q2K;                     // 2-bit weights, 2 words a block
+  static constexpr bool NIBBLES = WORDS != 8 && !CRUMBS;
   static constexpr int PLANES = NIBBLES ? WORDS - 4 : 0;         // words of high bits per block
   static constexpr int M_OFF = field_offset(R, 1);               // the second field
   static constexpr bool WIDE = FMT == Q4F || FMT == Q5F || FMT == Q6S;  // float32 scales
   static constexpr bool MIN = FMT == Q4_1 || FMT == Q4F || FMT == Q5F || FMT == Q4K || FMT == Q5K || FMT == Q5_0 ||
                               FMT == Q5_1;
-  static constexpr bool HALVES = FMT == Q6S || FMT == Q6K;       // a scale per 16 weights
+  static constexpr bool HALVES = FMT == Q6S || FMT == Q6K || FMT == Q2K;  // a scale per 16 weights
+  static constexpr bool MIN16 = FMT == Q2K;                      // and a minimum per 16 weights
   static constexpr bool SIGNED = FMT == Q8_0 || FMT == Q6S;      // int8 weights
   static constexpr bool OFFSET = FMT == Q6K;                     // weights q - 32, q in 0..63
 };
@@ -168,7 +177,15 @@ inline const uint8_t* block_weights(const uint8_t* tile, int64_t b) {
 template <int FMT>
 inline void block_words(const uint8_t* p, VI* w) {
   using Lt = Layout<FMT>;
-  if constexpr (!Lt::NIBBLES) {
+  if constexpr (Lt::CRUMBS) {
+    for (int c = 0; c < 2; ++c) {
+      const VI v = i_load(p + c * NT * 4);
+      w[4 * c] = i_crumb<0>(v);
+      w[4 * c + 1] = i_crumb<1>(v);
+      w[4 * c + 2] = i_crumb<2>(v);
+      w[4 * c + 3] = i_crumb<3>(v);
+    }
+  } else if constexpr (!Lt::NIBBLES) {
     for (int k = 0; k < 8; ++k) w[k] = Lt::SIGNED ? i_prep_s(i_load(p + k * NT * 4)) : i_load(p + k * NT * 4);
   } else {
     for (int k = 0; k < 4; ++k) {
@@ -205,15 +222,25 @@ inline VF scales(const uint8_t* p) {
   return f_load_h(reinterpret_cast<const uint16_t*>(p));
 }
 
-// The float32 scales of blocks [g0, g0 + ng) of a tile: S[j] (the first half's for Q6S and Q6K), and S2[j] (the
-// minimum, or the second half's scale)
+// The float32 scales of blocks [g0, g0 + ng) of a tile: S[j] (the first half's for Q6S, Q6K and Q2K), and S2[j]
+// (the minimum, or the second half's scale); Q2K's minimums of the halves in M[j] and M2[j]
 template <int FMT>
-inline void group_scales(const uint8_t* tile, int64_t g0, int64_t ng, VF* S, VF* S2) {
+inline void group_scales(const uint8_t* tile, int64_t g0, int64_t ng, VF* S, VF* S2, VF* M = nullptr,
+                         VF* M2 = nullptr) {
   using Lt = Layout<FMT>;
   if constexpr (Lt::SUPER) {
     const uint8_t* rec = tile + (g0 / 8) * Lt::TRB;
     const VF d = f_load_h(reinterpret_cast<const uint16_t*>(rec));
-    if constexpr (FMT == Q6K) {
+    if constexpr (FMT == Q2K) {
+      const VF nmin = f_load_h(reinterpret_cast<const uint16_t*>(rec + Lt::M_OFF));
+      const uint8_t* sm = rec + field_offset(Lt::R, 2);
+      for (int64_t j = 0; j < ng; ++j) {
+        S[j] = f_mul(d, f_from_u4<false>(sm + 2 * j * NT));
+        S2[j] = f_mul(d, f_from_u4<false>(sm + (2 * j + 1) * NT));
+        M[j] = f_mul(nmin, f_from_u4<true>(sm + 2 * j * NT));
+        M2[j] = f_mul(nmin, f_from_u4<true>(sm + (2 * j + 1) * NT));
+      }
+    } else if constexpr (FMT == Q6K) {
       const int8_t* sc = reinterpret_cast<const int8_t*>(rec + field_offset(Lt::R, 1));
       for (int64_t j = 0; j < ng; ++j) {
         S[j] = f_mul(d, f_from_i8(sc + 2 * j * NT));
@@ -280,6 +307,7 @@ template <int FMT>
 inline int weight_at(const uint8_t* p, int64_t lane, int t) {
   using Lt = Layout<FMT>;
   const int k = t / 4, i = t % 4;
+  if constexpr (Lt::CRUMBS) return (p[((k / 4) * NT + lane) * 4 + i] >> (2 * (k % 4))) & 3;
   if constexpr (!Lt::NIBBLES) {
     const uint8_t v = p[(k * NT + lane) * 4 + i];
     return Lt::SIGNED ? static_cast<int>(static_cast<int8_t>(v)) : static_cast<int>(v);
@@ -301,6 +329,17 @@ void dequantize_tile_row(const Matrix& W, int64_t n, float* y) {
     float s, s2;
     lane_scales<FMT>(tile, b, lane, s, s2);
     const uint8_t* p = block_weights<FMT>(tile, b);
+    if constexpr (Lt::MIN16) {  // Q2K: d * sc * q + (-dmin) * m, per half block
+      const uint8_t* rec = tile + (b / 8) * Lt::TRB;
+      const uint8_t* sm = rec + field_offset(Lt::R, 2) + 2 * (b % 8) * NT + lane;
+      const float d = half_at(rec, lane), nmin = half_at(rec + Lt::M_OFF, lane);
+      for (int t = 0; t < QK; ++t) {
+        const uint8_t v = sm[(t / 16) * NT];
+        const float q = static_cast<float>(weight_at<FMT>(p, lane, t));
+        y[b * QK + t] = d * static_cast<float>(v & 0x0F) * q + nmin * static_cast<float>(v >> 4);
+      }
+      continue;
+    }
     for (int t = 0; t < QK; ++t) {
       const float q = static_cast<float>(weight_at<FMT>(p, lane, t));
       if (Lt::HALVES) y[b * QK + t] = (t < 16 ? s : s2) * q;
@@ -324,6 +363,7 @@ inline bool by_format(int fmt, F&& f) {
     case Q6K: f(std::integral_constant<int, Q6K>{}); return true;
     case Q5_0: f(std::integral_constant<int, Q5_0>{}); return true;
     case Q5_1: f(std::integral_constant<int, Q5_1>{}); return true;
+    case Q2K: f(std::integral_constant<int, Q2K>{}); return true;
     default: return false;
   }
 }

@@ -11,7 +11,9 @@
 // instruction set: per block j, p_j = (d_j * dx_j) * dot_j and q_j = m_j * sx_j; per group of 8 blocks,
 // each summed as ((0+1)+(2+3))+((4+5)+(6+7)) (missing blocks add zero); the groups added in order into acc
 // and macc; y = acc + macc (+ bias). So a row's result is bitwise the same alone or among any number of
-// rows, on AVX2 or AVX-512.
+// rows, on AVX2 or AVX-512. A format with a scale per 16 weights (Q6S, Q6K, Q2K) has
+// p_j = (d_j,0 * dx_j) * dot_j,0 + (d_j,1 * dx_j) * dot_j,1 over its two halves; Q2K's minimum per 16 weights
+// q_j = m_j,0 * (dx_j * sum_j,0) + m_j,1 * (dx_j * sum_j,1), sum_j,h the half's exact integer sum of x.
 #pragma once
 
 #include <torch/extension.h>
@@ -126,7 +128,7 @@ void tile_rows(const uint8_t* tile, int64_t nb, const QRows& x, int64_t r0, int6
       const char* ahead = reinterpret_cast<const char*>(tile + (g0 / Lt::BLOCKS) * Lt::TRB) + PREFETCH_AHEAD;
       for (int64_t off = 0; off < Lt::TRB * 8 / Lt::BLOCKS; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
     }
-    // 1. the integer dots (exact): each block's weights unpacked once for all the rows (Q6S, Q6K: one per half
+    // 1. the integer dots (exact): each block's weights unpacked once for all the rows (Q6S, Q6K, Q2K: one per half
     // block; Q6K's q - 32 as q's dot less 32 times the half block's sum of x)
     for (int64_t j = 0; j < ng; ++j) {
       const int64_t b = g0 + j;
@@ -149,6 +151,9 @@ void tile_rows(const uint8_t* tile, int64_t nb, const QRows& x, int64_t r0, int6
         } else if constexpr (FMT == Q6K) {
           i_store(dots[i][j], i_sub1(a, 32 * sums[0]));
           i_store(dots2[i][j], i_sub1(a2, 32 * sums[1]));
+        } else if constexpr (Lt::HALVES) {  // Q2K: the halves' dots of 2-bit weights
+          i_store(dots[i][j], a);
+          i_store(dots2[i][j], a2);
         } else if constexpr (Lt::SIGNED) {
           i_store(dots[i][j], i_signed_fix(a, sums[0] + sums[1]));
         } else {
@@ -158,7 +163,8 @@ void tile_rows(const uint8_t* tile, int64_t nb, const QRows& x, int64_t r0, int6
     }
     // 2. per row: the products and the group's sums, in the one order (the blocks' scales read once for all rows)
     VF S[8], S2[8];  // the blocks' scales; their minimums (Lt::MIN) or second halves' scales (Lt::HALVES)
-    group_scales<FMT>(tile, g0, ng, S, S2);
+    VF M[Lt::MIN16 ? 8 : 1], M2[Lt::MIN16 ? 8 : 1];  // Q2K: the halves' minimums
+    group_scales<FMT>(tile, g0, ng, S, S2, M, M2);
     for (int64_t i = 0; i < R; ++i) {
       VF P[8], Q[8];
       for (int64_t j = 0; j < 8; ++j) {
@@ -171,10 +177,16 @@ void tile_rows(const uint8_t* tile, int64_t nb, const QRows& x, int64_t r0, int6
         P[j] = f_mul(f_mul(S[j], dx), f_cvt(i_load(dots[i][j])));
         if (Lt::HALVES)  // the two halves' products, first half first
           P[j] = f_add(P[j], f_mul(f_mul(S2[j], dx), f_cvt(i_load(dots2[i][j]))));
-        Q[j] = Lt::MIN ? f_mul(S2[j], f_set1(x.s[xi])) : f_zero();
+        if constexpr (Lt::MIN16) {  // each half's minimum times dx times the half's sum of x, first half first
+          const int32_t* sums = x.sum.data() + 2 * xi;
+          const float sx0 = x.d[xi] * static_cast<float>(sums[0]), sx1 = x.d[xi] * static_cast<float>(sums[1]);
+          Q[j] = f_add(f_mul(M[j], f_set1(sx0)), f_mul(M2[j], f_set1(sx1)));
+        } else {
+          Q[j] = Lt::MIN ? f_mul(S2[j], f_set1(x.s[xi])) : f_zero();
+        }
       }
       acc[i] = f_add(acc[i], tree8(P));
-      if (Lt::MIN) macc[i] = f_add(macc[i], tree8(Q));
+      if (Lt::MIN || Lt::MIN16) macc[i] = f_add(macc[i], tree8(Q));
     }
   }
   for (int64_t i = 0; i < R; ++i) f_store(out + i * NT, f_add(acc[i], macc[i]));

@@ -9,6 +9,7 @@ warning that names the cause and the default, and nothing is cached.
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 
@@ -48,3 +49,30 @@ def test_a_runner_measurement_or_a_key_that_fails_falls_back(cache_dir, caplog, 
         monkeypatch.setattr(profile, "profile_key", fail)
         assert profile.cached_cost_model(model) == CostModel.fallback()
     assert caplog.text.count("cannot measure the verification cost profile") == 2
+
+
+def test_a_profile_measured_while_other_load_took_the_cores_is_measured_again_and_not_cached(
+        cache_dir, caplog, monkeypatch) -> None:
+    model = make_tiny_llama(64, seed=3)
+    measured = CostModel(((0, 1.0), (8, 1.5)), source="measured")
+    calls = []
+
+    def idle_while_timing():  # the measuring process waited: its cores ran something else
+        calls.append(1)
+        time.sleep(0.05)
+        return measured
+
+    def busy_while_timing():  # one core, busy throughout
+        end = time.perf_counter() + 0.05
+        while time.perf_counter() < end:
+            pass
+        return measured
+
+    monkeypatch.setattr(profile.torch, "get_num_threads", lambda: 1)
+    with caplog.at_level(logging.WARNING, logger="hvd_agents.runtime.profile"):
+        got = profile.cached_cost_model(model, key="busy", measure=idle_while_timing, min_cpu_share=0.8)
+    assert got == CostModel.fallback() and len(calls) == profile.PROFILE_ATTEMPTS
+    assert "other load took the rest" in caplog.text and not list(cache_dir.rglob("*.json"))
+    assert profile.cached_cost_model(model, key="idle", measure=idle_while_timing) == measured  # no share asked
+    assert profile.cached_cost_model(model, key="busy", measure=busy_while_timing, min_cpu_share=0.8) == measured
+    assert len(list(cache_dir.rglob("*.json"))) == 2

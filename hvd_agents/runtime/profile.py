@@ -175,7 +175,7 @@ def machine_key_parts() -> list[str]:
 
 
 def cached_cost_model(model: torch.nn.Module, directory: Path | None = None, *, key: str | None = None,
-                      measure=None) -> CostModel:
+                      measure=None, min_cpu_share: float | None = None) -> CostModel:
     """The model's measured cost profile, from the cache or measured now and cached.
 
     ``key`` names the profile (default :func:`profile_key`) and ``measure`` takes it
@@ -184,6 +184,12 @@ def cached_cost_model(model: torch.nn.Module, directory: Path | None = None, *, 
     measurement that fails (raises) is logged as a warning and the default linear model
     (:meth:`~hvd_agents.policy.cost.CostModel.fallback`) is used for the process, not cached: a profile
     only tunes how much the ``hvd`` policy drafts, and never fails a load.
+
+    ``min_cpu_share``: for a runner whose forwards keep every thread busy (the native CPU forward), the
+    least share of ``torch.get_num_threads()`` cores this process must have run on while it measured;
+    below it, other load took the cores and the timings are disturbed (under sustained load a profile
+    comes out too flat or too steep, and a cached one would misprice drafts on this machine for good), so
+    it is measured again, as an implausible one is.
     """
     if directory is None:
         directory = cache_root() / "cost-profiles"
@@ -198,11 +204,11 @@ def cached_cost_model(model: torch.nn.Module, directory: Path | None = None, *, 
     except (OSError, ValueError, KeyError, TypeError) as exc:
         logger.warning("cost profile %s is unreadable (%s); measuring again", path, exc)
     try:
-        profile = _measure(model, measure)
+        profile = _measure(model, measure, min_cpu_share)
     except Exception as exc:  # noqa: BLE001 - a profile only tunes drafting: it must never fail a load
         return _default(exc)
     if profile is None:
-        logger.warning("no plausible cost profile after %d attempts; using c=%s, not cached",
+        logger.warning("no plausible, undisturbed cost profile after %d attempts; using c=%s, not cached",
                        PROFILE_ATTEMPTS, FALLBACK_VERIFY_COST)
         return CostModel.fallback()
     logger.info("measured the verification cost profile: %s", profile.to_dict())
@@ -223,14 +229,26 @@ def _default(exc: Exception) -> CostModel:
     return CostModel.fallback()
 
 
-def _measure(model: torch.nn.Module, measure) -> CostModel | None:
-    """A plausible measured profile (``measure()``, else :func:`measure_cost_model`), or None after
-    :data:`PROFILE_ATTEMPTS` implausible ones."""
+def _measure(model: torch.nn.Module, measure, min_cpu_share: float | None = None) -> CostModel | None:
+    """A plausible measured profile (``measure()``, else :func:`measure_cost_model`), measured while this
+    process had at least ``min_cpu_share`` of its threads' cores (when given), or None after
+    :data:`PROFILE_ATTEMPTS` implausible or disturbed ones."""
     with waiting("measuring the verification cost profile (once per model and machine)"):
         for _ in range(PROFILE_ATTEMPTS):
+            cpu, wall = _cpu_seconds(), time.perf_counter()
             measured = measure() if measure is not None else measure_cost_model(model)
+            share = (_cpu_seconds() - cpu) / max(time.perf_counter() - wall, 1e-9) / max(torch.get_num_threads(), 1)
+            if min_cpu_share is not None and share < min_cpu_share:
+                logger.warning("cost profile measured on %.0f%% of %d cores (other load took the rest); measuring "
+                               "again", 100 * share, torch.get_num_threads())
+                continue
             if measured.plausible:
                 return measured
             logger.warning("implausible cost profile %s (timing disturbed by other load?); measuring again",
                            measured.to_dict())
     return None
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds this process has run, all its threads together."""
+    return time.process_time()

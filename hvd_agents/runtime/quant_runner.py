@@ -46,6 +46,7 @@ from hvd_agents.runtime.threads import team_threads
 
 MAX_NATIVE_ROWS = 64  # rows a request may verify in one step (a draft, a tree) and rows of a batched step's calls
 PREFILL_ROWS = 256  # rows per native call of a longer chain (a prefill): any split gives the same bits
+MIN_CPU_SHARE = 0.8  # of the threads' cores the native forward keeps busy while its cost profile is measured
 MIN_ROOM = 256  # positions of room a KV buffer gets at least
 
 
@@ -237,7 +238,8 @@ class QuantRunner:
         if self._cost_model is None:
             key = hashlib.sha256("\n".join(
                 ["quant-runner", self.native.key, quant_native.path_key(self.native.path), *machine_key_parts()]).encode()).hexdigest()[:24]
-            self._cost_model = cached_cost_model(self.model, key=key, measure=lambda: measure_runner_cost(self))
+            self._cost_model = cached_cost_model(self.model, key=key, measure=lambda: measure_runner_cost(self),
+                                                 min_cpu_share=MIN_CPU_SHARE)
         return self._cost_model
 
     def forward_batch(self, calls: Sequence[BatchCall]) -> list[torch.Tensor]:

@@ -68,7 +68,7 @@ def test_a_profile_measured_while_other_load_took_the_cores_is_measured_again_an
             pass
         return measured
 
-    monkeypatch.setattr(profile.torch, "get_num_threads", lambda: 1)
+    monkeypatch.setattr(profile, "team_threads", lambda: 1)
     with caplog.at_level(logging.WARNING, logger="hvd_agents.runtime.profile"):
         got = profile.cached_cost_model(model, key="busy", measure=idle_while_timing, min_cpu_share=0.8)
     assert got == CostModel.fallback() and len(calls) == profile.PROFILE_ATTEMPTS

@@ -37,6 +37,7 @@ from hvd_agents.runtime.kv import cache_argument, new_cache
 from hvd_agents.runtime.paths import cache_root
 from hvd_agents.runtime.progress import waiting
 from hvd_agents.runtime.row_linear import build_key
+from hvd_agents.runtime.threads import team_threads
 
 logger = logging.getLogger(__name__)
 
@@ -186,7 +187,8 @@ def cached_cost_model(model: torch.nn.Module, directory: Path | None = None, *, 
     only tunes how much the ``hvd`` policy drafts, and never fails a load.
 
     ``min_cpu_share``: for a runner whose forwards keep every thread busy (the native CPU forward), the
-    least share of ``torch.get_num_threads()`` cores this process must have run on while it measured;
+    least share of its team's cores (:func:`~hvd_agents.runtime.threads.team_threads`) this process must
+    have run on while it measured;
     below it, other load took the cores and the timings are disturbed (under sustained load a profile
     comes out too flat or too steep, and a cached one would misprice drafts on this machine for good), so
     it is measured again, as an implausible one is.
@@ -237,10 +239,11 @@ def _measure(model: torch.nn.Module, measure, min_cpu_share: float | None = None
         for _ in range(PROFILE_ATTEMPTS):
             cpu, wall = _cpu_seconds(), time.perf_counter()
             measured = measure() if measure is not None else measure_cost_model(model)
-            share = (_cpu_seconds() - cpu) / max(time.perf_counter() - wall, 1e-9) / max(torch.get_num_threads(), 1)
+            threads = max(team_threads(), 1)
+            share = (_cpu_seconds() - cpu) / max(time.perf_counter() - wall, 1e-9) / threads
             if min_cpu_share is not None and share < min_cpu_share:
                 logger.warning("cost profile measured on %.0f%% of %d cores (other load took the rest); measuring "
-                               "again", 100 * share, torch.get_num_threads())
+                               "again", 100 * share, threads)
                 continue
             if measured.plausible:
                 return measured

@@ -290,18 +290,14 @@ class CacheDraftFeatures:
         probs = np.ones(n)  # [n]
         support = np.full(n, float(candidates))  # [n]
         for i, p in positions["prob"].items():
-            if not 0.0 <= p <= 1.0:
-                raise FeatureRecordError(f"prob_{i} must be in [0, 1], got {p}")
-            probs[i] = p
+            probs[i] = _fraction(f"prob_{i}", p)
         for i, s in positions["support"].items():
             support[i] = _whole(f"support_{i}", s)
         share, seen = np.zeros(0), np.zeros(0)
         if positions["share"] or positions["seen"]:
             share, seen = np.ones(n), np.zeros(n)  # [n]: positions a record leaves out were not counted
             for i, p in positions["share"].items():
-                if not 0.0 <= p <= 1.0:
-                    raise FeatureRecordError(f"share_{i} must be in [0, 1], got {p}")
-                share[i] = p
+                share[i] = _fraction(f"share_{i}", p)
             for i, c in positions["seen"].items():
                 seen[i] = _whole(f"seen_{i}", c)
         history = HistoryFeatures(
@@ -494,6 +490,12 @@ def _number(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise FeatureRecordError(f"feature {name} must be a finite number, got {value!r}")
     return float(value)
+
+
+def _fraction(name: str, value: float) -> float:
+    if not 0.0 <= value <= 1.0:
+        raise FeatureRecordError(f"{name} must be in [0, 1], got {value}")
+    return value
 
 
 def _whole(name: str, value: float) -> int:

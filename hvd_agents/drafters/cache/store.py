@@ -144,16 +144,11 @@ class CacheStore:
         with self._lock:
             return self._index.lookup(query, max_match)
 
-    def successor_counts(self, gram: Sequence[int], token: int) -> tuple[int, int]:
-        """How often ``gram`` was followed by ``token``, and by any token, in the store
-        (:meth:`NgramIndex.successor_counts`)."""
-        with self._lock:
-            return self._index.successor_counts(gram, token)
-
     def successor_counts_many(
         self, grams: Sequence[Sequence[int]], tokens: Sequence[int], keys: Sequence[int] | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`successor_counts` of each ``(gram, token)`` pair (:meth:`NgramIndex.successor_counts_many`)."""
+        """How often each gram was followed by its token, and by any token, in the store
+        (:meth:`NgramIndex.successor_counts_many`)."""
         with self._lock:
             return self._index.successor_counts_many(grams, tokens, keys=keys)
 

@@ -18,13 +18,17 @@ import torch
 
 from hvd_agents.policy.cost import CostModel
 from hvd_agents.runtime.profile import PROFILE_CONTEXT, PROFILE_REPEATS
+from hvd_agents.runtime.static.buckets import DEFAULT_ROWS
 
 MAX_PROFILED_DRAFT = 32  # draft lengths beyond the policy's reach are not measured
 
 
 def measure_bucket_cost(runner, *, context: int = PROFILE_CONTEXT, repeats: int = PROFILE_REPEATS) -> CostModel:
     """The step-function cost curve of ``runner`` (a :class:`~.runner.StaticRunner`), in plain steps."""
-    rows = [r for r in runner.buckets.rows if r - 1 <= MAX_PROFILED_DRAFT] or [runner.buckets.rows[0]]
+    sizes = runner.buckets.rows
+    if runner.bitwise:  # one bucket, but path attention's work grows with the real rows: time several counts
+        sizes = sorted({r for r in (*DEFAULT_ROWS, *sizes) if r <= runner.buckets.max_rows})
+    rows = [r for r in sizes if r - 1 <= MAX_PROFILED_DRAFT] or [sizes[0]]
     context = max(1, min(context, runner.context_window - rows[-1]))
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, runner.vocab_size, (context + rows[-1],), generator=generator).tolist()

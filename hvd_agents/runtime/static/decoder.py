@@ -10,9 +10,11 @@ tensor, so the same call can be captured once per shape as a CUDA graph
   the device from the draft's ``parents`` and the cached length ``past`` (a one-element
   tensor) with :mod:`hvd_agents.runtime.tree_mask`; padding rows hang off the root, write
   after the real rows and are never visible to them;
-* attention reads each KV head once for its whole group of query heads (the queries of
-  a group are stacked as rows of one matrix product), instead of expanding the cache to
-  every query head as HF's masked path does;
+* attention is either *dense* (a mask ``[R, L]`` over the first ``L`` slots; each KV head
+  is read once for its whole group of query heads, whose queries are stacked as rows of
+  one matrix product) or *path* attention (:mod:`.paths`: each row along its own path, in
+  fixed tiles, so a row's result does not depend on the forward it shares; the bitwise
+  mode);
 * softmax runs in float32, as HF's eager attention does; with ``lm_head_fp32`` the
   logits come from a float32 copy of the LM head, so greedy decisions of a bfloat16
   model are not taken on bfloat16 logits.
@@ -28,6 +30,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from hvd_agents.runtime.static.paths import PathInputs, path_attention, path_inputs
 from hvd_agents.runtime.tree_mask import ancestors, tree_positions, tree_visibility
 
 SUPPORTED_TYPES = frozenset({"llama", "mistral", "qwen2"})
@@ -95,25 +98,39 @@ class StaticDecoder:
         self.cos = (freqs.cos() * scale).to(self.dtype)  # HF casts its tables to the activations' dtype
         self.sin = (freqs.sin() * scale).to(self.dtype)
 
+    def _dense(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Masked attention of ``q`` ``[heads, R, hd]`` over the first ``L`` slots; ``[R, heads * hd]``."""
+        (nh, rows, hd), (nkv, g) = q.shape, (self.kv_heads, self.group)
+        length = mask.shape[1]
+        keys, values = keys[:, :length], values[:, :length]  # [nkv, L, hd]: read once per group
+        scores = torch.matmul(q.reshape(nkv, g * rows, hd), keys.transpose(1, 2)) * self.scaling
+        scores = scores.view(nkv, g, rows, length).to(self.softmax_dtype).masked_fill(~mask, float("-inf"))
+        probs = scores.softmax(dim=-1).to(q.dtype).view(nkv, g * rows, length)
+        return torch.matmul(probs, values).view(nh, rows, hd).transpose(0, 1).reshape(rows, nh * hd)
+
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return weight * h.to(x.dtype)
 
-    def decode_inputs(self, parents: torch.Tensor, past: torch.Tensor, length: int
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Positions ``[R]``, KV write positions ``[R]`` and the mask ``[R, L]`` of a bucketed forward.
+    def decode_inputs(self, parents: torch.Tensor, past: torch.Tensor, length: int, count: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | PathInputs]:
+        """Positions ``[R]``, KV write positions ``[R]`` and what attention reads of a bucketed forward: the
+        mask ``[R, L]`` (dense), or with ``count`` the rows' :class:`~.paths.PathInputs` (path attention).
 
         Args:
             parents: ``[R - 1]`` long: each row after the first, its parent among the draft rows (-1: the root).
             past: ``[1]`` long, positions already cached.
-            length: ``L``, the KV positions attention reads.
+            length: ``L``, the KV positions dense attention reads.
+            count: ``[1]`` long, the real rows (path attention only).
         """
         rows = parents.shape[0] + 1
         anc = ancestors(parents)  # [R - 1, R - 1]
         positions = tree_positions(past, anc)  # [R]
         visible = tree_visibility(anc)  # [R, R]
         write = past + torch.arange(rows, device=parents.device)  # [R]
+        if count is not None:
+            return positions, write, path_inputs(visible, past, count)
         cols = torch.arange(length, device=parents.device)  # [L]
         rel = cols - past  # [L]: column's offset among this forward's rows
         new = (rel >= 0) & (rel < rows)
@@ -129,17 +146,18 @@ class StaticDecoder:
         return positions, positions, mask
 
     def forward(self, kv: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, write: torch.Tensor,
-                mask: torch.Tensor, *, logits: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                attend: torch.Tensor | PathInputs, *, logits: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """One forward of ``R`` rows; returns logits ``[R, vocab]`` (empty when ``logits`` is False) and the
         final-norm hidden states ``[R, hidden]``.
 
         Args:
             kv: a slot, ``[layers, 2, kv_heads, capacity, head_dim]``; rows' keys and values are written at ``write``.
             tokens, positions, write: ``[R]`` long.
-            mask: ``[R, L]`` bool, which of the first ``L`` positions each row attends to.
+            attend: a mask ``[R, L]`` (bool, which of the first ``L`` positions each row attends to) for dense
+                attention, or :class:`~.paths.PathInputs` for path attention.
         """
-        rows, length = mask.shape
-        nh, nkv, hd, g = self.heads, self.kv_heads, self.head_dim, self.group
+        rows = tokens.shape[0]
+        nh, nkv, hd = self.heads, self.kv_heads, self.head_dim
         cos, sin = self.cos[positions], self.sin[positions]  # [R, hd / 2]
 
         def rope(x: torch.Tensor) -> torch.Tensor:  # [heads, R, hd]
@@ -154,11 +172,10 @@ class StaticDecoder:
             v = F.linear(h, w.v, w.vb).view(rows, nkv, hd).transpose(0, 1)
             kv[i, 0].index_copy_(1, write, k)
             kv[i, 1].index_copy_(1, write, v)
-            keys, values = kv[i, 0, :, :length], kv[i, 1, :, :length]  # [nkv, L, hd]: read once per group
-            scores = torch.matmul(q.reshape(nkv, g * rows, hd), keys.transpose(1, 2)) * self.scaling
-            scores = scores.view(nkv, g, rows, length).to(self.softmax_dtype).masked_fill(~mask, float("-inf"))
-            probs = scores.softmax(dim=-1).to(x.dtype).view(nkv, g * rows, length)
-            out = torch.matmul(probs, values).view(nh, rows, hd).transpose(0, 1).reshape(rows, nh * hd)
+            if isinstance(attend, PathInputs):
+                out = path_attention(q, kv[i, 0], kv[i, 1], attend, self.scaling)
+            else:
+                out = self._dense(q, kv[i, 0], kv[i, 1], attend)
             x = x + F.linear(out, w.o, w.ob)
             h = self._rms(x, w.ln2)
             x = x + F.linear(F.silu(F.linear(h, w.gate)) * F.linear(h, w.up), w.down)

@@ -4,8 +4,8 @@ A decode step of a small model is launch-bound: each of SmolLM2-135M's 30 layers
 issues a dozen kernels, each a few microseconds of GPU work, and eager PyTorch spends
 longer than that launching them. :class:`StepGraphs` captures the whole bucketed
 forward of :class:`~.decoder.StaticDecoder` once per shape, reading its inputs from
-static buffers (one packed ``[2R]`` long tensor: the cached length, ``R`` tokens,
-``R - 1`` parents) and writing logits and hidden states to static outputs. A step is
+static buffers (one packed ``[2R + 1]`` long tensor: the cached length, ``R`` tokens,
+``R - 1`` parents, the number of real rows) and writing logits and hidden states to static outputs. A step is
 then one host-to-device copy of the packed inputs and one graph launch.
 
 Graphs are captured when a shape is first used (after two eager warm-up runs on a
@@ -37,15 +37,17 @@ class StepGraphs:
         pool_data: the slot pool's tensor, ``[slots, layers, 2, kv_heads, capacity, head_dim]``.
         enabled: capture graphs (only meaningful on CUDA).
         compile: wrap the forward in ``torch.compile`` before capture (kernel fusion; CUDA only).
+        paths: path attention (:mod:`.paths`) instead of dense masked attention.
     """
 
     def __init__(self, decoder: StaticDecoder, pool_data: torch.Tensor, *, enabled: bool,
-                 compile: bool = False) -> None:
+                 compile: bool = False, paths: bool = False) -> None:
         self.decoder = decoder
+        self.paths = paths
         self.pool_data = pool_data
         self.device = pool_data.device
         self.enabled = enabled and self.device.type == "cuda"
-        self._inputs: dict[int, torch.Tensor] = {}  # rows -> [2 * rows] long: past, tokens, parents
+        self._inputs: dict[int, torch.Tensor] = {}  # rows -> [2 * rows + 1] long: past, tokens, parents, count
         self._graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.enabled else None
         self._forward: Callable = decoder.forward
@@ -66,16 +68,17 @@ class StepGraphs:
         """The static packed input buffer of the ``rows`` bucket."""
         buffer = self._inputs.get(rows)
         if buffer is None:
-            buffer = torch.zeros(2 * rows, dtype=torch.long, device=self.device)
-            buffer[rows + 1 :] = -1
+            buffer = torch.zeros(2 * rows + 1, dtype=torch.long, device=self.device)
+            buffer[rows + 1 : 2 * rows] = -1
+            buffer[-1] = 1
             self._inputs[rows] = buffer
         return buffer
 
     def _eager(self, slot: int, rows: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         packed = self.inputs(rows)
-        past, tokens, parents = packed[:1], packed[1 : rows + 1], packed[rows + 1 :]
-        positions, write, mask = self.decoder.decode_inputs(parents, past, length)
-        return self._forward(self.pool_data[slot], tokens, positions, write, mask)
+        past, tokens, parents, count = packed[:1], packed[1 : rows + 1], packed[rows + 1 : 2 * rows], packed[2 * rows :]
+        positions, write, attend = self.decoder.decode_inputs(parents, past, length, count if self.paths else None)
+        return self._forward(self.pool_data[slot], tokens, positions, write, attend)
 
     def run(self, slot: int, rows: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits ``[rows, vocab]`` and hidden states ``[rows, hidden]`` of the forward whose packed inputs are

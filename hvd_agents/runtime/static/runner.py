@@ -16,9 +16,19 @@ A decode forward costs one host-to-device copy of its packed inputs and one grap
 launch; it never waits for the device. With the engine's device-side verification the
 only synchronisation of a step is the copy of its small verification result.
 
+By default the runner is *bitwise*: every decode forward, a plain step or a draft's
+verification, runs padded to one row count (:data:`BITWISE_ROWS`, so each matrix product
+runs one shape whatever the draft) with path attention (:mod:`.paths`, each row along its
+own path in fixed tiles), so a position's logits are bit for bit those of the same
+position decoded alone, chains and trees alike: speculative output is plain decoding's,
+token for token. ``bitwise=False`` runs each forward in the smallest of several row
+buckets and KV-length buckets with dense attention: fewer padded rows, but kernels that
+change with the shape, so near-ties may break the other way between a step and a
+verification.
+
 On the CPU the same forwards run eagerly (no graphs): that is how the tests check it,
-and how the single-bucket mode (``buckets=Buckets.single(rows, capacity)``) proves
-speculative output equal to plain decoding bit for bit. The engine picks this runner for
+and how the single-bucket mode (``buckets=Buckets.single(rows, capacity)``, dense
+attention) proves chain speculation equal to plain decoding bit for bit. The engine picks this runner for
 supported models on CUDA (:func:`hvd_agents.runtime.runner_choice.runner_for`).
 """
 
@@ -41,6 +51,8 @@ from hvd_agents.runtime.static.slot_kv import SlotKV, SlotPool
 from hvd_agents.runtime.transfer import to_device
 
 DEFAULT_MAX_CONTEXT = 16384  # positions a slot holds at most unless asked for more (KV is allocated up front)
+BITWISE_ROWS = 33  # the bitwise mode's one row count: the last token and up to 32 draft tokens
+CAPACITY_ALIGN = 64  # slot capacities are rounded up to this many positions
 DEFAULT_SLOTS = 2
 PREFILL_CHUNK = 512
 
@@ -54,8 +66,11 @@ class StaticRunner:
             ``max_context``).
         cost_model: the verification cost curve, when known (measured through the runner otherwise).
         slots: request caches that may be alive at once.
-        buckets: row and KV-length buckets (default: :data:`~.buckets.DEFAULT_ROWS` and powers
-            of two); :meth:`Buckets.single` for the single-bucket test mode.
+        buckets: row and KV-length buckets (default: one row bucket of :data:`BITWISE_ROWS` when bitwise,
+            else :data:`~.buckets.DEFAULT_ROWS` and powers of two); :meth:`Buckets.single` for the
+            single-bucket test mode.
+        bitwise: path attention in one row bucket (see the module docstring); default: when ``buckets`` is
+            not given.
         lm_head_fp32: logits from a float32 copy of the LM head.
         graphs: capture CUDA graphs (default: on CUDA).
         compile: ``torch.compile`` the forward before capture (CUDA).
@@ -66,11 +81,18 @@ class StaticRunner:
     def __init__(self, model: torch.nn.Module, *, context_window: int | None = None,
                  cost_model: CostModel | None = None, slots: int = DEFAULT_SLOTS, buckets: Buckets | None = None,
                  lm_head_fp32: bool = False, graphs: bool | None = None, compile: bool = False,
-                 max_context: int = DEFAULT_MAX_CONTEXT, warm_up: bool = True) -> None:
+                 max_context: int = DEFAULT_MAX_CONTEXT, warm_up: bool = True, bitwise: bool | None = None) -> None:
         config = model.config
+        bitwise = buckets is None if bitwise is None else bitwise
+        if bitwise and buckets is not None and len(buckets.rows) != 1:
+            raise ValueError(f"the bitwise mode runs every decode forward in one row bucket, not {buckets.rows}")
         if buckets is None:
             window = int(context_window or min(config.max_position_embeddings, max_context))
-            buckets = Buckets.for_capacity(window + DEFAULT_ROWS[-1])
+            if bitwise:
+                capacity = -(-(window + BITWISE_ROWS) // CAPACITY_ALIGN) * CAPACITY_ALIGN
+                buckets = Buckets.single(BITWISE_ROWS, capacity)
+            else:
+                buckets = Buckets.for_capacity(window + DEFAULT_ROWS[-1])
         else:
             window = buckets.kv[-1] - buckets.max_rows
             if context_window is not None:
@@ -78,6 +100,7 @@ class StaticRunner:
         if window < 1:
             raise ValueError(f"the KV capacity {buckets.kv[-1]} leaves no context after {buckets.max_rows} rows")
         self.model = model
+        self.bitwise = bitwise
         self.buckets = buckets
         self.max_tree_tokens = buckets.max_rows - 1  # draft tokens of a tree one forward verifies
         self.context_window = window
@@ -88,7 +111,7 @@ class StaticRunner:
         self.pool = SlotPool(slots, layers, self.decoder.kv_heads, self.decoder.head_dim, buckets.kv[-1],
                              self.decoder.dtype, self.device)
         self.graphs = StepGraphs(self.decoder, self.pool.data, enabled=self.device.type == "cuda"
-                                 if graphs is None else graphs, compile=compile)
+                                 if graphs is None else graphs, compile=compile, paths=bitwise)
         self.lm_head_fp32 = lm_head_fp32
         self._cost_model = cost_model
         if warm_up and self.graphs.enabled:
@@ -115,7 +138,7 @@ class StaticRunner:
 
     def _profile_key(self) -> str:
         param = next(self.model.parameters())
-        parts = ["static", repr(self.buckets), str(self.lm_head_fp32), str(param.device), str(param.dtype),
+        parts = ["static", repr(self.buckets), f"bitwise={self.bitwise}", str(self.lm_head_fp32), str(param.device), str(param.dtype),
                  self.model.config.to_json_string(), *machine_key_parts()]
         if param.device.type == "cuda":
             parts.append(torch.cuda.get_device_name(param.device))
@@ -136,7 +159,7 @@ class StaticRunner:
             logits, rows = self._bucketed(kv, token_ids, parents, keep)
         elif parents is not None:
             raise ValueError(f"a tree forward takes at most {self.buckets.max_rows} tokens, not {n}")
-        elif self.buckets.is_single:
+        elif self.buckets.is_single and not self.bitwise:
             logits, rows = self._chunked_bucketed(kv, token_ids, keep)
         else:
             logits, rows = self._prefill(kv, token_ids, keep)
@@ -150,7 +173,7 @@ class StaticRunner:
         rows = self.buckets.rows_for(n)
         length = self.buckets.kv_for(past + rows)
         chain = range(-1, n - 2) if parents is None else parents
-        packed = [past, *token_ids, *([0] * (rows - n)), *chain, *([-1] * (rows - n))]
+        packed = [past, *token_ids, *([0] * (rows - n)), *chain, *([-1] * (rows - n)), n]
         self.graphs.inputs(rows).copy_(to_device(packed, self.device), non_blocking=True)
         logits, states = self.graphs.run(kv.slot, rows, length)
         kv.advance(n)

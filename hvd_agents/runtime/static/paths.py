@@ -1,0 +1,151 @@
+"""Path attention: each row attends along its own path, in fixed tiles of its own positions.
+
+Why. Speculative output equals plain decoding bit for bit only if a position's logits do
+not depend on how many rows shared its forward, or where in a tree its row sat. Dense
+masked attention fails both: its reductions run over the whole KV length the forward
+reads (a plain step and a 17-row verification read different lengths), and a tree
+branch's ancestors sit at slots that are not adjacent, so its sums meet the same terms in
+another grouping. On a GPU the kernels themselves change with those shapes.
+
+How. A row at depth ``δ`` below the root of a forward whose cache holds ``past``
+positions sees, in order, the cached positions ``[0, past)``, then the root, then its
+ancestors, then itself: ``past + δ + 1`` *virtual* positions, exactly the positions plain
+decoding would have cached for it. Path attention reads the keys and values of virtual
+position ``c`` from slot ``c`` below ``past`` and from its path's slot above (the
+:func:`path_inputs` table), and reduces over virtual positions in tiles of
+:data:`TILE` that start at multiples of the tile, never across them: the same
+numbers in the same tile places, whatever the draft, the tree or the other rows. Past a
+row's own length a tile is masked to exact zeros, so tiles beyond it change nothing.
+
+On CUDA the tiles run in a Triton kernel (:mod:`.path_kernels`) split over fixed chunks of
+:data:`CHUNK` virtual positions, combined in chunk order. Elsewhere (and as the reference)
+:func:`tiled_attention` runs the same tiling with PyTorch operations. Together with a
+forward padded to one row count (so every matrix product runs one shape), a row's logits
+are bitwise those of the same position decoded alone.
+
+Rows at and after ``count`` are padding: no attention is computed for them and their
+output is zero.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+TILE = 64  # virtual positions per reduction tile (a multiple of 16, for the tensor cores)
+CHUNK = 512  # virtual positions per parallel chunk on CUDA (a multiple of TILE)
+
+
+@dataclass(frozen=True)
+class PathInputs:
+    """Where each row of a forward reads its keys and values (device tensors, fixed shapes).
+
+    Attributes:
+        past: ``[1]`` long, positions cached before this forward.
+        count: ``[1]`` long, real rows (the rest are padding).
+        table: ``[R, R]`` long: for row ``r``, the forward rows on its path (root first, itself last),
+            then unused entries.
+        depth: ``[R]`` long: each row's depth below the root (its path holds ``depth + 1`` rows).
+    """
+
+    past: torch.Tensor
+    count: torch.Tensor
+    table: torch.Tensor
+    depth: torch.Tensor
+
+
+def path_inputs(visible: torch.Tensor, past: torch.Tensor, count: torch.Tensor) -> PathInputs:
+    """:class:`PathInputs` from the forward's visibility ``[R, R]`` (row ``r`` sees row ``j``: the root, an
+    ancestor, or itself; :func:`~hvd_agents.runtime.tree_mask.tree_visibility`).
+
+    A row's ancestors have smaller indices than it, so its path in depth order is its visible rows in
+    increasing order: entry ``v`` of the table is the index of the row's ``(v + 1)``-th visible row.
+
+    >>> vis = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
+    >>> p = path_inputs(vis, torch.tensor([5]), torch.tensor([4]))
+    >>> p.table.tolist(), p.depth.tolist()
+    ([[0, 3, 3, 3], [0, 1, 3, 3], [0, 2, 3, 3], [0, 2, 3, 3]], [0, 1, 1, 2])
+    """
+    rows = visible.shape[0]
+    seen = visible.long().cumsum(dim=1)  # [R, R]: visible rows up to and including each column
+    v = torch.arange(rows, device=visible.device)
+    table = (seen[:, None, :] <= v[None, :, None]).sum(dim=-1).clamp(max=rows - 1)  # [R, R]
+    return PathInputs(past=past, count=count, table=table, depth=seen[:, -1] - 1)
+
+
+def path_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, paths: PathInputs,
+                   scaling: float) -> torch.Tensor:
+    """Attention of ``q`` ``[heads, R, hd]`` over a slot's ``keys``/``values`` ``[kv_heads, capacity, hd]``,
+    each row along its path (see the module docstring); returns ``[R, heads * hd]`` in ``q``'s dtype."""
+    if q.device.type == "cuda":
+        kernels = _kernels()
+        if kernels is not None:
+            return kernels.path_attention(q, keys, values, paths, scaling, TILE, CHUNK)
+        raise RuntimeError("path attention on CUDA needs Triton, which is not importable here")
+    return tiled_attention(q, keys, values, paths, scaling)
+
+
+def triton_available() -> bool:
+    """Whether the CUDA kernels of path attention can be used."""
+    return _kernels() is not None
+
+
+@cache
+def _kernels():
+    try:
+        from hvd_agents.runtime.static import path_kernels
+    except Exception as exc:  # noqa: BLE001 - no Triton (or a broken one): the caller decides
+        logger.info("Triton kernels are unavailable: %s", exc)
+        return None
+    return path_kernels
+
+
+def virtual_slots(paths: PathInputs, length: int) -> torch.Tensor:
+    """``[R, length]`` long: the slot holding each row's virtual position (clamped where the row has none)."""
+    past = paths.past
+    cols = torch.arange(length, device=paths.table.device)  # [L]
+    rel = (cols - past).clamp(0, paths.table.shape[1] - 1)  # [L]
+    above = past + paths.table.index_select(1, rel)  # [R, L]
+    return torch.where(cols[None, :] < past, cols[None, :], above)
+
+
+def tiled_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, paths: PathInputs,
+                    scaling: float, tile: int = TILE) -> torch.Tensor:
+    """Path attention with PyTorch operations, tile by tile (online softmax), every tile one fixed shape.
+
+    Reads ``past`` on the host, so it is for eager forwards (the CPU), not captured graphs.
+    """
+    heads, rows, hd = q.shape
+    kv_heads = keys.shape[0]
+    group = heads // kv_heads
+    past = int(paths.past.item())
+    count = int(paths.count.item())
+    tiles = -(-(past + rows) // tile)
+    slots = virtual_slots(paths, tiles * tile)  # [R, T * tile]
+    own = past + paths.depth  # [R]: each row's own virtual position
+    qg = q.view(kv_heads, group, rows, hd).transpose(1, 2).float()  # [kvh, R, g, hd]
+    m = torch.full((kv_heads, rows, group), float("-inf"), device=q.device)
+    s_sum = torch.zeros(kv_heads, rows, group, device=q.device)
+    acc = torch.zeros(kv_heads, rows, group, hd, device=q.device)
+    for t in range(tiles):
+        cols = torch.arange(t * tile, (t + 1) * tile, device=q.device)  # [tile]
+        index = slots[:, t * tile : (t + 1) * tile]  # [R, tile]
+        k = keys[:, index].float()  # [kvh, R, tile, hd]
+        v = values[:, index]
+        s = torch.matmul(qg, k.transpose(-1, -2)) * scaling  # [kvh, R, g, tile]
+        seen = cols[None, :] <= own[:, None]  # [R, tile]
+        s = s.masked_fill(~seen[None, :, None, :], float("-inf"))
+        m_new = torch.maximum(m, s.amax(dim=-1))
+        alpha = torch.exp(m - m_new)
+        p = torch.exp(s - m_new[..., None])  # exact zeros where masked
+        s_sum = s_sum * alpha + p.sum(dim=-1)
+        acc = acc * alpha[..., None] + torch.matmul(p.to(v.dtype), v).float()
+        m = m_new
+    out = (acc / s_sum[..., None]).to(q.dtype)  # [kvh, R, g, hd]
+    out[:, count:] = 0
+    return out.permute(1, 0, 2, 3).reshape(rows, heads * hd)

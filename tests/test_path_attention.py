@@ -1,0 +1,174 @@
+"""Path attention and the static runner's bitwise mode, on the CPU.
+
+Path attention (:mod:`hvd_agents.runtime.static.paths`) must be attention (equal to a float64
+masked reference to rounding), and a row's result must be bit for bit the same position's
+when it is decoded alone, whatever else shares the forward: the other rows, the draft's
+length, its tree. The bitwise runner then makes speculation equal plain decoding token for
+token in bfloat16, trees included. The Triton kernel is checked against the reference under
+Triton's interpreter where Triton is installed; on CUDA it runs in tests/test_gpu_runner.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from hvd_agents import Engine, GenerationParams
+from hvd_agents.runtime.static import Buckets, StaticRunner
+from hvd_agents.runtime.static.paths import path_inputs, tiled_attention
+from hvd_agents.runtime.tree_mask import ancestors, tree_visibility
+from tests.drafters_for_tests import ScriptedDrafter, TreeDrafter
+from tests.tiny import make_tiny_llama
+
+VOCAB = 64
+PARENTS = [-1, 0, 0, 2, -1, 4, 3, 6]  # a tree of 8 draft tokens: 9 rows
+
+
+def _inputs(parents, past, count=None):
+    visible = tree_visibility(ancestors(torch.tensor(parents, dtype=torch.long)))
+    rows = visible.shape[0]
+    return path_inputs(visible, torch.tensor([past]), torch.tensor([rows if count is None else count]))
+
+
+def _dense_reference(q, keys, values, parents, past, scaling):
+    """float64 masked attention over ``past`` cached positions and the forward's tree."""
+    heads, rows, hd = q.shape
+    group = heads // keys.shape[0]
+    visible = tree_visibility(ancestors(torch.tensor(parents, dtype=torch.long)))
+    mask = torch.ones(rows, past + rows, dtype=torch.bool)
+    mask[:, past:] = visible
+    k = keys[:, : past + rows].repeat_interleave(group, 0).double()
+    v = values[:, : past + rows].repeat_interleave(group, 0).double()
+    p = (q.double() @ k.transpose(1, 2) * scaling).masked_fill(~mask, float("-inf")).softmax(-1)
+    return (p @ v).transpose(0, 1).reshape(rows, heads * hd)
+
+
+def _random_attention(dtype, seed=0, heads=4, kv_heads=2, hd=16, capacity=256):
+    gen = torch.Generator().manual_seed(seed)
+    keys = torch.randn(kv_heads, capacity, hd, generator=gen).to(dtype)
+    values = torch.randn(kv_heads, capacity, hd, generator=gen).to(dtype)
+    q = torch.randn(heads, len(PARENTS) + 1, hd, generator=gen).to(dtype)
+    return q, keys, values
+
+
+def _alone(q, keys, values, paths, row, past):
+    """Row ``row`` of a tree forward decoded alone: its path copied to consecutive slots, one real row."""
+    path = paths.table[row, : int(paths.depth[row]) + 1].tolist()
+    keys, values = keys.clone(), values.clone()
+    for i, j in enumerate(path):
+        keys[:, past + i], values[:, past + i] = keys[:, past + j], values[:, past + j]
+    q1 = torch.zeros_like(q)
+    q1[:, 0] = q[:, row]
+    alone = _inputs([-1] * (q.shape[1] - 1), past + len(path) - 1, count=1)
+    return q1, keys, values, alone
+
+
+def test_path_inputs_list_each_rows_path_root_first() -> None:
+    p = _inputs(PARENTS, 70)
+    assert p.depth.tolist() == [0, 1, 2, 2, 3, 1, 2, 4, 5]
+    assert p.table[7, :5].tolist() == [0, 1, 3, 4, 7]  # 7's parent is 3 (draft 6 -> row 7), 3's is 1, 1's the root
+    assert p.table[8, :6].tolist() == [0, 1, 3, 4, 7, 8]
+
+
+@pytest.mark.parametrize("past", [0, 37, 70, 150])
+def test_tiled_path_attention_is_attention_along_each_rows_path(past) -> None:
+    q, keys, values = _random_attention(torch.float32, seed=past)
+    got = tiled_attention(q, keys, values, _inputs(PARENTS, past), 0.25)
+    torch.testing.assert_close(got.double(), _dense_reference(q, keys, values, PARENTS, past, 0.25),
+                               rtol=0, atol=2e-6)
+
+
+def test_padding_rows_get_no_attention() -> None:
+    q, keys, values = _random_attention(torch.float32)
+    got = tiled_attention(q, keys, values, _inputs(PARENTS, 40, count=3), 0.25)
+    assert not got[3:].any() and got[:3].abs().sum() > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_tree_row_is_bitwise_the_same_position_decoded_alone(dtype) -> None:
+    past = 70  # the tree crosses the tile boundary at 64 for some rows and not for others
+    q, keys, values = _random_attention(dtype, seed=5)
+    paths = _inputs(PARENTS, past)
+    together = tiled_attention(q, keys, values, paths, 0.25)
+    for row in range(len(PARENTS) + 1):
+        alone = tiled_attention(*_alone(q, keys, values, paths, row, past), 0.25)
+        assert torch.equal(alone[0], together[row]), row
+
+
+def test_the_runner_is_bitwise_by_default_and_rejects_several_row_buckets() -> None:
+    model = make_tiny_llama(VOCAB, seed=1, dtype=torch.float32)
+    runner = StaticRunner(model)
+    assert runner.bitwise and runner.buckets.rows == (33,) and runner.buckets.kv[-1] % 64 == 0
+    assert not StaticRunner(model, buckets=Buckets((1, 5), (64, 256))).bitwise
+    with pytest.raises(ValueError, match="one row bucket"):
+        StaticRunner(model, buckets=Buckets((1, 5), (64, 256)), bitwise=True)
+
+
+def _teacher_forced(runner, ids, prefill, parents=None):
+    """Logits of ``ids[prefill:]`` as one-row steps, as one forward, and (with ``parents``) inside a tree."""
+    kv = runner.new_kv()
+    runner.forward(kv, ids[:prefill])
+    steps = torch.cat([runner.forward(kv, [t]) for t in ids[prefill:]])
+    kv.rollback(prefill)
+    together = runner.forward(kv, ids[prefill:])
+    kv.release()
+    return steps, together
+
+
+def test_bitwise_runner_rows_equal_one_row_steps_bit_for_bit_in_bfloat16() -> None:
+    model = make_tiny_llama(VOCAB, seed=11, dtype=torch.bfloat16)
+    ids = torch.randint(0, VOCAB, (90,), generator=torch.Generator().manual_seed(2)).tolist()
+    runner = StaticRunner(model)
+    steps, together = _teacher_forced(runner, ids, 60)  # 30 rows that cross the tile boundary at 64
+    assert all(torch.equal(steps[i], together[i]) for i in range(30))
+    # a tree after ids[59] (its root): the path ids[60], ids[61], ids[62] at rows 2, 4, 5, branches beside it
+    steps, _ = _teacher_forced(runner, ids[:63], 59)  # the same prefill as the tree's
+    kv = runner.new_kv()
+    runner.forward(kv, ids[:59])
+    tree = runner.forward(kv, [ids[59], 5, ids[60], 9, ids[61], ids[62]], parents=[-1, -1, 1, 1, 3])
+    kv.release()
+    assert all(torch.equal(tree[row], steps[i]) for row, i in ((0, 0), (2, 1), (4, 2), (5, 3)))
+
+
+def test_bitwise_runner_speculation_equals_plain_decoding_in_bfloat16() -> None:
+    model = make_tiny_llama(VOCAB, seed=11, dtype=torch.bfloat16)
+    engine = Engine(model, eos_token_ids=(), draft_head=None, runner=StaticRunner(model))
+    prompt = torch.randint(0, VOCAB, (70,), generator=torch.Generator().manual_seed(4)).tolist()
+    reference = engine.generate(prompt, GenerationParams(max_new_tokens=60, method="ar")).token_ids
+    for seed in range(3):
+        for drafter in (ScriptedDrafter(reference, VOCAB, seed), TreeDrafter(reference, VOCAB, seed)):
+            engine.add_drafter("adversarial", drafter)
+            got = engine.generate(prompt, GenerationParams(max_new_tokens=60, method="adversarial"))
+            assert got.token_ids == reference, (seed, type(drafter).__name__)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+def test_the_triton_kernel_matches_the_reference_under_the_interpreter() -> None:
+    # the interpreter runs the kernel with NumPy; it is chosen when the kernel module is first imported
+    script = textwrap.dedent("""
+        import torch
+        from tests.test_path_attention import _alone, _inputs, _random_attention, PARENTS
+        from hvd_agents.runtime.static import path_kernels
+        from hvd_agents.runtime.static.paths import tiled_attention
+        for past in (0, 70, 150):
+            q, keys, values = _random_attention(torch.float32, seed=past)
+            paths = _inputs(PARENTS, past, count=7)
+            got = path_kernels.path_attention(q, keys, values, paths, 0.25, 64, 128)
+            want = tiled_attention(q, keys, values, paths, 0.25)
+            torch.testing.assert_close(got, want, rtol=0, atol=2e-6)
+            assert not got[7:].any()
+            for row in range(7):
+                alone = path_kernels.path_attention(*_alone(q, keys, values, paths, row, past), 0.25, 64, 128)
+                assert torch.equal(alone[0], got[row]), (past, row)
+        print("ok")
+    """)
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]

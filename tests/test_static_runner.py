@@ -247,3 +247,10 @@ def test_forward_batch_is_each_calls_own_forward(model) -> None:
 
 def test_new_cache_still_backs_the_hf_runner(model) -> None:
     assert type(new_cache(model.config)).__name__ == "EngineCache"
+
+
+def test_a_warmed_up_runner_takes_the_next_forward(model) -> None:
+    # warm-up makes the packed input buffers inside inference mode; the next forward writes them outside it
+    runner = StaticRunner(model, buckets=BUCKETS, graphs=False)
+    runner.warm_up()
+    assert runner.forward(runner.new_kv(), [1, 2, 3]).shape == (3, VOCAB)

@@ -63,11 +63,16 @@ class StepGraphs:
         return len(self._graphs)
 
     def inputs(self, rows: int) -> torch.Tensor:
-        """The static packed input buffer of the ``rows`` bucket."""
+        """The static packed input buffer of the ``rows`` bucket.
+
+        Made outside inference mode even when first asked for inside it (warm-up, a capture): the runner
+        copies each step's inputs into it outside inference mode, which an inference tensor refuses.
+        """
         buffer = self._inputs.get(rows)
         if buffer is None:
-            buffer = torch.zeros(2 * rows, dtype=torch.long, device=self.device)
-            buffer[rows + 1 :] = -1
+            with torch.inference_mode(False):
+                buffer = torch.zeros(2 * rows, dtype=torch.long, device=self.device)
+                buffer[rows + 1 :] = -1
             self._inputs[rows] = buffer
         return buffer
 

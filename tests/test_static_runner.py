@@ -58,13 +58,14 @@ def tiny_qwen2() -> Qwen2ForCausalLM:
 
 def test_buckets_pick_the_smallest_fitting_shape() -> None:
     b = Buckets.for_capacity(1000)
-    assert b.kv == (256, 512, 1000)
+    assert b.kv == (256, 512, 1024)  # the capacity rounded up to a multiple of 64
+    assert Buckets.for_capacity(960).kv == (256, 512, 960)
     assert [b.rows_for(n) for n in (1, 2, 3, 4, 5, 6, 9, 10, 65)] == [1, 2, 3, 5, 5, 9, 9, 17, 65]
-    assert b.kv_for(256) == 256 and b.kv_for(257) == 512 and b.kv_for(1000) == 1000
+    assert b.kv_for(256) == 256 and b.kv_for(257) == 512 and b.kv_for(1000) == 1024
     with pytest.raises(ValueError, match="exceeds the largest row bucket"):
         b.rows_for(66)
     with pytest.raises(ValueError, match="exceed the KV capacity"):
-        b.kv_for(1001)
+        b.kv_for(1025)
     with pytest.raises(ValueError, match="increasing"):
         Buckets((2, 1), (8,))
 
@@ -143,6 +144,13 @@ def test_supported_models_and_the_runner_choice(model) -> None:
     mistral = make_tiny_llama(VOCAB)
     mistral.config.model_type, mistral.config.sliding_window = "mistral", 16
     assert "sliding-window" in supports(mistral)
+    for rope_type in ("dynamic", "longrope"):
+        scaled = make_tiny_llama(VOCAB)
+        scaled.config.rope_parameters = {"rope_type": rope_type, "factor": 2.0, "rope_theta": 10000.0}
+        assert f"RoPE type {rope_type!r}" in supports(scaled)
+    llama3 = make_tiny_llama(VOCAB)
+    llama3.config.rope_parameters = {"rope_type": "llama3", "factor": 8.0, "rope_theta": 10000.0}
+    assert supports(llama3) is None  # fixed frequencies: HF's inv_freq is the table
     assert isinstance(runner_for(model), HFRunner)  # the static runner is the CUDA default, not the CPU's
     with pytest.raises(ValueError, match="cannot run this model"):
         StaticRunner(gemma_like, buckets=BUCKETS)

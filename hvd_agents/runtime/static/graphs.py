@@ -48,6 +48,7 @@ class StepGraphs:
         self._inputs: dict[int, torch.Tensor] = {}  # rows -> [2 * rows] long: past, tokens, parents
         self._graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.enabled else None
+        self._side: torch.cuda.Stream | None = None  # warm-up stream of every capture (made at the first)
         self._forward: Callable = decoder.forward
         if compile and self.enabled:
             # compiled kernels persist under the cache directory, so a restart does not compile again
@@ -98,7 +99,9 @@ class StepGraphs:
 
     def _capture(self, key: tuple[int, int, int]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
         slot, rows, length = key
-        side = torch.cuda.Stream(self.device)
+        if self._side is None:  # one stream: cuBLAS keeps a workspace per (handle, stream)
+            self._side = torch.cuda.Stream(self.device)
+        side = self._side
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(2):  # warm-up: lazy initialisation, autotuning, allocator state

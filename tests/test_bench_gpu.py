@@ -7,8 +7,10 @@ import json
 import pytest
 import torch
 
-from hvd_agents.bench.gpu import RANDOM_CONFIGS, random_model, run_gpu_benchmark
+from hvd_agents.bench.gpu import RANDOM_CONFIGS, random_model, run_gpu_benchmark, step_bytes
 from hvd_agents.errors import InvalidRequestError
+from hvd_agents.runtime.static import StaticRunner
+from tests.tiny import make_tiny_llama
 
 
 def test_bench_gpu_runs_every_arm_on_the_cpu(tmp_path, capsys) -> None:
@@ -29,3 +31,18 @@ def test_random_models_have_the_named_configurations() -> None:
     assert RANDOM_CONFIGS["smollm2-135m"]["num_hidden_layers"] == 30
     with pytest.raises(InvalidRequestError, match="unknown random model 'nope'"):
         random_model("nope", torch.device("cpu"), torch.float32)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_decode_step_reads_one_row_of_an_untied_input_embedding(tied) -> None:
+    model = make_tiny_llama(64, dtype=torch.float32)  # untied
+    if tied:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    assert (embed is head) == tied
+    runner = StaticRunner(model, warm_up=False, slots=1)
+    layers = [p for name, p in model.named_parameters() if "embed_tokens" not in name and "lm_head" not in name]
+    d = runner.decoder
+    kv = len(d.layers) * 2 * d.kv_heads * d.head_dim * 10 * 4
+    read = sum(p.numel() for p in layers) * 4 + head.numel() * 4 + (0 if tied else embed.shape[1] * 4)
+    assert step_bytes(model, runner, 10) == read + kv

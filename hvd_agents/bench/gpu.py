@@ -192,8 +192,15 @@ def copy_bandwidth(device: torch.device, megabytes: int = 1024) -> float:
 
 
 def step_bytes(model: torch.nn.Module, runner: StaticRunner, context: int) -> int:
-    """Bytes one plain decode step must read: every weight once, the LM head, and the KV of ``context``."""
+    """Bytes one plain decode step must read: every weight once, and the KV of ``context``.
+
+    The step looks up one row of the input embedding, so an embedding untied from the LM head counts one
+    row; a tied one is read whole by the LM head, and ``parameters()`` yields it once.
+    """
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    embed = model.get_input_embeddings().weight
+    if embed is not model.get_output_embeddings().weight:
+        weights -= (embed.shape[0] - 1) * embed.shape[1] * embed.element_size()
     d = runner.decoder
     kv = len(d.layers) * 2 * d.kv_heads * d.head_dim * context * runner.pool.data.element_size()
     return weights + kv

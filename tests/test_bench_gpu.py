@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from hvd_agents.bench.gpu import RANDOM_CONFIGS, random_model, run_gpu_benchmark, step_bytes
+from hvd_agents.bench.gpu import RANDOM_CONFIGS, random_model, run_gpu_benchmark, step_bytes, warm_steady_state
 from hvd_agents.errors import InvalidRequestError
-from hvd_agents.runtime.static import StaticRunner
+from hvd_agents.runtime.static import Buckets, StaticRunner
 from tests.tiny import make_tiny_llama
 
 
@@ -46,3 +46,12 @@ def test_a_decode_step_reads_one_row_of_an_untied_input_embedding(tied) -> None:
     kv = len(d.layers) * 2 * d.kv_heads * d.head_dim * 10 * 4
     read = sum(p.numel() for p in layers) * 4 + head.numel() * 4 + (0 if tied else embed.shape[1] * 4)
     assert step_bytes(model, runner, 10) == read + kv
+
+
+def test_the_steady_state_warm_up_covers_every_slot_up_to_the_last_kv_length(monkeypatch) -> None:
+    runner = StaticRunner(make_tiny_llama(64, dtype=torch.float32), buckets=Buckets((1, 5, 17), (64, 128, 256, 512)),
+                          graphs=False, slots=2)
+    seen, run = [], runner.graphs.run
+    monkeypatch.setattr(runner.graphs, "run", lambda *key: seen.append(key) or run(*key))
+    warm_steady_state(runner, 100, 20)  # the last step reads up to 100 + 20 + 17 positions: the 256 bucket
+    assert seen == [(slot, rows, kv) for slot in (0, 1) for kv in (64, 128, 256) for rows in (1, 5, 17)]

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hvd_agents import Engine, GenerationParams
-from hvd_agents.bench.gpu import random_model, run_gpu_benchmark
+from hvd_agents.bench.gpu import random_model, run_gpu_benchmark, warm_steady_state
 from hvd_agents.runtime.runner_choice import runner_for
 from hvd_agents.runtime.static import Buckets, StaticRunner
 from tests.drafters_for_tests import OracleDrafter, ScriptedDrafter, TreeDrafter
@@ -76,12 +76,16 @@ def test_a_steady_state_step_synchronises_once(smollm2, method) -> None:
     engine = Engine(smollm2, eos_token_ids=(), draft_head=None, cost_model=None)
     engine.cost_model()  # measured (or read) before counting
     prompt = torch.randint(0, 49152, (300,), generator=torch.Generator().manual_seed(1)).tolist() * 2
+    graphs = engine.runner.graphs
+    # a capture synchronises: every shape the counted runs reach is captured first, in whichever slot they get
+    warm_steady_state(engine.runner, len(prompt), 64)
 
     def run(n: int):
         params = GenerationParams(max_new_tokens=n, method=method, reuse_prefix=False)
-        engine.generate(prompt, params)  # warm: every shape captured
-        out = {}
+        engine.generate(prompt, params)
+        captured, out = graphs.captured, {}
         out["syncs"] = _syncs_of(lambda: out.setdefault("r", engine.generate(prompt, params)))
+        assert graphs.captured == captured  # the count holds replays only
         return out["syncs"], out["r"].stats.steps
 
     short_syncs, short_steps = run(16)

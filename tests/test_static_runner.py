@@ -262,3 +262,20 @@ def test_a_warmed_up_runner_takes_the_next_forward(model) -> None:
     runner = StaticRunner(model, buckets=BUCKETS, graphs=False)
     runner.warm_up()
     assert runner.forward(runner.new_kv(), [1, 2, 3]).shape == (3, VOCAB)
+
+
+def test_warm_up_runs_every_row_bucket_at_the_named_kv_lengths_and_keeps_live_caches(model, monkeypatch) -> None:
+    runner = StaticRunner(model, buckets=BUCKETS, graphs=False, slots=2)
+    ids = torch.randint(0, VOCAB, (50,), generator=torch.Generator().manual_seed(4)).tolist()
+    live = runner.new_kv()
+    runner.forward(live, ids[:40])
+    seen, run = [], runner.graphs.run
+    monkeypatch.setattr(runner.graphs, "run", lambda *key: seen.append(key) or run(*key))
+    runner.warm_up([40, 100, 128], slot=live.slot)  # positions and a bucket: the KV buckets 64 and 128
+    assert seen == [(live.slot, rows, length) for length in (64, 128) for rows in BUCKETS.rows]
+    seen.clear()
+    runner.warm_up(1, slot=1)
+    assert seen == [(1, rows, 64) for rows in BUCKETS.rows]
+    fresh = runner.new_kv()
+    runner.forward(fresh, ids[:40])
+    assert torch.equal(runner.forward(live, ids[40:45]), runner.forward(fresh, ids[40:45]))

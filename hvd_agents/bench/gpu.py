@@ -154,15 +154,34 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+SYNC_COUNT_STEPS = (16, 64)  # max_new_tokens of the two counted runs of syncs_per_step
+
+
+def warm_steady_state(runner: StaticRunner, prompt: int, max_new: int) -> None:
+    """Capture every row bucket, in every slot, at every KV length up to the last a request of ``prompt`` tokens
+    reaches while it generates ``max_new`` (its last step may verify a full row bucket; a short prompt is
+    prefilled through the row buckets too), so such a request captures nothing."""
+    end = min(prompt + max_new + runner.buckets.max_rows, runner.buckets.kv[-1])
+    for slot in range(runner.pool.slots):
+        runner.warm_up(range(1, end + 1), slot)
+
+
 def syncs_per_step(engine: Engine, ids: list[int], method: str) -> float | None:
-    """Synchronising CUDA calls per additional decode step (None off CUDA): two runs that differ in length."""
+    """Synchronising CUDA calls per additional decode step: two runs that differ in length.
+
+    Every shape the runs use is captured first (a capture synchronises); None off CUDA, or with a warning
+    when a counted run captured a graph all the same (its count would include the capture's syncs).
+    """
     if engine.device.type != "cuda":
         return None
+    graphs = engine.runner.graphs
+    warm_steady_state(engine.runner, len(ids), max(SYNC_COUNT_STEPS))
 
-    def count(n: int) -> tuple[int, int]:
+    def count(n: int) -> tuple[int, int] | None:
         params = GenerationParams(max_new_tokens=n, method=method, reuse_prefix=False, stop_token_ids=())
         engine.generate(ids, params)
         _sync(engine.device)
+        captured = graphs.captured
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
@@ -170,10 +189,16 @@ def syncs_per_step(engine: Engine, ids: list[int], method: str) -> float | None:
                 steps = engine.generate(ids, params).stats.steps
             finally:
                 torch.cuda.set_sync_debug_mode("default")
+        if graphs.captured != captured:
+            logger.warning("the counted %s run of %d tokens captured %d graphs: no sync count", method, n,
+                           graphs.captured - captured)
+            return None
         return sum("synchroniz" in str(w.message) for w in caught), steps
 
-    (s1, n1), (s2, n2) = count(16), count(64)
-    return (s2 - s1) / (n2 - n1) if n2 != n1 else None
+    short, long = (count(n) for n in SYNC_COUNT_STEPS)
+    if short is None or long is None or long[1] == short[1]:
+        return None
+    return (long[0] - short[0]) / (long[1] - short[1])
 
 
 def copy_bandwidth(device: torch.device, megabytes: int = 1024) -> float:

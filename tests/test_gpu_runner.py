@@ -47,15 +47,28 @@ def test_cuda_picks_the_static_runner_and_its_greedy_output_is_the_models(monkey
 
 
 def test_graph_replay_equals_the_eager_forward(smollm2) -> None:
+    # each shape is replayed at later positions on other tokens, so a graph that baked in its capture-time
+    # inputs (the cached length, the tokens, the parents) differs from the eager forward
     captured = StaticRunner(smollm2, warm_up=False)
     eager = StaticRunner(smollm2, graphs=False)
     ids = torch.randint(0, 49152, (600,), generator=torch.Generator().manual_seed(0)).tolist()
     a, b = captured.new_kv(), eager.new_kv()
     for runner, kv in ((captured, a), (eager, b)):
-        runner.forward(kv, ids[:500])
-    for start, n in ((500, 1), (501, 4), (505, 17), (522, 33)):
-        assert torch.equal(captured.forward(a, ids[start : start + n]), eager.forward(b, ids[start : start + n]))
-    assert captured.graphs.captured == 4
+        runner.forward(kv, ids[:300], logits_to_keep=1)
+    tree, other_tree = [-1, 0, 0, 1, 1, 2, 2, -1], [-1, -1, 0, 1, 2, 3, 4, 5]
+    calls = [(1, None), (4, None), (9, tree), (9, None)] * 3 + [(9, other_tree), (1, None), (4, None)]
+    shapes = set()
+    for i, (n, parents) in enumerate(calls):
+        tokens, hidden = ids[310 + 17 * i : 310 + 17 * i + n], ([], [])
+        rows = captured.buckets.rows_for(n)
+        shapes.add((rows, captured.buckets.kv_for(a.length + rows)))
+        x = captured.forward(a, tokens, parents=parents, hidden=hidden[0])
+        y = eager.forward(b, tokens, parents=parents, hidden=hidden[1])
+        assert torch.equal(x, y), (i, n, parents)
+        assert torch.equal(hidden[0][0], hidden[1][0]), (i, n, parents)
+        for kv in (a, b):  # keep the first row: the next call runs one position later
+            kv.rollback(kv.length - n + 1)
+    assert captured.graphs.captured == len(shapes) == 3  # every later call replayed a graph captured before
 
 
 def _syncs_of(fn) -> int:

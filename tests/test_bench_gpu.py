@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -20,6 +21,8 @@ def test_bench_gpu_runs_every_arm_on_the_cpu(tmp_path, capsys) -> None:
     for arm in report.arms.values():
         assert arm["tokens"] == 8 and arm["same_as_engine_ar"] == 1  # greedy: every arm, the same tokens
     assert report.single_bucket_bitwise
+    assert report.teacher_forced_bitwise["single"] == "16/16"
+    assert re.fullmatch(r"\d+/16", report.teacher_forced_bitwise["default"])  # the control: reported, not required
     assert report.syncs_per_step == {"ar": None, "hvd": None}  # counted on CUDA only
     assert json.loads((tmp_path / "gpu.json").read_text())["model"] == "random:tiny"
     assert "| engine-hvd (static) |" in capsys.readouterr().out

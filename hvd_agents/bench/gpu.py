@@ -9,7 +9,8 @@
   the KV at the measured context) over the device's copy bandwidth measured in the same
   run, against the measured step time;
 * synchronisations per steady-state step (PyTorch's sync debug mode; must be 1);
-* the single-bucket mode's bitwise equality of speculative and plain decoding;
+* the single-bucket mode's bitwise equality of speculative and plain decoding, greedy and
+  teacher-forced (with the default buckets' teacher-forced count as the control);
 * the static runner's cost profile (CUDA events).
 
 Models: a model id or path as everywhere (the embedded SmolLM2 by default), or
@@ -113,6 +114,7 @@ class GpuReport:
     copy_bandwidth_gbs: float
     syncs_per_step: dict[str, float | None]
     single_bucket_bitwise: bool
+    teacher_forced_bitwise: dict[str, str]  # "single" / "default" buckets: rows bitwise equal, e.g. "16/16"
     cost_profile: str
     graphs_captured: int
 
@@ -289,6 +291,7 @@ def run_gpu_benchmark(model: str | None = None, *, device: str | None = None, ma
         ar_step_ms=ar_step * 1e3, bandwidth_limit_ms=limit * 1e3, copy_bandwidth_gbs=bandwidth / 1e9,
         syncs_per_step={m: syncs_per_step(engine, prompts[0], m) for m in ("ar", "hvd")},
         single_bucket_bitwise=single_bucket_check(target, prompts[0], max_new_tokens),
+        teacher_forced_bitwise=teacher_forced_check(target, prompts[0]),
         cost_profile=engine.cost_model().source, graphs_captured=static.graphs.captured,
     )
     print_report(report, len(prompts) * rounds)
@@ -298,14 +301,52 @@ def run_gpu_benchmark(model: str | None = None, *, device: str | None = None, ma
     return report
 
 
+TEACHER_FORCED_STEPS = 16
+
+
+def single_bucket(positions: int, rows: int = 17) -> Buckets:
+    """The single-bucket mode's buckets for forwards up to ``positions`` (a power of two from 256)."""
+    capacity = 256
+    while capacity < positions + rows:
+        capacity *= 2
+    return Buckets.single(rows, capacity)
+
+
+def teacher_forced_rows_equal(runner: StaticRunner, ids: list[int], tokens: list[int]) -> int:
+    """Of ``tokens`` after a prefill of ``ids``, how many rows of logits are bitwise equal between one-row steps
+    and one forward over them all.
+
+    Teacher-forced, so every row is compared, whatever the model would have generated: a greedy comparison
+    on random weights compares streams of one repeated token and passes whatever the arithmetic does.
+    """
+    outs = []
+    for together in (False, True):
+        kv = runner.new_kv()
+        try:
+            runner.forward(kv, ids, logits_to_keep=1)
+            steps = [runner.forward(kv, tokens)] if together else [runner.forward(kv, [t]) for t in tokens]
+            outs.append(torch.cat(steps))
+        finally:
+            kv.release()
+    one_by_one, together = outs
+    return sum(torch.equal(x, y) for x, y in zip(one_by_one, together))
+
+
+def teacher_forced_check(model: torch.nn.Module, ids: list[int]) -> dict[str, str]:
+    """:func:`teacher_forced_rows_equal` over random tokens, as ``"equal/steps"``: in single-bucket mode (must be
+    all) and with the default buckets (the control: row and KV shapes differ, so rows may differ)."""
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    tokens = torch.randint(0, vocab, (TEACHER_FORCED_STEPS,), generator=torch.Generator().manual_seed(0)).tolist()
+    runners = {"single": StaticRunner(model, buckets=single_bucket(len(ids) + len(tokens)), warm_up=False, slots=1),
+               "default": StaticRunner(model, warm_up=False, slots=1)}
+    return {name: f"{teacher_forced_rows_equal(r, ids, tokens)}/{len(tokens)}" for name, r in runners.items()}
+
+
 def single_bucket_check(model: torch.nn.Module, ids: list[int], max_new: int) -> bool:
     """Whether speculation with planted and adversarial drafts equals plain decoding bit for bit, single bucket."""
     from hvd_agents.drafters import Draft
 
-    capacity = 256
-    while capacity < len(ids) + max_new + 17:
-        capacity *= 2
-    runner = StaticRunner(model, buckets=Buckets.single(17, capacity), warm_up=False, slots=1)
+    runner = StaticRunner(model, buckets=single_bucket(len(ids) + max_new), warm_up=False, slots=1)
     engine = Engine(model, eos_token_ids=(), draft_head=None, runner=runner, prefix_cache_bytes=0)
     params = GenerationParams(max_new_tokens=max_new, method="ar", stop_token_ids=())
     reference = engine.generate(ids, params).token_ids
@@ -355,5 +396,6 @@ def print_report(report: GpuReport, runs: int) -> None:
           f"({report.copy_bandwidth_gbs:.0f} GB/s copy): {report.ar_step_ms / report.bandwidth_limit_ms:.2f}x the limit")
     print(f"synchronisations per step: {report.syncs_per_step}; CUDA graphs captured: {report.graphs_captured}")
     print(f"single-bucket mode, speculation bitwise equal to plain decoding: {report.single_bucket_bitwise}")
+    print(f"teacher-forced rows bitwise equal, one-row steps vs one forward: {report.teacher_forced_bitwise}")
     print(f"cost profile: {report.cost_profile}")
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
 
-from hvd_agents.bench.gpu import RANDOM_CONFIGS, random_model, run_gpu_benchmark
+from hvd_agents.bench.gpu import RANDOM_CONFIGS, random_model, run_gpu_benchmark, step_bytes, warm_steady_state
 from hvd_agents.errors import InvalidRequestError
+from hvd_agents.runtime.static import Buckets, StaticRunner
+from tests.tiny import make_tiny_llama
 
 
 def test_bench_gpu_runs_every_arm_on_the_cpu(tmp_path, capsys) -> None:
@@ -18,6 +21,8 @@ def test_bench_gpu_runs_every_arm_on_the_cpu(tmp_path, capsys) -> None:
     for arm in report.arms.values():
         assert arm["tokens"] == 8 and arm["same_as_engine_ar"] == 1  # greedy: every arm, the same tokens
     assert report.single_bucket_bitwise
+    assert report.teacher_forced_bitwise["single"] == "16/16"
+    assert re.fullmatch(r"\d+/16", report.teacher_forced_bitwise["default"])  # the control: reported, not required
     assert report.syncs_per_step == {"ar": None, "hvd": None}  # counted on CUDA only
     assert json.loads((tmp_path / "gpu.json").read_text())["model"] == "random:tiny"
     assert "| engine-hvd (static) |" in capsys.readouterr().out
@@ -29,3 +34,27 @@ def test_random_models_have_the_named_configurations() -> None:
     assert RANDOM_CONFIGS["smollm2-135m"]["num_hidden_layers"] == 30
     with pytest.raises(InvalidRequestError, match="unknown random model 'nope'"):
         random_model("nope", torch.device("cpu"), torch.float32)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_decode_step_reads_one_row_of_an_untied_input_embedding(tied) -> None:
+    model = make_tiny_llama(64, dtype=torch.float32)  # untied
+    if tied:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    assert (embed is head) == tied
+    runner = StaticRunner(model, warm_up=False, slots=1)
+    layers = [p for name, p in model.named_parameters() if "embed_tokens" not in name and "lm_head" not in name]
+    d = runner.decoder
+    kv = len(d.layers) * 2 * d.kv_heads * d.head_dim * 10 * 4
+    read = sum(p.numel() for p in layers) * 4 + head.numel() * 4 + (0 if tied else embed.shape[1] * 4)
+    assert step_bytes(model, runner, 10) == read + kv
+
+
+def test_the_steady_state_warm_up_covers_every_slot_up_to_the_last_kv_length(monkeypatch) -> None:
+    runner = StaticRunner(make_tiny_llama(64, dtype=torch.float32), buckets=Buckets((1, 5, 17), (64, 128, 256, 512)),
+                          graphs=False, slots=2)
+    seen, run = [], runner.graphs.run
+    monkeypatch.setattr(runner.graphs, "run", lambda *key: seen.append(key) or run(*key))
+    warm_steady_state(runner, 100, 20)  # the last step reads up to 100 + 20 + 17 positions: the 256 bucket
+    assert seen == [(slot, rows, kv) for slot in (0, 1) for kv in (64, 128, 256) for rows in (1, 5, 17)]

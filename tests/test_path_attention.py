@@ -169,6 +169,6 @@ def test_the_triton_kernel_matches_the_reference_under_the_interpreter() -> None
         print("ok")
     """)
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300, check=False,
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]

@@ -58,13 +58,14 @@ def tiny_qwen2() -> Qwen2ForCausalLM:
 
 def test_buckets_pick_the_smallest_fitting_shape() -> None:
     b = Buckets.for_capacity(1000)
-    assert b.kv == (256, 512, 1000)
+    assert b.kv == (256, 512, 1024)  # the capacity rounded up to a multiple of 64
+    assert Buckets.for_capacity(960).kv == (256, 512, 960)
     assert [b.rows_for(n) for n in (1, 2, 3, 4, 5, 6, 9, 10, 65)] == [1, 2, 3, 5, 5, 9, 9, 17, 65]
-    assert b.kv_for(256) == 256 and b.kv_for(257) == 512 and b.kv_for(1000) == 1000
+    assert b.kv_for(256) == 256 and b.kv_for(257) == 512 and b.kv_for(1000) == 1024
     with pytest.raises(ValueError, match="exceeds the largest row bucket"):
         b.rows_for(66)
     with pytest.raises(ValueError, match="exceed the KV capacity"):
-        b.kv_for(1001)
+        b.kv_for(1025)
     with pytest.raises(ValueError, match="increasing"):
         Buckets((2, 1), (8,))
 
@@ -143,6 +144,13 @@ def test_supported_models_and_the_runner_choice(model) -> None:
     mistral = make_tiny_llama(VOCAB)
     mistral.config.model_type, mistral.config.sliding_window = "mistral", 16
     assert "sliding-window" in supports(mistral)
+    for rope_type in ("dynamic", "longrope"):
+        scaled = make_tiny_llama(VOCAB)
+        scaled.config.rope_parameters = {"rope_type": rope_type, "factor": 2.0, "rope_theta": 10000.0}
+        assert f"RoPE type {rope_type!r}" in supports(scaled)
+    llama3 = make_tiny_llama(VOCAB)
+    llama3.config.rope_parameters = {"rope_type": "llama3", "factor": 8.0, "rope_theta": 10000.0}
+    assert supports(llama3) is None  # fixed frequencies: HF's inv_freq is the table
     assert isinstance(runner_for(model), HFRunner)  # the static runner is the CUDA default, not the CPU's
     with pytest.raises(ValueError, match="cannot run this model"):
         StaticRunner(gemma_like, buckets=BUCKETS)
@@ -247,3 +255,27 @@ def test_forward_batch_is_each_calls_own_forward(model) -> None:
 
 def test_new_cache_still_backs_the_hf_runner(model) -> None:
     assert type(new_cache(model.config)).__name__ == "EngineCache"
+
+
+def test_a_warmed_up_runner_takes_the_next_forward(model) -> None:
+    # warm-up makes the packed input buffers inside inference mode; the next forward writes them outside it
+    runner = StaticRunner(model, buckets=BUCKETS, graphs=False)
+    runner.warm_up()
+    assert runner.forward(runner.new_kv(), [1, 2, 3]).shape == (3, VOCAB)
+
+
+def test_warm_up_runs_every_row_bucket_at_the_named_kv_lengths_and_keeps_live_caches(model, monkeypatch) -> None:
+    runner = StaticRunner(model, buckets=BUCKETS, graphs=False, slots=2)
+    ids = torch.randint(0, VOCAB, (50,), generator=torch.Generator().manual_seed(4)).tolist()
+    live = runner.new_kv()
+    runner.forward(live, ids[:40])
+    seen, run = [], runner.graphs.run
+    monkeypatch.setattr(runner.graphs, "run", lambda *key: seen.append(key) or run(*key))
+    runner.warm_up([40, 100, 128], slot=live.slot)  # positions and a bucket: the KV buckets 64 and 128
+    assert seen == [(live.slot, rows, length) for length in (64, 128) for rows in BUCKETS.rows]
+    seen.clear()
+    runner.warm_up(1, slot=1)
+    assert seen == [(1, rows, 64) for rows in BUCKETS.rows]
+    fresh = runner.new_kv()
+    runner.forward(fresh, ids[:40])
+    assert torch.equal(runner.forward(live, ids[40:45]), runner.forward(fresh, ids[40:45]))

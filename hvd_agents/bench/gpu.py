@@ -9,7 +9,8 @@
   the KV at the measured context) over the device's copy bandwidth measured in the same
   run, against the measured step time;
 * synchronisations per steady-state step (PyTorch's sync debug mode; must be 1);
-* the single-bucket mode's bitwise equality of speculative and plain decoding;
+* the single-bucket mode's bitwise equality of speculative and plain decoding, greedy and
+  teacher-forced (with the default buckets' teacher-forced count as the control);
 * the static runner's cost profile (CUDA events).
 
 Models: a model id or path as everywhere (the embedded SmolLM2 by default), or
@@ -113,6 +114,7 @@ class GpuReport:
     copy_bandwidth_gbs: float
     syncs_per_step: dict[str, float | None]
     single_bucket_bitwise: bool
+    teacher_forced_bitwise: dict[str, str]  # "single" / "default" buckets: rows bitwise equal, e.g. "16/16"
     cost_profile: str
     graphs_captured: int
 
@@ -154,15 +156,34 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+SYNC_COUNT_STEPS = (16, 64)  # max_new_tokens of the two counted runs of syncs_per_step
+
+
+def warm_steady_state(runner: StaticRunner, prompt: int, max_new: int) -> None:
+    """Capture every row bucket, in every slot, at every KV length up to the last a request of ``prompt`` tokens
+    reaches while it generates ``max_new`` (its last step may verify a full row bucket; a short prompt is
+    prefilled through the row buckets too), so such a request captures nothing."""
+    end = min(prompt + max_new + runner.buckets.max_rows, runner.buckets.kv[-1])
+    for slot in range(runner.pool.slots):
+        runner.warm_up(range(1, end + 1), slot)
+
+
 def syncs_per_step(engine: Engine, ids: list[int], method: str) -> float | None:
-    """Synchronising CUDA calls per additional decode step (None off CUDA): two runs that differ in length."""
+    """Synchronising CUDA calls per additional decode step: two runs that differ in length.
+
+    Every shape the runs use is captured first (a capture synchronises); None off CUDA, or with a warning
+    when a counted run captured a graph all the same (its count would include the capture's syncs).
+    """
     if engine.device.type != "cuda":
         return None
+    graphs = engine.runner.graphs
+    warm_steady_state(engine.runner, len(ids), max(SYNC_COUNT_STEPS))
 
-    def count(n: int) -> tuple[int, int]:
+    def count(n: int) -> tuple[int, int] | None:
         params = GenerationParams(max_new_tokens=n, method=method, reuse_prefix=False, stop_token_ids=())
         engine.generate(ids, params)
         _sync(engine.device)
+        captured = graphs.captured
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
@@ -170,10 +191,16 @@ def syncs_per_step(engine: Engine, ids: list[int], method: str) -> float | None:
                 steps = engine.generate(ids, params).stats.steps
             finally:
                 torch.cuda.set_sync_debug_mode("default")
+        if graphs.captured != captured:
+            logger.warning("the counted %s run of %d tokens captured %d graphs: no sync count", method, n,
+                           graphs.captured - captured)
+            return None
         return sum("synchroniz" in str(w.message) for w in caught), steps
 
-    (s1, n1), (s2, n2) = count(16), count(64)
-    return (s2 - s1) / (n2 - n1) if n2 != n1 else None
+    short, long = (count(n) for n in SYNC_COUNT_STEPS)
+    if short is None or long is None or long[1] == short[1]:
+        return None
+    return (long[0] - short[0]) / (long[1] - short[1])
 
 
 def copy_bandwidth(device: torch.device, megabytes: int = 1024) -> float:
@@ -192,8 +219,15 @@ def copy_bandwidth(device: torch.device, megabytes: int = 1024) -> float:
 
 
 def step_bytes(model: torch.nn.Module, runner: StaticRunner, context: int) -> int:
-    """Bytes one plain decode step must read: every weight once, the LM head, and the KV of ``context``."""
+    """Bytes one plain decode step must read: every weight once, and the KV of ``context``.
+
+    The step looks up one row of the input embedding, so an embedding untied from the LM head counts one
+    row; a tied one is read whole by the LM head, and ``parameters()`` yields it once.
+    """
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    embed = model.get_input_embeddings().weight
+    if embed is not model.get_output_embeddings().weight:
+        weights -= (embed.shape[0] - 1) * embed.shape[1] * embed.element_size()
     d = runner.decoder
     kv = len(d.layers) * 2 * d.kv_heads * d.head_dim * context * runner.pool.data.element_size()
     return weights + kv
@@ -257,6 +291,7 @@ def run_gpu_benchmark(model: str | None = None, *, device: str | None = None, ma
         ar_step_ms=ar_step * 1e3, bandwidth_limit_ms=limit * 1e3, copy_bandwidth_gbs=bandwidth / 1e9,
         syncs_per_step={m: syncs_per_step(engine, prompts[0], m) for m in ("ar", "hvd")},
         single_bucket_bitwise=single_bucket_check(target, prompts[0], max_new_tokens),
+        teacher_forced_bitwise=teacher_forced_check(target, prompts[0]),
         cost_profile=engine.cost_model().source, graphs_captured=static.graphs.captured,
     )
     print_report(report, len(prompts) * rounds)
@@ -266,14 +301,52 @@ def run_gpu_benchmark(model: str | None = None, *, device: str | None = None, ma
     return report
 
 
+TEACHER_FORCED_STEPS = 16
+
+
+def single_bucket(positions: int, rows: int = 17) -> Buckets:
+    """The single-bucket mode's buckets for forwards up to ``positions`` (a power of two from 256)."""
+    capacity = 256
+    while capacity < positions + rows:
+        capacity *= 2
+    return Buckets.single(rows, capacity)
+
+
+def teacher_forced_rows_equal(runner: StaticRunner, ids: list[int], tokens: list[int]) -> int:
+    """Of ``tokens`` after a prefill of ``ids``, how many rows of logits are bitwise equal between one-row steps
+    and one forward over them all.
+
+    Teacher-forced, so every row is compared, whatever the model would have generated: a greedy comparison
+    on random weights compares streams of one repeated token and passes whatever the arithmetic does.
+    """
+    outs = []
+    for together in (False, True):
+        kv = runner.new_kv()
+        try:
+            runner.forward(kv, ids, logits_to_keep=1)
+            steps = [runner.forward(kv, tokens)] if together else [runner.forward(kv, [t]) for t in tokens]
+            outs.append(torch.cat(steps))
+        finally:
+            kv.release()
+    one_by_one, together = outs
+    return sum(torch.equal(x, y) for x, y in zip(one_by_one, together))
+
+
+def teacher_forced_check(model: torch.nn.Module, ids: list[int]) -> dict[str, str]:
+    """:func:`teacher_forced_rows_equal` over random tokens, as ``"equal/steps"``: in single-bucket mode (must be
+    all) and with the default buckets (the control: row and KV shapes differ, so rows may differ)."""
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    tokens = torch.randint(0, vocab, (TEACHER_FORCED_STEPS,), generator=torch.Generator().manual_seed(0)).tolist()
+    runners = {"single": StaticRunner(model, buckets=single_bucket(len(ids) + len(tokens)), warm_up=False, slots=1),
+               "default": StaticRunner(model, warm_up=False, slots=1)}
+    return {name: f"{teacher_forced_rows_equal(r, ids, tokens)}/{len(tokens)}" for name, r in runners.items()}
+
+
 def single_bucket_check(model: torch.nn.Module, ids: list[int], max_new: int) -> bool:
     """Whether speculation with planted and adversarial drafts equals plain decoding bit for bit, single bucket."""
     from hvd_agents.drafters import Draft
 
-    capacity = 256
-    while capacity < len(ids) + max_new + 17:
-        capacity *= 2
-    runner = StaticRunner(model, buckets=Buckets.single(17, capacity), warm_up=False, slots=1)
+    runner = StaticRunner(model, buckets=single_bucket(len(ids) + max_new), warm_up=False, slots=1)
     engine = Engine(model, eos_token_ids=(), draft_head=None, runner=runner, prefix_cache_bytes=0)
     params = GenerationParams(max_new_tokens=max_new, method="ar", stop_token_ids=())
     reference = engine.generate(ids, params).token_ids
@@ -323,5 +396,6 @@ def print_report(report: GpuReport, runs: int) -> None:
           f"({report.copy_bandwidth_gbs:.0f} GB/s copy): {report.ar_step_ms / report.bandwidth_limit_ms:.2f}x the limit")
     print(f"synchronisations per step: {report.syncs_per_step}; CUDA graphs captured: {report.graphs_captured}")
     print(f"single-bucket mode, speculation bitwise equal to plain decoding: {report.single_bucket_bitwise}")
+    print(f"teacher-forced rows bitwise equal, one-row steps vs one forward: {report.teacher_forced_bitwise}")
     print(f"cost profile: {report.cost_profile}")
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 DEFAULT_ROWS: tuple[int, ...] = (1, 2, 3, 5, 9, 17, 33, 65)
 MIN_KV_BUCKET = 256
+KV_ALIGN = 64  # the last KV bucket is a multiple of this, so attention's matrix products keep aligned shapes
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,13 @@ class Buckets:
 
     @classmethod
     def for_capacity(cls, capacity: int, rows: tuple[int, ...] = DEFAULT_ROWS) -> Buckets:
-        """Powers of two from :data:`MIN_KV_BUCKET` up to ``capacity`` (which is always the last)."""
+        """Powers of two from :data:`MIN_KV_BUCKET` up to ``capacity`` rounded up to :data:`KV_ALIGN`
+        (always the last).
+
+        >>> Buckets.for_capacity(8192 + 65).kv[-2:]
+        (8192, 8320)
+        """
+        capacity = -(-capacity // KV_ALIGN) * KV_ALIGN
         kv, size = [], MIN_KV_BUCKET
         while size < capacity:
             kv.append(size)

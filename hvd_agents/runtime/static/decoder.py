@@ -34,6 +34,9 @@ from hvd_agents.runtime.static.paths import PathInputs, path_attention, path_inp
 from hvd_agents.runtime.tree_mask import ancestors, tree_positions, tree_visibility
 
 SUPPORTED_TYPES = frozenset({"llama", "mistral", "qwen2"})
+# RoPE variants whose frequencies HF recomputes from the sequence length on every call: the decoder's
+# tables are built once, from the model's inv_freq at load
+PER_CALL_ROPE = frozenset({"dynamic", "longrope"})
 
 
 def supports(model: torch.nn.Module) -> str | None:
@@ -48,6 +51,10 @@ def supports(model: torch.nn.Module) -> str | None:
         return f"activation {config.hidden_act!r} is not supported"
     if getattr(config, "mlp_bias", False):
         return "MLP biases are not supported"
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None
+    if rope_type in PER_CALL_ROPE:
+        return f"RoPE type {rope_type!r} (frequencies recomputed per call) is not supported"
     return None
 
 

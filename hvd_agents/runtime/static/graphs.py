@@ -50,6 +50,7 @@ class StepGraphs:
         self._inputs: dict[int, torch.Tensor] = {}  # rows -> [2 * rows + 1] long: past, tokens, parents, count
         self._graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.enabled else None
+        self._side: torch.cuda.Stream | None = None  # warm-up stream of every capture (made at the first)
         self._forward: Callable = decoder.forward
         if compile and self.enabled:
             # compiled kernels persist under the cache directory, so a restart does not compile again
@@ -65,12 +66,17 @@ class StepGraphs:
         return len(self._graphs)
 
     def inputs(self, rows: int) -> torch.Tensor:
-        """The static packed input buffer of the ``rows`` bucket."""
+        """The static packed input buffer of the ``rows`` bucket.
+
+        Made outside inference mode even when first asked for inside it (warm-up, a capture): the runner
+        copies each step's inputs into it outside inference mode, which an inference tensor refuses.
+        """
         buffer = self._inputs.get(rows)
         if buffer is None:
-            buffer = torch.zeros(2 * rows + 1, dtype=torch.long, device=self.device)
-            buffer[rows + 1 : 2 * rows] = -1
-            buffer[-1] = 1
+            with torch.inference_mode(False):
+                buffer = torch.zeros(2 * rows + 1, dtype=torch.long, device=self.device)
+                buffer[rows + 1 : 2 * rows] = -1
+                buffer[-1] = 1
             self._inputs[rows] = buffer
         return buffer
 
@@ -96,7 +102,9 @@ class StepGraphs:
 
     def _capture(self, key: tuple[int, int, int]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
         slot, rows, length = key
-        side = torch.cuda.Stream(self.device)
+        if self._side is None:  # one stream: cuBLAS keeps a workspace per (handle, stream)
+            self._side = torch.cuda.Stream(self.device)
+        side = self._side
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(2):  # warm-up: lazy initialisation, autotuning, allocator state

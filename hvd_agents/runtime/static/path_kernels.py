@@ -46,7 +46,7 @@ def _partial(q_ptr, k_ptr, v_ptr, past_ptr, count_ptr, table_ptr, depth_ptr, m_p
         m = tl.full([GP], float("-inf"), tl.float32)
         s_sum = tl.zeros([GP], tl.float32)
         acc = tl.zeros([GP, HD], tl.float32)
-        for i in range(0, CHUNK // TILE):  # a fixed trip count; tiles at or past the row's end are skipped
+        for i in range(CHUNK // TILE):  # a fixed trip count; tiles at or past the row's end are skipped
             t = start + i * TILE
             if t < end:
                 cols = t + tl.arange(0, TILE)
@@ -94,12 +94,12 @@ def _combine(m_ptr, l_ptr, acc_ptr, out_ptr, past_ptr, count_ptr, depth_ptr, row
         heads = h * G + g
         base = (heads * rows + r) * CHUNKS  # [GP]
         top = tl.full([GP], float("-inf"), tl.float32)
-        for c in range(0, CHUNKS):
+        for c in range(CHUNKS):
             if c < used:
                 top = tl.maximum(top, tl.load(m_ptr + base + c, mask=keep, other=0.0))
         s_sum = tl.zeros([GP], tl.float32)
         acc = tl.zeros([GP, HD], tl.float32)
-        for c in range(0, CHUNKS):  # in chunk order: the sums' grouping never changes
+        for c in range(CHUNKS):  # in chunk order: the sums' grouping never changes
             if c < used:
                 w = tl.exp(tl.load(m_ptr + base + c, mask=keep, other=0.0) - top)
                 s_sum += tl.load(l_ptr + base + c, mask=keep, other=0.0) * w

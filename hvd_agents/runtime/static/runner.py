@@ -117,12 +117,26 @@ class StaticRunner:
         if warm_up and self.graphs.enabled:
             self.warm_up()
 
-    def warm_up(self, kv_lengths: int = 2) -> None:
-        """Capture every row bucket for the first ``kv_lengths`` KV-length buckets of slot 0."""
-        for length in self.buckets.kv[:kv_lengths]:
+    def warm_up(self, kv_lengths: Sequence[int] | int = 2, slot: int = 0) -> None:
+        """Capture (eager: run) every row bucket at some KV lengths of ``slot``, so steps there capture nothing.
+
+        Args:
+            kv_lengths: an int: the first that many KV-length buckets; a sequence: KV positions (or
+                buckets), each standing for the bucket :meth:`Buckets.kv_for` maps it to.
+            slot: the slot pool's slot.
+
+        The warm-up forwards write at the slot's last positions, which no request's committed cache
+        reaches (a request holds at most the context window), so a live request in ``slot`` keeps its KV.
+        """
+        if isinstance(kv_lengths, int):
+            lengths = self.buckets.kv[:kv_lengths]
+        else:
+            lengths = sorted({self.buckets.kv_for(n) for n in kv_lengths})
+        for length in lengths:
             for rows in self.buckets.rows:
                 if rows <= length:
-                    self.graphs.run(0, rows, length)
+                    self.graphs.inputs(rows)[0] = self.pool.capacity - rows
+                    self.graphs.run(slot, rows, length)
 
     def new_kv(self) -> SlotKV:
         return self.pool.acquire()

@@ -200,7 +200,7 @@ def cmd_bench_gpu(args: argparse.Namespace) -> int:
     from hvd_agents.bench.gpu import run_gpu_benchmark
 
     run_gpu_benchmark(args.model, device=args.device, max_new_tokens=args.max_new_tokens, rounds=args.rounds,
-                      json_path=args.json)
+                      json_path=args.json, prompts_path=args.prompts, max_prompts=args.max_prompts)
     return 0
 
 
@@ -506,6 +506,8 @@ def build_parser() -> argparse.ArgumentParser:
     gpu.add_argument("--max-new-tokens", type=int, default=128)
     gpu.add_argument("--rounds", type=int, default=1)
     gpu.add_argument("--json", default=None, help="write the figures to this file")
+    gpu.add_argument("--prompts", default=None, help="a JSON list of token-id lists to run instead of the built-in prompts")
+    gpu.add_argument("--max-prompts", type=int, default=None, help="run only the first N prompts")
     gpu.set_defaults(func=cmd_bench_gpu)
 
     _add_analyze_parser(sub)

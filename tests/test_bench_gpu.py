@@ -17,12 +17,16 @@ from tests.tiny import make_tiny_llama
 def test_bench_gpu_runs_every_arm_on_the_cpu(tmp_path, capsys) -> None:
     report = run_gpu_benchmark("random:tiny", device="cpu", max_new_tokens=8, synthetic_prompts=1,
                                json_path=str(tmp_path / "gpu.json"))
-    assert set(report.arms) == {"hf-generate", "engine-ar (HF runner)", "engine-ar (static)", "engine-hvd (static)"}
+    assert set(report.arms) == {"hf-generate", "engine-ar (HF runner)", "engine-ar (static)", "engine-hvd (static)",
+                                "engine-ar (static, buckets)", "engine-hvd (static, buckets)"}
     for arm in report.arms.values():
         assert arm["tokens"] == 8 and arm["same_as_engine_ar"] == 1  # greedy: every arm, the same tokens
     assert report.single_bucket_bitwise
     assert report.teacher_forced_bitwise["single"] == "16/16"
-    assert re.fullmatch(r"\d+/16", report.teacher_forced_bitwise["default"])  # the control: reported, not required
+    assert report.teacher_forced_bitwise["bitwise"] == report.teacher_forced_bitwise["bitwise tree"] == "16/16"
+    assert report.bitwise_mode_bitwise
+    for control in ("buckets", "buckets tree"):  # the controls: reported, not required
+        assert re.fullmatch(r"\d+/16", report.teacher_forced_bitwise[control])
     assert report.syncs_per_step == {"ar": None, "hvd": None}  # counted on CUDA only
     assert json.loads((tmp_path / "gpu.json").read_text())["model"] == "random:tiny"
     assert "| engine-hvd (static) |" in capsys.readouterr().out

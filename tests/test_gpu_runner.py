@@ -13,7 +13,13 @@ import pytest
 import torch
 
 from hvd_agents import Engine, GenerationParams
-from hvd_agents.bench.gpu import random_model, run_gpu_benchmark, teacher_forced_rows_equal, warm_steady_state
+from hvd_agents.bench.gpu import (
+    random_model,
+    run_gpu_benchmark,
+    teacher_forced_rows_equal,
+    teacher_forced_tree_equal,
+    warm_steady_state,
+)
 from hvd_agents.runtime.runner_choice import runner_for
 from hvd_agents.runtime.static import Buckets, StaticRunner
 from tests.drafters_for_tests import OracleDrafter, ScriptedDrafter, TreeDrafter
@@ -113,9 +119,54 @@ def test_single_bucket_mode_gives_every_row_the_logits_of_a_one_row_step_in_bflo
     prompt, tokens = ids[:600], ids[600:]
     single = StaticRunner(smollm2, buckets=Buckets.single(17, 1024), warm_up=False, slots=1)
     assert teacher_forced_rows_equal(single, prompt, tokens) == len(tokens)
-    # the control: the default buckets run one-row steps and the 16-row forward in other shapes and kernels
-    default = teacher_forced_rows_equal(StaticRunner(smollm2, warm_up=False, slots=1), prompt, tokens)
-    print(f"default buckets: {default}/{len(tokens)} rows bitwise equal to one-row steps")
+    # the control: the per-bucket mode runs one-row steps and the 16-row forward in other shapes and kernels
+    buckets = teacher_forced_rows_equal(StaticRunner(smollm2, bitwise=False, warm_up=False, slots=1), prompt, tokens)
+    print(f"per-bucket mode: {buckets}/{len(tokens)} rows bitwise equal to one-row steps")
+
+
+@pytest.mark.parametrize("past", [600, 2000])
+def test_the_bitwise_runner_gives_every_row_the_logits_of_a_one_row_step_chains_and_trees(smollm2, past) -> None:
+    ids = torch.randint(0, 49152, (past + 16,), generator=torch.Generator().manual_seed(past)).tolist()
+    prompt, tokens = ids[:past], ids[past:]
+    runner = StaticRunner(smollm2, slots=1)  # the default: bitwise, graphs captured
+    assert runner.bitwise and runner.graphs.enabled
+    assert teacher_forced_rows_equal(runner, prompt, tokens) == len(tokens)
+    assert teacher_forced_tree_equal(runner, prompt, tokens) == len(tokens)
+    assert runner.graphs.captured >= 1
+
+
+def test_the_path_kernel_is_attention_and_a_tree_row_is_its_position_alone_on_cuda() -> None:
+    from hvd_agents.runtime.static import path_kernels
+    from hvd_agents.runtime.static.paths import tiled_attention
+    from tests.test_path_attention import PARENTS, _alone, _dense_reference, _inputs, _random_attention
+
+    for dtype, tol in ((torch.float32, 2e-6), (torch.bfloat16, 2e-2)):
+        for past in (0, 70, 700, 3000):
+            q, keys, values = (t.cuda() for t in _random_attention(dtype, seed=past, heads=9, kv_heads=3, hd=64,
+                                                                    capacity=4096))
+            paths = _inputs(PARENTS, past, device="cuda")
+            got = path_kernels.path_attention(q, keys, values, paths, 0.125, 64, 512)
+            want = _dense_reference(q.cpu(), keys.cpu(), values.cpu(), PARENTS, past, 0.125)
+            assert (got.double().cpu() - want).norm() / want.norm() < tol, (dtype, past)
+            if dtype == torch.float32:
+                cpu = tiled_attention(q.cpu(), keys.cpu(), values.cpu(), _inputs(PARENTS, past), 0.125)
+                torch.testing.assert_close(got.cpu(), cpu, rtol=0, atol=1e-5)
+            for row in range(len(PARENTS) + 1):
+                q1, k1, v1, alone = _alone(q, keys, values, paths, row, past)
+                single = path_kernels.path_attention(q1, k1, v1, alone, 0.125, 64, 512)
+                assert torch.equal(single[0], got[row]), (dtype, past, row)
+
+
+def test_the_bitwise_runner_speculation_is_plain_decoding_in_bfloat16(smollm2) -> None:
+    engine = Engine(smollm2, eos_token_ids=(), draft_head=None)
+    assert engine.runner.bitwise
+    prompt = torch.randint(0, 49152, (300,), generator=torch.Generator().manual_seed(5)).tolist()
+    reference = engine.generate(prompt, GenerationParams(max_new_tokens=96, method="ar")).token_ids
+    for seed in range(2):
+        for drafter in (ScriptedDrafter(reference, 49152, seed), TreeDrafter(reference, 49152, seed)):
+            engine.add_drafter("adversarial", drafter)
+            got = engine.generate(prompt, GenerationParams(max_new_tokens=96, method="adversarial"))
+            assert got.token_ids == reference, (seed, type(drafter).__name__)
 
 
 def test_single_bucket_mode_is_bitwise_plain_decoding_in_bfloat16(smollm2) -> None:
@@ -147,4 +198,6 @@ def test_the_gpu_benchmark_reports_one_sync_per_step_and_bitwise_single_bucket_m
     assert report.syncs_per_step == {"ar": 1.0, "hvd": 1.0}
     assert report.single_bucket_bitwise and report.graphs_captured > 0
     assert report.teacher_forced_bitwise["single"] == "16/16"
+    assert report.teacher_forced_bitwise["bitwise"] == report.teacher_forced_bitwise["bitwise tree"] == "16/16"
+    assert report.bitwise_mode_bitwise
     assert (tmp_path / "gpu.json").is_file()

@@ -30,10 +30,11 @@ VOCAB = 64
 PARENTS = [-1, 0, 0, 2, -1, 4, 3, 6]  # a tree of 8 draft tokens: 9 rows
 
 
-def _inputs(parents, past, count=None):
-    visible = tree_visibility(ancestors(torch.tensor(parents, dtype=torch.long)))
+def _inputs(parents, past, count=None, device="cpu"):
+    visible = tree_visibility(ancestors(torch.tensor(parents, dtype=torch.long, device=device)))
     rows = visible.shape[0]
-    return path_inputs(visible, torch.tensor([past]), torch.tensor([rows if count is None else count]))
+    return path_inputs(visible, torch.tensor([past], device=device),
+                       torch.tensor([rows if count is None else count], device=device))
 
 
 def _dense_reference(q, keys, values, parents, past, scaling):
@@ -65,7 +66,7 @@ def _alone(q, keys, values, paths, row, past):
         keys[:, past + i], values[:, past + i] = keys[:, past + j], values[:, past + j]
     q1 = torch.zeros_like(q)
     q1[:, 0] = q[:, row]
-    alone = _inputs([-1] * (q.shape[1] - 1), past + len(path) - 1, count=1)
+    alone = _inputs([-1] * (q.shape[1] - 1), past + len(path) - 1, count=1, device=q.device)
     return q1, keys, values, alone
 
 

@@ -114,8 +114,10 @@ class GpuReport:
     copy_bandwidth_gbs: float
     syncs_per_step: dict[str, float | None]
     single_bucket_bitwise: bool
-    teacher_forced_bitwise: dict[str, str]  # "single" / "default" buckets: rows bitwise equal, e.g. "16/16"
+    teacher_forced_bitwise: dict[str, str]  # per runner: rows bitwise equal to one-row steps, e.g. "16/16"
+    bitwise_mode_bitwise: bool  # the default (bitwise) runner: planted-draft speculation equals plain decoding
     cost_profile: str
+    buckets_cost_profile: str
     graphs_captured: int
 
 
@@ -233,8 +235,23 @@ def step_bytes(model: torch.nn.Module, runner: StaticRunner, context: int) -> in
     return weights + kv
 
 
+def _load_prompts(path: str, vocab: int) -> list[list[int]]:
+    """Token-id prompts from a JSON list of lists (what ``--prompts`` names).
+
+    Raises:
+        InvalidRequestError: not a list of non-empty lists of ids below ``vocab``.
+    """
+    with open(path, encoding="utf-8") as fh:
+        prompts = json.load(fh)
+    if not isinstance(prompts, list) or not prompts or not all(
+            isinstance(p, list) and p and all(isinstance(t, int) and 0 <= t < vocab for t in p) for p in prompts):
+        raise InvalidRequestError(f"{path}: expected a JSON list of non-empty lists of token ids below {vocab}")
+    return prompts
+
+
 def run_gpu_benchmark(model: str | None = None, *, device: str | None = None, max_new_tokens: int = 128,
-                      synthetic_prompts: int = 4, rounds: int = 1, json_path: str | None = None) -> GpuReport:
+                      synthetic_prompts: int = 4, rounds: int = 1, json_path: str | None = None,
+                      prompts_path: str | None = None, max_prompts: int | None = None) -> GpuReport:
     """Run the benchmark (see the module docstring), print its table and return the figures."""
     dev, dtype = resolve_device(device)
     if model is not None and model.startswith("random:"):
@@ -249,9 +266,11 @@ def run_gpu_benchmark(model: str | None = None, *, device: str | None = None, ma
         loaded = load_model(model, device=str(dev))
         target, tokenizer, label = loaded.model, loaded.tokenizer, loaded.name
     vocab = int(target.get_output_embeddings().weight.shape[0])
-    prompts = _prompt_ids(tokenizer, vocab, synthetic_prompts)
-    static = StaticRunner(target)
+    prompts = _load_prompts(prompts_path, vocab) if prompts_path else _prompt_ids(tokenizer, vocab, synthetic_prompts)
+    prompts = prompts[:max_prompts] if max_prompts else prompts
+    static = StaticRunner(target)  # bitwise: one row bucket, path attention
     engine = Engine(target, tokenizer, eos_token_ids=(), draft_head=None, runner=static)
+    bucketed = Engine(target, tokenizer, eos_token_ids=(), draft_head=None, runner=StaticRunner(target, bitwise=False))
     hf_engine = Engine(target, tokenizer, eos_token_ids=(), draft_head=None, runner=HFRunner(target))
     params = GenerationParams(max_new_tokens=max_new_tokens, reuse_prefix=False, stop_token_ids=())
     runs: dict[str, Callable] = {
@@ -259,8 +278,11 @@ def run_gpu_benchmark(model: str | None = None, *, device: str | None = None, ma
         "engine-ar (HF runner)": _engine_arm(hf_engine, replace(params, method="ar")),
         "engine-ar (static)": _engine_arm(engine, replace(params, method="ar")),
         "engine-hvd (static)": _engine_arm(engine, replace(params, method="hvd")),
+        "engine-ar (static, buckets)": _engine_arm(bucketed, replace(params, method="ar")),
+        "engine-hvd (static, buckets)": _engine_arm(bucketed, replace(params, method="hvd")),
     }
     engine.cost_model()  # measured before the timed runs
+    bucketed.cost_model()
     arms = {name: Arm(name) for name in runs}
     for run in runs.values():  # warm-up: graphs, kernels, allocator
         run(prompts[0])
@@ -291,8 +313,10 @@ def run_gpu_benchmark(model: str | None = None, *, device: str | None = None, ma
         ar_step_ms=ar_step * 1e3, bandwidth_limit_ms=limit * 1e3, copy_bandwidth_gbs=bandwidth / 1e9,
         syncs_per_step={m: syncs_per_step(engine, prompts[0], m) for m in ("ar", "hvd")},
         single_bucket_bitwise=single_bucket_check(target, prompts[0], max_new_tokens),
+        bitwise_mode_bitwise=single_bucket_check(target, prompts[0], max_new_tokens, bitwise=True),
         teacher_forced_bitwise=teacher_forced_check(target, prompts[0]),
         cost_profile=engine.cost_model().source, graphs_captured=static.graphs.captured,
+        buckets_cost_profile=bucketed.cost_model().source,
     )
     print_report(report, len(prompts) * rounds)
     if json_path:
@@ -332,21 +356,55 @@ def teacher_forced_rows_equal(runner: StaticRunner, ids: list[int], tokens: list
     return sum(torch.equal(x, y) for x, y in zip(one_by_one, together))
 
 
+def teacher_forced_tree_equal(runner: StaticRunner, ids: list[int], tokens: list[int]) -> int:
+    """Of ``tokens`` after ``ids``, how many rows of logits are bitwise equal between one-row steps and the same
+    tokens as one path of a tree forward, each path node with a branch of another token beside it."""
+    vocab = runner.vocab_size
+    draft, parents, path_rows, last = [], [], [], -1
+    for t in tokens:
+        draft += [(t + 1) % vocab, t]  # a branch, then the path's next token, both children of the path so far
+        parents += [last, last]
+        last = len(draft) - 1
+        path_rows.append(len(draft))  # row = draft index + 1
+    outs = []
+    for tree in (False, True):
+        kv = runner.new_kv()
+        try:
+            runner.forward(kv, ids[:-1])
+            if tree:
+                out = runner.forward(kv, [ids[-1], *draft], parents=parents)
+                outs.append(out[[0, *path_rows]])
+            else:
+                outs.append(torch.cat([runner.forward(kv, [t]) for t in [ids[-1], *tokens]]))
+        finally:
+            kv.release()
+    steps, tree = outs
+    return sum(torch.equal(x, y) for x, y in zip(steps[1:], tree[1:]))  # row 0 is the root's, not a draft token's
+
+
 def teacher_forced_check(model: torch.nn.Module, ids: list[int]) -> dict[str, str]:
-    """:func:`teacher_forced_rows_equal` over random tokens, as ``"equal/steps"``: in single-bucket mode (must be
-    all) and with the default buckets (the control: row and KV shapes differ, so rows may differ)."""
+    """:func:`teacher_forced_rows_equal` over random tokens, as ``"equal/steps"``: the default (bitwise) runner,
+    chains and trees (must be all), single-bucket mode (dense attention: chains must be all), and the per-bucket
+    runner (the control: row and KV shapes differ, so rows may differ)."""
     vocab = int(model.get_output_embeddings().weight.shape[0])
     tokens = torch.randint(0, vocab, (TEACHER_FORCED_STEPS,), generator=torch.Generator().manual_seed(0)).tolist()
-    runners = {"single": StaticRunner(model, buckets=single_bucket(len(ids) + len(tokens)), warm_up=False, slots=1),
-               "default": StaticRunner(model, warm_up=False, slots=1)}
-    return {name: f"{teacher_forced_rows_equal(r, ids, tokens)}/{len(tokens)}" for name, r in runners.items()}
+    bitwise = StaticRunner(model, warm_up=False, slots=1)
+    runners = {"bitwise": bitwise,
+               "single": StaticRunner(model, buckets=single_bucket(len(ids) + len(tokens)), warm_up=False, slots=1),
+               "buckets": StaticRunner(model, bitwise=False, warm_up=False, slots=1)}
+    checks = {name: f"{teacher_forced_rows_equal(r, ids, tokens)}/{len(tokens)}" for name, r in runners.items()}
+    checks["bitwise tree"] = f"{teacher_forced_tree_equal(bitwise, ids, tokens)}/{len(tokens)}"
+    checks["buckets tree"] = f"{teacher_forced_tree_equal(runners['buckets'], ids, tokens)}/{len(tokens)}"
+    return checks
 
 
-def single_bucket_check(model: torch.nn.Module, ids: list[int], max_new: int) -> bool:
-    """Whether speculation with planted and adversarial drafts equals plain decoding bit for bit, single bucket."""
+def single_bucket_check(model: torch.nn.Module, ids: list[int], max_new: int, *, bitwise: bool = False) -> bool:
+    """Whether speculation with planted and adversarial drafts equals plain decoding bit for bit, single bucket
+    (or with ``bitwise`` the default bitwise runner)."""
     from hvd_agents.drafters import Draft
 
-    runner = StaticRunner(model, buckets=single_bucket(len(ids) + max_new), warm_up=False, slots=1)
+    runner = (StaticRunner(model, warm_up=False, slots=1) if bitwise else
+              StaticRunner(model, buckets=single_bucket(len(ids) + max_new), warm_up=False, slots=1))
     engine = Engine(model, eos_token_ids=(), draft_head=None, runner=runner, prefix_cache_bytes=0)
     params = GenerationParams(max_new_tokens=max_new, method="ar", stop_token_ids=())
     reference = engine.generate(ids, params).token_ids
@@ -387,15 +445,22 @@ def print_report(report: GpuReport, runs: int) -> None:
         decode = f"{a['decode_tokens_per_s']:.0f}" if a["decode_tokens_per_s"] else "-"
         print(f"| {name} | {a['tokens_per_s']:.0f} | {decode} | {per_step:.2f} | {a['same_as_engine_ar']}/{runs} |")
     ar = report.arms["engine-ar (static)"]["tokens_per_s"]
-    for name in ("hf-generate", "engine-ar (HF runner)", "engine-hvd (static)"):
+    for name in ("hf-generate", "engine-ar (HF runner)", "engine-ar (static, buckets)"):
         other = report.arms[name]["tokens_per_s"]
         if other and ar:
-            print(f"engine-ar (static) / {name}: {ar / other:.2f}x" if name != "engine-hvd (static)"
-                  else f"engine-hvd / engine-ar (static): {other / ar:.2f}x")
+            print(f"engine-ar (static) / {name}: {ar / other:.2f}x")
+    for name, base in (("engine-hvd (static)", "engine-ar (static)"),
+                       ("engine-hvd (static, buckets)", "engine-ar (static, buckets)")):
+        other, under = report.arms[name]["tokens_per_s"], report.arms[base]["tokens_per_s"]
+        if other and under:
+            print(f"{name} / {base}: {other / under:.2f}x"
+                  + (" (random weights: not a speed-up figure)" if report.model.startswith("random:") else ""))
     print(f"ar step {report.ar_step_ms:.3f} ms; bandwidth limit {report.bandwidth_limit_ms:.3f} ms "
           f"({report.copy_bandwidth_gbs:.0f} GB/s copy): {report.ar_step_ms / report.bandwidth_limit_ms:.2f}x the limit")
     print(f"synchronisations per step: {report.syncs_per_step}; CUDA graphs captured: {report.graphs_captured}")
     print(f"single-bucket mode, speculation bitwise equal to plain decoding: {report.single_bucket_bitwise}")
+    print(f"bitwise runner, speculation bitwise equal to plain decoding: {report.bitwise_mode_bitwise}")
     print(f"teacher-forced rows bitwise equal, one-row steps vs one forward: {report.teacher_forced_bitwise}")
-    print(f"cost profile: {report.cost_profile}")
+    print(f"cost profile (bitwise): {report.cost_profile}")
+    print(f"cost profile (buckets): {report.buckets_cost_profile}")
 

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The GPU checks in one run, each stage under a share of one deadline:
+#   bash scripts/gpu_run.sh [tests|probe|bench-small|bench-8b ...]   (default: all four, in that order)
+# Logs go to $OUT (or gpu-logs/). PROMPTS names a JSON list of token-id prompts for bench-gpu.
+set -u
+LOGS=${OUT:-gpu-logs}; mkdir -p "$LOGS"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+DEADLINE=$((SECONDS + ${BUDGET_S:-540}))
+PROMPTS=${PROMPTS:-}
+run() {  # run LIMIT NAME CMD...: at most LIMIT seconds, never past the deadline
+  local limit=$1 name=$2; shift 2
+  local left=$((DEADLINE - SECONDS)); ((left < limit)) && limit=$left
+  if ((limit < 10)); then echo "== $name: skipped, no time left"; return; fi
+  echo "== $name (at most ${limit}s)"; local t0=$SECONDS
+  timeout "$limit" "$@" >"$LOGS/$name.log" 2>&1; local rc=$?
+  tail -n "${TAIL:-40}" "$LOGS/$name.log"; echo "== $name: rc=$rc in $((SECONDS - t0))s"
+}
+prompt_args=(); [[ -n $PROMPTS ]] && prompt_args=(--prompts "$PROMPTS")
+stages=("$@"); ((${#stages[@]})) || stages=(tests probe bench-small bench-8b)
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+python3 -c 'import torch, transformers, triton; print("torch", torch.__version__, "transformers", transformers.__version__, "triton", triton.__version__)'
+for stage in "${stages[@]}"; do
+  case $stage in
+    tests) run 220 tests python3 -m pytest -q -rA -p no:cacheprovider -x --timeout 200 tests/test_gpu_runner.py tests/test_device_verify.py ;;
+    probe) run 150 probe python3 scripts/gpu_probe.py smollm2-135m llama-3.1-8b ;;
+    bench-small) run 150 bench-small python3 -m hvd_agents.cli bench-gpu --model random:smollm2-135m "${prompt_args[@]}" --json "$LOGS/bench-small.json" ;;
+    bench-8b) run 240 bench-8b python3 -m hvd_agents.cli bench-gpu --model random:llama-3.1-8b --max-new-tokens 64 --max-prompts 6 "${prompt_args[@]}" --json "$LOGS/bench-8b.json" ;;
+    *) echo "unknown stage $stage" ;;
+  esac
+done

@@ -5,12 +5,14 @@
 For each random-weight configuration (``hvd_agents.bench.gpu.RANDOM_CONFIGS``, bfloat16, built on
 the device): the milliseconds of one captured decode forward of ``rows`` real rows at a few
 contexts, timed with CUDA events (median of repeated replays), in the bitwise mode (one row
-bucket, path attention) and the per-bucket mode (dense attention in the smallest bucket), and
-the weight-read floor at the device's measured copy bandwidth. Needs CUDA.
+bucket, path attention), the per-bucket mode (dense attention in the smallest bucket) and the
+bitwise mode without the fused kernels, and the weight-read floor at the device's measured copy
+bandwidth. Needs CUDA.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -49,8 +51,11 @@ def probe(name: str) -> None:
                         generator=torch.Generator().manual_seed(0)).tolist()
     bandwidth = copy_bandwidth(torch.device("cuda"))
     results = {}
-    for mode, bitwise in (("bitwise", True), ("buckets", False)):
+    for mode, bitwise in (("bitwise", True), ("buckets", False), ("bitwise, unfused", True)):
+        # the unfused row: PyTorch's small operations instead of the fused Triton kernels (more kernels per step)
+        os.environ["HVD_AGENTS_FUSED_KERNELS"] = "0" if mode.endswith("unfused") else "1"
         runner = StaticRunner(model, bitwise=bitwise, slots=1, max_context=8192)
+        print(f"{mode}: fused kernels {'on' if runner.decoder.fused is not None else 'off'}")
         kv = runner.new_kv()
         for context in CONTEXTS:
             kv.rollback(0)
@@ -66,7 +71,7 @@ def probe(name: str) -> None:
     print("| context | mode | " + " | ".join(f"{r} rows ms" for r in ROWS) + " |")
     print("|---|---|" + "---|" * len(ROWS))
     for context in CONTEXTS:
-        for mode in ("bitwise", "buckets"):
+        for mode in ("bitwise", "buckets", "bitwise, unfused"):
             print(f"| {context} | {mode} | " + " | ".join(f"{results[mode, context, r]:.3f}" for r in ROWS) + " |")
         ratio = " | ".join(f"{results['bitwise', context, r] / results['buckets', context, r]:.2f}x" for r in ROWS)
         print(f"| {context} | bitwise / buckets | {ratio} |")

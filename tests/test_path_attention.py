@@ -157,8 +157,8 @@ def test_the_triton_kernel_matches_the_reference_under_the_interpreter() -> None
         from tests.test_path_attention import _alone, _inputs, _random_attention, PARENTS
         from hvd_agents.runtime.static import path_kernels
         from hvd_agents.runtime.static.paths import tiled_attention
-        for past in (0, 70, 150):
-            q, keys, values = _random_attention(torch.float32, seed=past)
+        for past, hd in ((0, 16), (70, 16), (150, 16), (70, 8), (150, 24)):  # head_dim padded to a power of two
+            q, keys, values = _random_attention(torch.float32, seed=past, hd=hd)
             paths = _inputs(PARENTS, past, count=7)
             got = path_kernels.path_attention(q, keys, values, paths, 0.25, 64, 128)
             want = tiled_attention(q, keys, values, paths, 0.25)

@@ -121,6 +121,11 @@ class GpuReport:
     graphs_captured: int
 
 
+def _its_ar(arm: str) -> str:
+    """The ``ar`` arm an arm's output must equal token for token: the same runner's."""
+    return "engine-ar (static, buckets)" if "buckets" in arm else "engine-ar (static)"
+
+
 def _prompt_ids(tokenizer, vocab: int, synthetic: int) -> list[list[int]]:
     if tokenizer is not None:
         return [encode_prompt(tokenizer, p.messages, p.tools) for p in agent_prompts() + chat_prompts()]
@@ -309,7 +314,9 @@ def run_gpu_benchmark(model: str | None = None, *, device: str | None = None, ma
         model=label, dtype=str(dtype), prompts=len(prompts),
         arms={n: {"tokens": a.tokens, "seconds": a.seconds, "tokens_per_s": a.tokens_per_s,
                   "decode_tokens_per_s": a.decode_tokens_per_s, "steps": a.steps,
-                  "same_as_engine_ar": sum(x == y for x, y in zip(a.outputs, ar.outputs))} for n, a in arms.items()},
+                  "same_as_engine_ar": sum(x == y for x, y in zip(a.outputs, ar.outputs)),
+                  "same_as_its_ar": sum(x == y for x, y in zip(a.outputs, arms[_its_ar(n)].outputs))}
+              for n, a in arms.items()},
         ar_step_ms=ar_step * 1e3, bandwidth_limit_ms=limit * 1e3, copy_bandwidth_gbs=bandwidth / 1e9,
         syncs_per_step={m: syncs_per_step(engine, prompts[0], m) for m in ("ar", "hvd")},
         single_bucket_bitwise=single_bucket_check(target, prompts[0], max_new_tokens),
@@ -438,12 +445,12 @@ def single_bucket_check(model: torch.nn.Module, ids: list[int], max_new: int, *,
 
 def print_report(report: GpuReport, runs: int) -> None:
     print(f"{report.model} ({report.dtype}) on {report.device}: {runs} runs per arm, greedy, outputs vs engine-ar")
-    print("| arm | tok/s end to end | decode tok/s | tokens/step | identical to engine-ar |")
-    print("|---|---|---|---|---|")
+    print("| arm | tok/s end to end | decode tok/s | tokens/step | identical to engine-ar | identical to its ar |")
+    print("|---|---|---|---|---|---|")
     for name, a in report.arms.items():
         per_step = a["tokens"] / a["steps"] if a["steps"] else 0.0
         decode = f"{a['decode_tokens_per_s']:.0f}" if a["decode_tokens_per_s"] else "-"
-        print(f"| {name} | {a['tokens_per_s']:.0f} | {decode} | {per_step:.2f} | {a['same_as_engine_ar']}/{runs} |")
+        print(f"| {name} | {a['tokens_per_s']:.0f} | {decode} | {per_step:.2f} | {a['same_as_engine_ar']}/{runs} | {a['same_as_its_ar']}/{runs} |")
     ar = report.arms["engine-ar (static)"]["tokens_per_s"]
     for name in ("hf-generate", "engine-ar (HF runner)", "engine-ar (static, buckets)"):
         other = report.arms[name]["tokens_per_s"]

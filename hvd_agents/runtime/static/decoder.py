@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from hvd_agents.runtime.static.fused import load_fused_kernels
 from hvd_agents.runtime.static.paths import PathInputs, path_attention, path_inputs
 from hvd_agents.runtime.tree_mask import ancestors, tree_positions, tree_visibility
 
@@ -104,6 +105,7 @@ class StaticDecoder:
         scale = float(getattr(rotary, "attention_scaling", 1.0))
         self.cos = (freqs.cos() * scale).to(self.dtype)  # HF casts its tables to the activations' dtype
         self.sin = (freqs.sin() * scale).to(self.dtype)
+        self.fused = load_fused_kernels(self.device)  # Triton kernels for the small operations (CUDA), else None
 
     def _dense(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Masked attention of ``q`` ``[heads, R, hd]`` over the first ``L`` slots; ``[R, heads * hd]``."""
@@ -119,6 +121,34 @@ class StaticDecoder:
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return weight * h.to(x.dtype)
+
+    def _add_rms(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual sum ``x + delta`` (``x`` when None) and its RMSNorm scaled by ``weight``."""
+        if self.fused is not None:
+            return self.fused.add_rms(x, delta, weight, self.eps)
+        x = x if delta is None else x + delta
+        return x, self._rms(x, weight)
+
+    def _rope_store(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                    write: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """Rotated queries ``[heads, R, hd]``; rotated keys and the values written into the layer's slot."""
+        nh, nkv, hd = self.heads, self.kv_heads, self.head_dim
+        if self.fused is not None:
+            return self.fused.rope_store(q, k, v, self.cos, self.sin, positions, write, keys, values, nh, nkv)
+        rows = q.shape[0]
+        cos, sin = self.cos[positions], self.sin[positions]  # [R, hd / 2]
+
+        def rope(x: torch.Tensor) -> torch.Tensor:  # [heads, R, hd]
+            a, b = x[..., : hd // 2], x[..., hd // 2 :]
+            return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+
+        keys.index_copy_(1, write, rope(k.view(rows, nkv, hd).transpose(0, 1)))
+        values.index_copy_(1, write, v.view(rows, nkv, hd).transpose(0, 1))
+        return rope(q.view(rows, nh, hd).transpose(0, 1))
+
+    def _silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return self.fused.silu_mul(gate, up) if self.fused is not None else F.silu(gate) * up
 
     def decode_inputs(self, parents: torch.Tensor, past: torch.Tensor, length: int, count: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | PathInputs]:
@@ -163,30 +193,19 @@ class StaticDecoder:
             attend: a mask ``[R, L]`` (bool, which of the first ``L`` positions each row attends to) for dense
                 attention, or :class:`~.paths.PathInputs` for path attention.
         """
-        rows = tokens.shape[0]
-        nh, nkv, hd = self.heads, self.kv_heads, self.head_dim
-        cos, sin = self.cos[positions], self.sin[positions]  # [R, hd / 2]
-
-        def rope(x: torch.Tensor) -> torch.Tensor:  # [heads, R, hd]
-            a, b = x[..., : hd // 2], x[..., hd // 2 :]
-            return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
-
-        x = F.embedding(tokens, self.embed)  # [R, hidden]
+        x, h = self._add_rms(F.embedding(tokens, self.embed), None, self.layers[0].ln1)  # [R, hidden] each
+        norms = [w.ln1 for w in self.layers[1:]] + [self.norm]  # what follows each layer's MLP
         for i, w in enumerate(self.layers):
-            h = self._rms(x, w.ln1)
-            q = rope(F.linear(h, w.q, w.qb).view(rows, nh, hd).transpose(0, 1))  # [nh, R, hd]
-            k = rope(F.linear(h, w.k, w.kb).view(rows, nkv, hd).transpose(0, 1))  # [nkv, R, hd]
-            v = F.linear(h, w.v, w.vb).view(rows, nkv, hd).transpose(0, 1)
-            kv[i, 0].index_copy_(1, write, k)
-            kv[i, 1].index_copy_(1, write, v)
+            keys, values = kv[i, 0], kv[i, 1]  # [nkv, capacity, hd]
+            q = self._rope_store(F.linear(h, w.q, w.qb), F.linear(h, w.k, w.kb), F.linear(h, w.v, w.vb),
+                                 positions, write, keys, values)  # [nh, R, hd]
             if isinstance(attend, PathInputs):
-                out = path_attention(q, kv[i, 0], kv[i, 1], attend, self.scaling)
+                out = path_attention(q, keys, values, attend, self.scaling)
             else:
-                out = self._dense(q, kv[i, 0], kv[i, 1], attend)
-            x = x + F.linear(out, w.o, w.ob)
-            h = self._rms(x, w.ln2)
-            x = x + F.linear(F.silu(F.linear(h, w.gate)) * F.linear(h, w.up), w.down)
-        h = self._rms(x, self.norm)
+                out = self._dense(q, keys, values, attend)
+            x, h = self._add_rms(x, F.linear(out, w.o, w.ob), w.ln2)
+            x, h = self._add_rms(x, F.linear(self._silu_mul(F.linear(h, w.gate), F.linear(h, w.up)), w.down),
+                                 norms[i])
         if not logits:
             return h.new_empty(0, self.vocab_size), h
         return F.linear(h.to(self.head.dtype), self.head), h

@@ -8,7 +8,8 @@
   running maximum, sum and weighted values for the KV head's query heads (stacked as the
   rows of one tensor-core product, padded to 16). Programs of padding rows and of chunks
   past a row's length return at once.
-* ``_combine``: one program per (KV head, row); it merges the row's chunks in chunk order.
+* ``_combine``: one program per (KV head, row); it merges the row's chunks in chunk order
+  (a padding row's output is zeros).
 
 Every reduction runs over a fixed tile or chunk of virtual positions, so a row's result
 depends only on its own query and its path's keys and values.
@@ -28,8 +29,8 @@ GROUP_ROWS = 16  # query heads of one KV head, padded to the tensor cores' small
 @triton.jit
 def _partial(q_ptr, k_ptr, v_ptr, past_ptr, count_ptr, table_ptr, depth_ptr, m_ptr, l_ptr, acc_ptr,
              stride_kh, stride_kc, rows, chunks, scaling,
-             G: tl.constexpr, GP: tl.constexpr, HD: tl.constexpr, TILE: tl.constexpr, CHUNK: tl.constexpr,
-             IEEE: tl.constexpr):
+             G: tl.constexpr, GP: tl.constexpr, HD: tl.constexpr, HDP: tl.constexpr, TILE: tl.constexpr,
+             CHUNK: tl.constexpr, IEEE: tl.constexpr):
     h = tl.program_id(0)
     r = tl.program_id(1)
     c = tl.program_id(2)
@@ -40,12 +41,14 @@ def _partial(q_ptr, k_ptr, v_ptr, past_ptr, count_ptr, table_ptr, depth_ptr, m_p
     if (r < count) & (start < length):
         end = tl.minimum(start + CHUNK, length)
         g = tl.arange(0, GP)
-        d = tl.arange(0, HD)
+        d = tl.arange(0, HDP)  # head_dim padded to a power of two; lanes at or past HD read zeros
+        dim = d < HD
         heads = h * G + g
-        q = tl.load(q_ptr + (heads[:, None] * rows + r) * HD + d[None, :], mask=g[:, None] < G, other=0.0)
+        q = tl.load(q_ptr + (heads[:, None] * rows + r) * HD + d[None, :], mask=(g[:, None] < G) & dim[None, :],
+                    other=0.0)
         m = tl.full([GP], float("-inf"), tl.float32)
         s_sum = tl.zeros([GP], tl.float32)
-        acc = tl.zeros([GP, HD], tl.float32)
+        acc = tl.zeros([GP, HDP], tl.float32)
         for i in range(CHUNK // TILE):  # a fixed trip count; tiles at or past the row's end are skipped
             t = start + i * TILE
             if t < end:
@@ -55,7 +58,7 @@ def _partial(q_ptr, k_ptr, v_ptr, past_ptr, count_ptr, table_ptr, depth_ptr, m_p
                 path = tl.load(table_ptr + r * rows + (cols - past), mask=valid & above, other=0)
                 slot = tl.where(above, past + path, cols)
                 offsets = h * stride_kh + slot[:, None] * stride_kc + d[None, :]
-                k = tl.load(k_ptr + offsets, mask=valid[:, None], other=0.0)
+                k = tl.load(k_ptr + offsets, mask=valid[:, None] & dim[None, :], other=0.0)
                 if IEEE:
                     s = tl.dot(q, tl.trans(k), input_precision="ieee")
                 else:
@@ -65,7 +68,7 @@ def _partial(q_ptr, k_ptr, v_ptr, past_ptr, count_ptr, table_ptr, depth_ptr, m_p
                 alpha = tl.exp(m - m_new)
                 p = tl.exp(s - m_new[:, None])
                 s_sum = s_sum * alpha + tl.sum(p, axis=1)
-                v = tl.load(v_ptr + offsets, mask=valid[:, None], other=0.0)
+                v = tl.load(v_ptr + offsets, mask=valid[:, None] & dim[None, :], other=0.0)
                 if IEEE:
                     pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
                 else:
@@ -76,38 +79,44 @@ def _partial(q_ptr, k_ptr, v_ptr, past_ptr, count_ptr, table_ptr, depth_ptr, m_p
         at = (heads * rows + r) * chunks + c  # [GP]: (head, row, chunk)
         tl.store(m_ptr + at, m, mask=keep)
         tl.store(l_ptr + at, s_sum, mask=keep)
-        tl.store(acc_ptr + at[:, None] * HD + d[None, :], acc, mask=keep[:, None])
+        tl.store(acc_ptr + at[:, None] * HD + d[None, :], acc, mask=keep[:, None] & dim[None, :])
 
 
 @triton.jit
 def _combine(m_ptr, l_ptr, acc_ptr, out_ptr, past_ptr, count_ptr, depth_ptr, rows,
-             CHUNKS: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, HD: tl.constexpr, CHUNK: tl.constexpr):
+             CHUNKS: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, HD: tl.constexpr, HDP: tl.constexpr,
+             CHUNK: tl.constexpr):
     h = tl.program_id(0)
     r = tl.program_id(1)
     count = tl.load(count_ptr)
-    if r < count:
+    g = tl.arange(0, GP)
+    d = tl.arange(0, HDP)
+    dim = d < HD
+    keep = g < G
+    heads = h * G + g
+    at = (r * (tl.num_programs(0) * G) + heads)[:, None] * HD + d[None, :]  # out is [R, heads * HD]
+    if r >= count:  # a padding row: zeros
+        zeros = tl.zeros([GP, HDP], tl.float32).to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + at, zeros, mask=keep[:, None] & dim[None, :])
+    else:
         length = tl.load(past_ptr) + tl.load(depth_ptr + r) + 1
         used = (length + CHUNK - 1) // CHUNK
-        g = tl.arange(0, GP)
-        d = tl.arange(0, HD)
-        keep = g < G
-        heads = h * G + g
         base = (heads * rows + r) * CHUNKS  # [GP]
         top = tl.full([GP], float("-inf"), tl.float32)
         for c in range(CHUNKS):
             if c < used:
                 top = tl.maximum(top, tl.load(m_ptr + base + c, mask=keep, other=0.0))
         s_sum = tl.zeros([GP], tl.float32)
-        acc = tl.zeros([GP, HD], tl.float32)
+        acc = tl.zeros([GP, HDP], tl.float32)
         for c in range(CHUNKS):  # in chunk order: the sums' grouping never changes
             if c < used:
                 w = tl.exp(tl.load(m_ptr + base + c, mask=keep, other=0.0) - top)
                 s_sum += tl.load(l_ptr + base + c, mask=keep, other=0.0) * w
-                part = tl.load(acc_ptr + (base + c)[:, None] * HD + d[None, :], mask=keep[:, None], other=0.0)
+                part = tl.load(acc_ptr + (base + c)[:, None] * HD + d[None, :], mask=keep[:, None] & dim[None, :],
+                               other=0.0)
                 acc += part * w[:, None]
         out = acc / tl.where(keep, s_sum, 1.0)[:, None]
-        at = (r * (tl.num_programs(0) * G) + heads)[:, None] * HD + d[None, :]  # out is [R, heads * HD]
-        tl.store(out_ptr + at, out.to(out_ptr.dtype.element_ty), mask=keep[:, None])
+        tl.store(out_ptr + at, out.to(out_ptr.dtype.element_ty), mask=keep[:, None] & dim[None, :])
 
 
 def path_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, paths: PathInputs, scaling: float,
@@ -117,20 +126,21 @@ def path_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pa
     heads, rows, hd = q.shape
     kv_heads, capacity = keys.shape[0], keys.shape[1]
     group = heads // kv_heads
-    if group > GROUP_ROWS or hd & (hd - 1) or hd < 16 or keys.stride() != values.stride() or keys.stride(2) != 1:
-        raise ValueError(f"path attention's kernel takes head_dim a power of two >= 16 and at most {GROUP_ROWS} "
-                         f"query heads per KV head, not {hd} and {group}")
+    if group > GROUP_ROWS or keys.stride() != values.stride() or keys.stride(2) != 1:
+        raise ValueError(f"path attention's kernel takes at most {GROUP_ROWS} query heads per KV head (not {group}) "
+                         "and keys and values laid out alike, unit stride in head_dim")
+    padded = max(16, triton.next_power_of_2(hd))
     chunks = -(-capacity // chunk)
     q = q.contiguous()
     m = torch.empty(heads, rows, chunks, dtype=torch.float32, device=q.device)
     s_sum = torch.empty_like(m)
     acc = torch.empty(heads, rows, chunks, hd, dtype=torch.float32, device=q.device)
-    out = torch.zeros(rows, heads * hd, dtype=q.dtype, device=q.device)
+    out = torch.empty(rows, heads * hd, dtype=q.dtype, device=q.device)
     ieee = q.dtype == torch.float32
     _partial[(kv_heads, rows, chunks)](
         q, keys, values, paths.past, paths.count, paths.table, paths.depth, m, s_sum, acc,
         keys.stride(0), keys.stride(1), rows, chunks, scaling,
-        G=group, GP=GROUP_ROWS, HD=hd, TILE=tile, CHUNK=chunk, IEEE=ieee)
+        G=group, GP=GROUP_ROWS, HD=hd, HDP=padded, TILE=tile, CHUNK=chunk, IEEE=ieee)
     _combine[(kv_heads, rows)](m, s_sum, acc, out, paths.past, paths.count, paths.depth, rows,
-                               CHUNKS=chunks, G=group, GP=GROUP_ROWS, HD=hd, CHUNK=chunk)
+                               CHUNKS=chunks, G=group, GP=GROUP_ROWS, HD=hd, HDP=padded, CHUNK=chunk)
     return out

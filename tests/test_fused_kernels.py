@@ -40,7 +40,7 @@ def test_the_fused_kernels_in_a_bitwise_runner_under_the_interpreter() -> None:
         decoder.path_attention = lambda q, k, v, p, s: path_kernels.path_attention(q, k, v, p, s, paths.TILE, 128)
         model = make_tiny_llama(64, seed=11, dtype=torch.float32)
         ids = torch.randint(0, 64, (80,), generator=torch.Generator().manual_seed(2)).tolist()
-        plain, fused = StaticRunner(model, slots=1), StaticRunner(model, slots=1)
+        plain, fused = StaticRunner(model, slots=1), StaticRunner(model, slots=1, stack_projections=True)
         fused.decoder.fused = fused_kernels
         outs = {}
         for name, runner in (("plain", plain), ("fused", fused)):

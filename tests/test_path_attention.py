@@ -122,10 +122,11 @@ def _teacher_forced(runner, ids, prefill, parents=None):
     return steps, together
 
 
-def test_bitwise_runner_rows_equal_one_row_steps_bit_for_bit_in_bfloat16() -> None:
+@pytest.mark.parametrize("stacked", [False, True])
+def test_bitwise_runner_rows_equal_one_row_steps_bit_for_bit_in_bfloat16(stacked) -> None:
     model = make_tiny_llama(VOCAB, seed=11, dtype=torch.bfloat16)
     ids = torch.randint(0, VOCAB, (90,), generator=torch.Generator().manual_seed(2)).tolist()
-    runner = StaticRunner(model)
+    runner = StaticRunner(model, stack_projections=stacked)  # stacked: q/k/v and gate/up as one product each
     steps, together = _teacher_forced(runner, ids, 60)  # 30 rows that cross the tile boundary at 64
     assert all(torch.equal(steps[i], together[i]) for i in range(30))
     # a tree after ids[59] (its root): the path ids[60], ids[61], ids[62] at rows 2, 4, 5, branches beside it

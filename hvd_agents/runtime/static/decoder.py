@@ -59,8 +59,14 @@ def supports(model: torch.nn.Module) -> str | None:
     return None
 
 
+FUSE_PROJECTIONS_BYTES = 2**31  # below this many bytes of weights, q/k/v and gate/up run as one product each
+
+
 class _Layer:
-    def __init__(self, layer: torch.nn.Module) -> None:
+    """One block's weights; with ``fuse``, copies of q/k/v and of gate/up stacked into one matrix each (one
+    matrix product instead of three and two: what matters when a step is bound by its kernel count)."""
+
+    def __init__(self, layer: torch.nn.Module, fuse: bool) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         self.ln1, self.ln2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
         self.q, self.qb = attn.q_proj.weight, attn.q_proj.bias
@@ -68,6 +74,14 @@ class _Layer:
         self.v, self.vb = attn.v_proj.weight, attn.v_proj.bias
         self.o, self.ob = attn.o_proj.weight, attn.o_proj.bias
         self.gate, self.up, self.down = mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight
+        self.qkv = self.qkvb = self.gate_up = None
+        if fuse:
+            with torch.no_grad():
+                self.qkv = torch.cat([self.q, self.k, self.v])
+                pairs = ((self.qb, self.q), (self.kb, self.k), (self.vb, self.v))
+                if any(b is not None for b, _ in pairs):
+                    self.qkvb = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for b, w in pairs])
+                self.gate_up = torch.cat([self.gate, self.up])
 
 
 class StaticDecoder:
@@ -77,9 +91,13 @@ class StaticDecoder:
         model: the HF model (its weights are used in place).
         capacity: positions per KV slot (rotary tables are built for these).
         lm_head_fp32: compute logits with a float32 copy of the LM head.
+        stack_projections: q/k/v and gate/up as one matrix product each, from stacked copies of the weights
+            (default: on CUDA, for models under :data:`FUSE_PROJECTIONS_BYTES` of layer weights, whose steps are
+            bound by their kernel count rather than by reading the weights).
     """
 
-    def __init__(self, model: torch.nn.Module, capacity: int, *, lm_head_fp32: bool = False) -> None:
+    def __init__(self, model: torch.nn.Module, capacity: int, *, lm_head_fp32: bool = False,
+                 stack_projections: bool | None = None) -> None:
         reason = supports(model)
         if reason is not None:
             raise ValueError(f"the static decoder cannot run this model: {reason}")
@@ -89,7 +107,10 @@ class StaticDecoder:
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
         self.group = self.heads // self.kv_heads
         self.eps = float(config.rms_norm_eps)
-        self.layers = [_Layer(layer) for layer in model.model.layers]
+        if stack_projections is None:
+            weights = sum(p.numel() * p.element_size() for p in model.model.layers.parameters())
+            stack_projections = model.get_output_embeddings().weight.is_cuda and weights < FUSE_PROJECTIONS_BYTES
+        self.layers = [_Layer(layer, fuse=stack_projections) for layer in model.model.layers]
         self.embed = model.get_input_embeddings().weight
         self.norm = model.model.norm.weight
         head = model.get_output_embeddings().weight
@@ -197,15 +218,21 @@ class StaticDecoder:
         norms = [w.ln1 for w in self.layers[1:]] + [self.norm]  # what follows each layer's MLP
         for i, w in enumerate(self.layers):
             keys, values = kv[i, 0], kv[i, 1]  # [nkv, capacity, hd]
-            q = self._rope_store(F.linear(h, w.q, w.qb), F.linear(h, w.k, w.kb), F.linear(h, w.v, w.vb),
-                                 positions, write, keys, values)  # [nh, R, hd]
+            if w.qkv is not None:
+                q, k, v = F.linear(h, w.qkv, w.qkvb).split([w.q.shape[0], w.k.shape[0], w.v.shape[0]], dim=1)
+            else:
+                q, k, v = F.linear(h, w.q, w.qb), F.linear(h, w.k, w.kb), F.linear(h, w.v, w.vb)
+            q = self._rope_store(q, k, v, positions, write, keys, values)  # [nh, R, hd]
             if isinstance(attend, PathInputs):
                 out = path_attention(q, keys, values, attend, self.scaling)
             else:
                 out = self._dense(q, keys, values, attend)
             x, h = self._add_rms(x, F.linear(out, w.o, w.ob), w.ln2)
-            x, h = self._add_rms(x, F.linear(self._silu_mul(F.linear(h, w.gate), F.linear(h, w.up)), w.down),
-                                 norms[i])
+            if w.gate_up is not None:
+                gate, up = F.linear(h, w.gate_up).split(w.gate.shape[0], dim=1)
+            else:
+                gate, up = F.linear(h, w.gate), F.linear(h, w.up)
+            x, h = self._add_rms(x, F.linear(self._silu_mul(gate, up), w.down), norms[i])
         if not logits:
             return h.new_empty(0, self.vocab_size), h
         return F.linear(h.to(self.head.dtype), self.head), h

@@ -41,7 +41,8 @@ def _checked(device: torch.device) -> ModuleType | None:
 def self_check(kernels: ModuleType, device: torch.device, dtype: torch.dtype = torch.float32) -> None:
     """Raise unless each kernel matches PyTorch's operations on random inputs (float32, to rounding).
 
-    Shapes: 3 rows, hidden 72 (not a power of two), 3 query heads and 1 KV head of head_dim 24.
+    Shapes: 3 rows, hidden 72 (not a power of two), 3 query heads and 1 KV head of head_dim 24; q/k/v and
+    gate/up as slices of one stacked product, as the decoder passes them.
     """
     gen = torch.Generator(device=device).manual_seed(0)
 
@@ -56,7 +57,7 @@ def self_check(kernels: ModuleType, device: torch.device, dtype: torch.dtype = t
     _close("add_rms", (total, h), (want_total, want_h))
     _close("add_rms without a residual", kernels.add_rms(x, None, weight, 1e-5)[1],
            weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)))
-    q, k, v = randn(rows, heads * hd), randn(rows, kv_heads * hd), randn(rows, kv_heads * hd)
+    q, k, v = randn(rows, (heads + 2 * kv_heads) * hd).split([heads * hd, kv_heads * hd, kv_heads * hd], dim=1)
     cos, sin = randn(capacity, hd // 2), randn(capacity, hd // 2)
     positions = torch.tensor([4, 9, 2], device=device)
     write = torch.tensor([5, 6, 7], device=device)
@@ -65,16 +66,16 @@ def self_check(kernels: ModuleType, device: torch.device, dtype: torch.dtype = t
     rotated = kernels.rope_store(q, k, v, cos, sin, positions, write, keys, values, heads, kv_heads)
 
     def rope(t: torch.Tensor, n: int) -> torch.Tensor:
-        t = t.view(rows, n, hd).transpose(0, 1)
+        t = t.reshape(rows, n, hd).transpose(0, 1)
         a, b, c, s = t[..., : hd // 2], t[..., hd // 2 :], cos[positions], sin[positions]
         return torch.cat([a * c - b * s, b * c + a * s], dim=-1)
 
     _close("rope_store queries", rotated, rope(q, heads))
     _close("rope_store keys", keys[:, 5:8], rope(k, kv_heads))
-    _close("rope_store values", values[:, 5:8], v.view(rows, kv_heads, hd).transpose(0, 1))
+    _close("rope_store values", values[:, 5:8], v.reshape(rows, kv_heads, hd).transpose(0, 1))
     if keys[:, :5].any() or values[:, 8:].any():
         raise AssertionError("rope_store wrote outside its slots")
-    gate, up = randn(rows, 1500), randn(rows, 1500)
+    gate, up = randn(rows, 3000).split(1500, dim=1)
     _close("silu_mul", kernels.silu_mul(gate, up), torch.nn.functional.silu(gate) * up)
 
 

@@ -54,7 +54,8 @@ def add_rms(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, e
 
 @triton.jit
 def _rope_store(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, write_ptr, kc_ptr, vc_ptr, q_out_ptr, rows,
-                stride_kh, stride_kc, NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, HALF: tl.constexpr):
+                stride_q, stride_k, stride_v, stride_kh, stride_kc,
+                NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, HALF: tl.constexpr):
     r = tl.program_id(0)
     h = tl.program_id(1)
     i = tl.arange(0, HALF)
@@ -63,14 +64,14 @@ def _rope_store(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, write_ptr, kc_pt
     cos = tl.load(cos_ptr + pos * (HD // 2) + i, mask=inside, other=0.0).to(tl.float32)
     sin = tl.load(sin_ptr + pos * (HD // 2) + i, mask=inside, other=0.0).to(tl.float32)
     if h < NH:
-        src = q_ptr + (r * NH + h) * HD
+        src = q_ptr + r * stride_q + h * HD
         dst = q_out_ptr + (h * rows + r) * HD
     else:
         kh = h - NH
         slot = tl.load(write_ptr + r)
-        src = k_ptr + (r * NKV + kh) * HD
+        src = k_ptr + r * stride_k + kh * HD
         dst = kc_ptr + kh * stride_kh + slot * stride_kc
-        v_src = v_ptr + (r * NKV + kh) * HD
+        v_src = v_ptr + r * stride_v + kh * HD
         v_dst = vc_ptr + kh * stride_kh + slot * stride_kc
         tl.store(v_dst + i, tl.load(v_src + i, mask=inside), mask=inside)
         tl.store(v_dst + HD // 2 + i, tl.load(v_src + HD // 2 + i, mask=inside), mask=inside)
@@ -84,24 +85,25 @@ def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Ten
                positions: torch.Tensor, write: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                heads: int, kv_heads: int) -> torch.Tensor:
     """Rotated queries ``[heads, rows, hd]``; rotated keys and the values written into ``keys``/``values``
-    (``[kv_heads, capacity, hd]``) at slots ``write``. ``q``/``k``/``v`` are ``[rows, heads * hd]`` projections,
-    ``cos``/``sin`` the ``[capacity, hd / 2]`` tables."""
+    (``[kv_heads, capacity, hd]``) at slots ``write``. ``q``/``k``/``v`` are ``[rows, heads * hd]`` projections
+    (rows may be strided, as slices of one stacked product), ``cos``/``sin`` the ``[capacity, hd / 2]`` tables."""
     rows = q.shape[0]
     hd = q.shape[1] // heads
+    q, k, v = (t if t.stride(1) == 1 else t.contiguous() for t in (q, k, v))
     q_out = torch.empty(heads, rows, hd, dtype=q.dtype, device=q.device)
     _rope_store[(rows, heads + kv_heads)](
-        q.contiguous(), k.contiguous(), v.contiguous(), cos, sin, positions, write, keys, values, q_out, rows,
+        q, k, v, cos, sin, positions, write, keys, values, q_out, rows, q.stride(0), k.stride(0), v.stride(0),
         keys.stride(0), keys.stride(1), NH=heads, NKV=kv_heads, HD=hd, HALF=triton.next_power_of_2(hd // 2))
     return q_out
 
 
 @triton.jit
-def _silu_mul(g_ptr, u_ptr, out_ptr, n, BLOCK: tl.constexpr):
+def _silu_mul(g_ptr, u_ptr, out_ptr, n, stride_g, stride_u, BLOCK: tl.constexpr):
     r = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     inside = cols < n
-    g = tl.load(g_ptr + r * n + cols, mask=inside, other=0.0).to(tl.float32)
-    u = tl.load(u_ptr + r * n + cols, mask=inside, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + r * stride_g + cols, mask=inside, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + r * stride_u + cols, mask=inside, other=0.0).to(tl.float32)
     tl.store(out_ptr + r * n + cols, (g / (1.0 + tl.exp(-g)) * u).to(out_ptr.dtype.element_ty), mask=inside)
 
 
@@ -109,8 +111,9 @@ SILU_BLOCK = 1024
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """``silu(gate) * up`` for ``[rows, n]`` tensors."""
+    """``silu(gate) * up`` for ``[rows, n]`` tensors (rows may be strided, as slices of one stacked product)."""
     rows, n = gate.shape
-    out = torch.empty_like(gate)
-    _silu_mul[(rows, triton.cdiv(n, SILU_BLOCK))](gate.contiguous(), up.contiguous(), out, n, BLOCK=SILU_BLOCK)
+    gate, up = (t if t.stride(1) == 1 else t.contiguous() for t in (gate, up))
+    out = torch.empty(rows, n, dtype=gate.dtype, device=gate.device)
+    _silu_mul[(rows, triton.cdiv(n, SILU_BLOCK))](gate, up, out, n, gate.stride(0), up.stride(0), BLOCK=SILU_BLOCK)
     return out

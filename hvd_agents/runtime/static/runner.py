@@ -71,6 +71,7 @@ class StaticRunner:
             single-bucket test mode.
         bitwise: path attention in one row bucket (see the module docstring); default: when ``buckets`` is
             not given.
+        stack_projections: see :class:`~.decoder.StaticDecoder`.
         lm_head_fp32: logits from a float32 copy of the LM head.
         graphs: capture CUDA graphs (default: on CUDA).
         compile: ``torch.compile`` the forward before capture (CUDA).
@@ -81,7 +82,8 @@ class StaticRunner:
     def __init__(self, model: torch.nn.Module, *, context_window: int | None = None,
                  cost_model: CostModel | None = None, slots: int = DEFAULT_SLOTS, buckets: Buckets | None = None,
                  lm_head_fp32: bool = False, graphs: bool | None = None, compile: bool = False,
-                 max_context: int = DEFAULT_MAX_CONTEXT, warm_up: bool = True, bitwise: bool | None = None) -> None:
+                 max_context: int = DEFAULT_MAX_CONTEXT, warm_up: bool = True, bitwise: bool | None = None,
+                 stack_projections: bool | None = None) -> None:
         config = model.config
         bitwise = buckets is None if bitwise is None else bitwise
         if bitwise and buckets is not None and len(buckets.rows) != 1:
@@ -104,7 +106,8 @@ class StaticRunner:
         self.buckets = buckets
         self.max_tree_tokens = buckets.max_rows - 1  # draft tokens of a tree one forward verifies
         self.context_window = window
-        self.decoder = StaticDecoder(model, buckets.kv[-1], lm_head_fp32=lm_head_fp32)
+        self.decoder = StaticDecoder(model, buckets.kv[-1], lm_head_fp32=lm_head_fp32,
+                                     stack_projections=stack_projections)
         self.device = self.decoder.device
         self.vocab_size = self.decoder.vocab_size
         layers = len(self.decoder.layers)

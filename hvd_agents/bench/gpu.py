@@ -117,6 +117,7 @@ class GpuReport:
     teacher_forced_bitwise: dict[str, str]  # per runner: rows bitwise equal to one-row steps, e.g. "16/16"
     bitwise_mode_bitwise: bool  # the default (bitwise) runner: planted-draft speculation equals plain decoding
     cost_profile: str
+    cost_points: list[tuple[int, float]]  # the bitwise runner's profile: (draft tokens, cost in plain steps)
     buckets_cost_profile: str
     graphs_captured: int
 
@@ -322,7 +323,8 @@ def run_gpu_benchmark(model: str | None = None, *, device: str | None = None, ma
         single_bucket_bitwise=single_bucket_check(target, prompts[0], max_new_tokens),
         bitwise_mode_bitwise=single_bucket_check(target, prompts[0], max_new_tokens, bitwise=True),
         teacher_forced_bitwise=teacher_forced_check(target, prompts[0]),
-        cost_profile=engine.cost_model().source, graphs_captured=static.graphs.captured,
+        cost_profile=engine.cost_model().source, cost_points=list(engine.cost_model().points),
+        graphs_captured=static.graphs.captured,
         buckets_cost_profile=bucketed.cost_model().source,
     )
     print_report(report, len(prompts) * rounds)

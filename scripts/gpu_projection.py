@@ -1,0 +1,109 @@
+"""``hvd`` against ``ar`` on a GPU with real weights, projected from a CPU run and a GPU run's measurements.
+
+    python scripts/gpu_projection.py BENCH_GPU_JSON [--max-new-tokens 128] [--chat]
+
+The GPU run (``hvd-agents bench-gpu --model random:smollm2-135m --json F``) measured, on random
+weights of the embedded model's configuration: the plain step's milliseconds (``t``), the
+verification cost profile ``verify(d)`` in plain steps, and what an ``hvd`` step costs beyond its
+forward on that machine's host (``h``: ``hvd``'s milliseconds per step minus ``t``, drafting and
+the policy included; random weights draft more than real ones, so ``h`` is generous). Random
+weights cannot say how often drafts are accepted. This script runs the embedded SmolLM2-135M
+(the real weights) on this CPU, ``ar`` and ``hvd`` on the benchmark's agent prompts, with the
+GPU's profile as the cost model and prices taken from it alone (so ``hvd`` plans the drafts it
+would plan on that GPU, capped at its 32-token verification), and projects:
+
+    ar  = tokens * t              hvd = sum over steps of (t * verify(d) + h)
+
+It prints the projection with ``h`` and without it (a device-bound host). Both runs' greedy tokens
+are compared: they must be identical.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import replace
+
+from hvd_agents import Engine, GenerationParams
+from hvd_agents.bench.prompts import agent_prompts, chat_prompts
+from hvd_agents.chat.render import encode_prompt
+from hvd_agents.drafters.hybrid.pricing import StepPricing
+from hvd_agents.policy.cost import CostModel
+from hvd_agents.runtime.loading import load_model
+
+GPU_TREE_TOKENS = 32  # the static runner verifies at most this many draft tokens per step
+
+
+def gpu_cost_model(report: dict) -> CostModel:
+    """The bitwise runner's profile from a bench-gpu report, with drafts past the GPU's limit priced out."""
+    if report.get("cost_points"):
+        points = [tuple(p) for p in report["cost_points"] if p[0] <= GPU_TREE_TOKENS]
+        return CostModel((*points, (GPU_TREE_TOKENS + 1, 1e3)), source="the GPU's bitwise runner profile")
+    pairs = [(int(r), float(c)) for r, c in re.findall(r"(\d+) rows ([\d.]+)", report["cost_profile"])]
+    if not pairs:
+        raise SystemExit(f"no cost profile in the report: {report['cost_profile']!r}")
+    points, previous = [(0, 1.0)], pairs[0][0]
+    for rows, cost in pairs[1:]:
+        points += [(previous, cost), (rows - 1, cost)] if rows - 1 > previous else [(previous, cost)]
+        previous = rows
+    points.append((GPU_TREE_TOKENS + 1, 1e3))
+    return CostModel(tuple(points), source="the GPU's bitwise runner profile")
+
+
+def untimed_pricing() -> None:
+    """Price every draft from the profile alone, as the GPU's timings would price it (not this CPU's)."""
+    def untimed(method):
+        return lambda self, timed=True: method(self, False)
+
+    for name in ("target_cost", "model_cost"):
+        setattr(StepPricing, name, untimed(getattr(StepPricing, name)))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("report", help="bench-gpu --json output of random:smollm2-135m")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--chat", action="store_true", help="the chat prompts instead of the agent prompts")
+    args = parser.parse_args()
+    with open(args.report, encoding="utf-8") as fh:
+        report = json.load(fh)
+    arms = report["arms"]
+
+    def ms_per_step(arm: str) -> float:
+        a = arms[arm]
+        return a["tokens"] / a["decode_tokens_per_s"] / a["steps"] * 1e3
+
+    t = ms_per_step("engine-ar (static)")
+    h = max(0.0, ms_per_step("engine-hvd (static)") - t)
+    cost = gpu_cost_model(report)
+    untimed_pricing()
+    loaded = load_model(None)
+    engine = Engine.from_loaded(loaded, cost_model=cost, draft_head=None, prefix_cache_bytes=0)
+    prompts = chat_prompts() if args.chat else agent_prompts()
+    tokens = steps = 0
+    verify = 0.0
+    identical = 0
+    for prompt in prompts:
+        ids = encode_prompt(loaded.tokenizer, prompt.messages, prompt.tools)
+        params = GenerationParams(max_new_tokens=args.max_new_tokens, reuse_prefix=False)
+        ar = engine.generate(ids, replace(params, method="ar"))
+        hvd = engine.generate(ids, replace(params, method="hvd"))
+        identical += ar.token_ids == hvd.token_ids
+        tokens += len(hvd.token_ids)
+        steps += hvd.stats.steps
+        verify += hvd.stats.steps * cost.verify(round(hvd.stats.drafted_tokens / max(hvd.stats.steps, 1)))
+    ar_ms = tokens * t
+    print(f"GPU ({report['device']}): plain step {t:.3f} ms, hvd's host cost per step h = {h:.3f} ms; "
+          f"profile {report['cost_profile']}")
+    print(f"CPU run, embedded SmolLM2-135M, {len(prompts)} {'chat' if args.chat else 'agent'} prompts: {tokens} tokens "
+          f"in {steps} hvd steps ({tokens / steps:.2f} tokens per step); hvd identical to ar {identical}/{len(prompts)}")
+    for label, host in (("with h", h), ("device-bound (h = 0)", 0.0)):
+        hvd_ms = verify * t + steps * host
+        print(f"projected hvd / ar on the GPU, {label}: {ar_ms / hvd_ms:.2f}x ({ar_ms:.0f} ms vs {hvd_ms:.0f} ms)")
+    return 0 if identical == len(prompts) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -62,3 +62,14 @@ def test_the_steady_state_warm_up_covers_every_slot_up_to_the_last_kv_length(mon
     monkeypatch.setattr(runner.graphs, "run", lambda *key: seen.append(key) or run(*key))
     warm_steady_state(runner, 100, 20)  # the last step reads up to 100 + 20 + 17 positions: the 256 bucket
     assert seen == [(slot, rows, kv) for slot in (0, 1) for kv in (64, 128, 256) for rows in (1, 5, 17)]
+
+
+def test_prompts_travel_as_token_ids(tmp_path) -> None:
+    from hvd_agents.bench.gpu import _load_prompts, write_prompts
+
+    path = tmp_path / "prompts.json"
+    assert write_prompts(str(path)) == 12  # 4 agent and 8 chat prompts
+    prompts = _load_prompts(str(path), 49152)
+    assert len(prompts) == 12 and all(len(p) > 20 for p in prompts)
+    with pytest.raises(InvalidRequestError, match="token ids below 100"):
+        _load_prompts(str(path), 100)

@@ -241,6 +241,17 @@ def step_bytes(model: torch.nn.Module, runner: StaticRunner, context: int) -> in
     return weights + kv
 
 
+def write_prompts(path: str) -> int:
+    """Write the benchmark's agent and chat prompts as token ids of the embedded tokenizer (what ``--prompts``
+    reads on a machine without the embedded model); returns how many."""
+    from hvd_agents.runtime.loading import load_tokenizer
+
+    prompts = _prompt_ids(load_tokenizer(None), 0, 0)
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(prompts, fh)
+    return len(prompts)
+
+
 def _load_prompts(path: str, vocab: int) -> list[list[int]]:
     """Token-id prompts from a JSON list of lists (what ``--prompts`` names).
 

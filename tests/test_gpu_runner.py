@@ -150,7 +150,7 @@ def test_the_path_kernel_is_attention_and_a_tree_row_is_its_position_alone_on_cu
             q, keys, values = (t.cuda() for t in _random_attention(dtype, seed=past, heads=9, kv_heads=3, hd=64,
                                                                     capacity=4096))
             paths = _inputs(PARENTS, past, device="cuda")
-            got = path_kernels.path_attention(q, keys, values, paths, 0.125, 64, 512)
+            got = path_kernels.path_attention(q, keys, values, *paths.tensors(), 0.125, 64, 512)
             want = _dense_reference(q.cpu(), keys.cpu(), values.cpu(), PARENTS, past, 0.125)
             assert (got.double().cpu() - want).norm() / want.norm() < tol, (dtype, past)
             if dtype == torch.float32:
@@ -158,7 +158,7 @@ def test_the_path_kernel_is_attention_and_a_tree_row_is_its_position_alone_on_cu
                 torch.testing.assert_close(got.cpu(), cpu, rtol=0, atol=1e-5)
             for row in range(len(PARENTS) + 1):
                 q1, k1, v1, alone = _alone(q, keys, values, paths, row, past)
-                single = path_kernels.path_attention(q1, k1, v1, alone, 0.125, 64, 512)
+                single = path_kernels.path_attention(q1, k1, v1, *alone.tensors(), 0.125, 64, 512)
                 assert torch.equal(single[0], got[row]), (dtype, past, row)
 
 

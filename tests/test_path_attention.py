@@ -161,12 +161,13 @@ def test_the_triton_kernel_matches_the_reference_under_the_interpreter() -> None
         for past, hd in ((0, 16), (70, 16), (150, 16), (70, 8), (150, 24)):  # head_dim padded to a power of two
             q, keys, values = _random_attention(torch.float32, seed=past, hd=hd)
             paths = _inputs(PARENTS, past, count=7)
-            got = path_kernels.path_attention(q, keys, values, paths, 0.25, 64, 128)
+            got = path_kernels.path_attention(q, keys, values, *paths.tensors(), 0.25, 64, 128)
             want = tiled_attention(q, keys, values, paths, 0.25)
             torch.testing.assert_close(got, want, rtol=0, atol=2e-6)
             assert not got[7:].any()
             for row in range(7):
-                alone = path_kernels.path_attention(*_alone(q, keys, values, paths, row, past), 0.25, 64, 128)
+                q1, k1, v1, p1 = _alone(q, keys, values, paths, row, past)
+                alone = path_kernels.path_attention(q1, k1, v1, *p1.tensors(), 0.25, 64, 128)
                 assert torch.equal(alone[0], got[row]), (past, row)
         print("ok")
     """)

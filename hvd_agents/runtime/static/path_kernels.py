@@ -21,8 +21,6 @@ import torch
 import triton
 import triton.language as tl
 
-from hvd_agents.runtime.static.paths import PathInputs
-
 GROUP_ROWS = 16  # query heads of one KV head, padded to the tensor cores' smallest M
 
 
@@ -119,10 +117,12 @@ def _combine(m_ptr, l_ptr, acc_ptr, out_ptr, past_ptr, count_ptr, depth_ptr, row
         tl.store(out_ptr + at, out.to(out_ptr.dtype.element_ty), mask=keep[:, None] & dim[None, :])
 
 
-def path_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, paths: PathInputs, scaling: float,
-                   tile: int, chunk: int) -> torch.Tensor:
+def path_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: torch.Tensor,
+                   count: torch.Tensor, table: torch.Tensor, depth: torch.Tensor, scaling: float, tile: int,
+                   chunk: int) -> torch.Tensor:
     """``[R, heads * hd]``: see :func:`~.paths.path_attention` (``q`` ``[heads, R, hd]``, ``keys``/``values``
-    ``[kv_heads, capacity, hd]`` with unit stride in ``hd``)."""
+    ``[kv_heads, capacity, hd]`` with unit stride in ``hd``; ``past``, ``count``, ``table``, ``depth``: the
+    fields of :class:`~.paths.PathInputs`)."""
     heads, rows, hd = q.shape
     kv_heads, capacity = keys.shape[0], keys.shape[1]
     group = heads // kv_heads
@@ -138,9 +138,9 @@ def path_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pa
     out = torch.empty(rows, heads * hd, dtype=q.dtype, device=q.device)
     ieee = q.dtype == torch.float32
     _partial[(kv_heads, rows, chunks)](
-        q, keys, values, paths.past, paths.count, paths.table, paths.depth, m, s_sum, acc,
+        q, keys, values, past, count, table, depth, m, s_sum, acc,
         keys.stride(0), keys.stride(1), rows, chunks, scaling,
         G=group, GP=GROUP_ROWS, HD=hd, HDP=padded, TILE=tile, CHUNK=chunk, IEEE=ieee)
-    _combine[(kv_heads, rows)](m, s_sum, acc, out, paths.past, paths.count, paths.depth, rows,
+    _combine[(kv_heads, rows)](m, s_sum, acc, out, past, count, depth, rows,
                                CHUNKS=chunks, G=group, GP=GROUP_ROWS, HD=hd, HDP=padded, CHUNK=chunk)
     return out

@@ -58,6 +58,10 @@ class PathInputs:
     table: torch.Tensor
     depth: torch.Tensor
 
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(past, count, table, depth)``, what the CUDA kernel takes."""
+        return self.past, self.count, self.table, self.depth
+
 
 def path_inputs(visible: torch.Tensor, past: torch.Tensor, count: torch.Tensor) -> PathInputs:
     """:class:`PathInputs` from the forward's visibility ``[R, R]`` (row ``r`` sees row ``j``: the root, an
@@ -85,7 +89,7 @@ def path_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pa
     if q.device.type == "cuda":
         kernels = _kernels()
         if kernels is not None:
-            return kernels.path_attention(q, keys, values, paths, scaling, TILE, CHUNK)
+            return kernels.path_attention(q, keys, values, *paths.tensors(), scaling, TILE, CHUNK)
         raise RuntimeError("path attention on CUDA needs Triton, which is not importable here")
     return tiled_attention(q, keys, values, paths, scaling)
 

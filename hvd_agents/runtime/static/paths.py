@@ -94,11 +94,6 @@ def path_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pa
     return tiled_attention(q, keys, values, paths, scaling)
 
 
-def triton_available() -> bool:
-    """Whether the CUDA kernels of path attention can be used."""
-    return _kernels() is not None
-
-
 @cache
 def _kernels():
     try:

@@ -21,7 +21,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --f
 python3 -c 'import torch, transformers, triton; print("torch", torch.__version__, "transformers", transformers.__version__, "triton", triton.__version__)'
 for stage in "${stages[@]}"; do
   case $stage in
-    tests) run "${LIMIT_TESTS:-220}" tests python3 -m pytest -q -rA -s -p no:cacheprovider --noconftest --timeout 200 \
+    tests) run "${LIMIT_TESTS:-220}" tests python3 -m pytest -q -rA -s -p no:cacheprovider --timeout 200 \
              tests/test_gpu_runner.py tests/test_device_verify.py ;;
     probe) run "${LIMIT_PROBE:-150}" probe python3 scripts/gpu_probe.py smollm2-135m llama-3.1-8b ;;
     bench-small) run "${LIMIT_SMALL:-150}" bench-small python3 -m hvd_agents.cli bench-gpu --model random:smollm2-135m \

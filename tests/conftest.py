@@ -1,5 +1,6 @@
 """Shared fixtures: the embedded model is loaded once per test session; tiny and scripted engines; the server
-tests' engine, server and client (``engine``, ``url``, ``client``: one of each per test module that uses them)."""
+tests' engine, server and client (``engine``, ``url``, ``client``: one of each per test module that uses them; their
+packages are imported only there, so the GPU tests run on a machine without the server's dependencies)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import hvd_agents.chat.toolcall_parser
 from hvd_agents.chat.toolcalls import parse_tool_calls
 from tests.helpers import make_byte_tokenizer
 from tests.scripted import ScriptedEngine
-from tests.server_helpers import client_of, running_server, tiny_engine
 from tests.tiny import make_tiny_llama
 
 
@@ -60,12 +60,16 @@ def fixed_call_ids(monkeypatch):
 @pytest.fixture(scope="module")
 def engine(tiny_model, byte_tokenizer):
     """The module's engine on the tiny random model, for the server tests (:func:`tests.server_helpers.tiny_engine`)."""
+    from tests.server_helpers import tiny_engine  # the server's and clients' packages, only where a test needs them
+
     return tiny_engine(tiny_model, byte_tokenizer)
 
 
 @pytest.fixture(scope="module")
 def url(engine):
     """The base URL of a server over ``engine`` on a loopback port, running for the module."""
+    from tests.server_helpers import running_server
+
     with running_server(engine) as base:
         yield base
 
@@ -73,4 +77,6 @@ def url(engine):
 @pytest.fixture
 def client(url):
     """An OpenAI client of the server at ``url``."""
+    from tests.server_helpers import client_of
+
     return client_of(url)

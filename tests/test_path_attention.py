@@ -111,6 +111,19 @@ def test_the_runner_is_bitwise_by_default_and_rejects_several_row_buckets() -> N
         StaticRunner(model, buckets=Buckets((1, 5), (64, 256)), bitwise=True)
 
 
+def test_without_triton_cuda_falls_back_to_the_per_bucket_mode_or_refuses_bitwise(monkeypatch, caplog) -> None:
+    from hvd_agents.runtime.static import paths
+    from hvd_agents.runtime.static.runner import bitwise_mode
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert bitwise_mode(None, None, cpu) and not bitwise_mode(None, Buckets((1, 5), (64, 256)), cpu)
+    monkeypatch.setattr(paths, "_kernels", lambda: None)  # CUDA without Triton
+    assert paths.kernels_available(cpu) and not paths.kernels_available(cuda)
+    assert not bitwise_mode(None, None, cuda) and "per-bucket mode" in caplog.text
+    with pytest.raises(ValueError, match="needs Triton on CUDA"):
+        bitwise_mode(True, None, cuda)
+
+
 def _teacher_forced(runner, ids, prefill, parents=None):
     """Logits of ``ids[prefill:]`` as one-row steps, as one forward, and (with ``parents``) inside a tree."""
     kv = runner.new_kv()

@@ -94,6 +94,11 @@ def path_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pa
     return tiled_attention(q, keys, values, paths, scaling)
 
 
+def kernels_available(device: torch.device) -> bool:
+    """Whether path attention can run on ``device``: anywhere but CUDA in PyTorch, on CUDA with Triton."""
+    return device.type != "cuda" or _kernels() is not None
+
+
 @cache
 def _kernels():
     try:

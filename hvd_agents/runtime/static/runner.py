@@ -35,6 +35,7 @@ supported models on CUDA (:func:`hvd_agents.runtime.runner_choice.runner_for`).
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Sequence
 
 import torch
@@ -47,14 +48,41 @@ from hvd_agents.runtime.static.buckets import DEFAULT_ROWS, Buckets
 from hvd_agents.runtime.static.cost import measure_bucket_cost
 from hvd_agents.runtime.static.decoder import StaticDecoder
 from hvd_agents.runtime.static.graphs import StepGraphs
+from hvd_agents.runtime.static.paths import kernels_available
 from hvd_agents.runtime.static.slot_kv import SlotKV, SlotPool
 from hvd_agents.runtime.transfer import to_device
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_CONTEXT = 16384  # positions a slot holds at most unless asked for more (KV is allocated up front)
 BITWISE_ROWS = 33  # the bitwise mode's one row count: the last token and up to 32 draft tokens
 CAPACITY_ALIGN = 64  # slot capacities are rounded up to this many positions
 DEFAULT_SLOTS = 2
 PREFILL_CHUNK = 512
+
+
+def bitwise_mode(bitwise: bool | None, buckets: Buckets | None, device: torch.device) -> bool:
+    """Whether a runner asked for ``bitwise`` (None: the default) with ``buckets`` runs in the bitwise mode.
+
+    By default it does unless buckets are given, or on CUDA without Triton (path attention's kernels): then the
+    per-bucket mode, with a warning that speculative output equals plain decoding only to rounding there.
+
+    Raises:
+        ValueError: ``bitwise=True`` with several row buckets, or on CUDA without Triton.
+    """
+    if bitwise is None:
+        if buckets is not None:
+            return False
+        if not kernels_available(device):
+            logger.warning("Triton is not importable: the static runner runs in the per-bucket mode, where "
+                           "speculative output equals plain greedy decoding only to rounding (install triton)")
+            return False
+        return True
+    if bitwise and buckets is not None and len(buckets.rows) != 1:
+        raise ValueError(f"the bitwise mode runs every decode forward in one row bucket, not {buckets.rows}")
+    if bitwise and not kernels_available(device):
+        raise ValueError("the bitwise mode needs Triton on CUDA (path attention's kernels): install triton")
+    return bitwise
 
 
 class StaticRunner:
@@ -85,9 +113,7 @@ class StaticRunner:
                  max_context: int = DEFAULT_MAX_CONTEXT, warm_up: bool = True, bitwise: bool | None = None,
                  stack_projections: bool | None = None) -> None:
         config = model.config
-        bitwise = buckets is None if bitwise is None else bitwise
-        if bitwise and buckets is not None and len(buckets.rows) != 1:
-            raise ValueError(f"the bitwise mode runs every decode forward in one row bucket, not {buckets.rows}")
+        bitwise = bitwise_mode(bitwise, buckets, next(model.parameters()).device)
         if buckets is None:
             window = int(context_window or min(config.max_position_embeddings, max_context))
             if bitwise:

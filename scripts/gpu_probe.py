@@ -55,7 +55,7 @@ def probe(name: str) -> None:
         # the unfused row: PyTorch's small operations instead of the fused Triton kernels (more kernels per step)
         os.environ["HVD_AGENTS_FUSED_KERNELS"] = "0" if mode.endswith("unfused") else "1"
         runner = StaticRunner(model, bitwise=bitwise, slots=1, max_context=8192)
-        print(f"{mode}: fused kernels {'on' if runner.decoder.fused is not None else 'off'}")
+        print(f"{mode}: small operations from {runner.decoder.ops.__name__}")
         kv = runner.new_kv()
         for context in CONTEXTS:
             kv.rollback(0)

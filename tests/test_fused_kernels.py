@@ -27,6 +27,27 @@ def test_no_fused_kernels_off_cuda_or_when_switched_off(monkeypatch) -> None:
     assert load_fused_kernels(torch.device("cuda")) is None  # decided before any CUDA call
 
 
+def test_the_self_check_refuses_kernels_that_disagree_with_pytorch() -> None:
+    from types import SimpleNamespace
+
+    from hvd_agents.runtime.static import step_ops
+    from hvd_agents.runtime.static.fused import self_check
+
+    cpu = torch.device("cpu")
+    self_check(step_ops, cpu)  # PyTorch against itself
+
+    def off_by_one_slot(q, k, v, cos, sin, positions, write, keys, values, heads, kv_heads):
+        return step_ops.rope_store(q, k, v, cos, sin, positions, write + 1, keys, values, heads, kv_heads)
+
+    wrong = {"add_rms": lambda x, d, w, eps: step_ops.add_rms(x, d, w * 1.01, eps),
+             "rope_store": off_by_one_slot,
+             "silu_mul": lambda g, u: step_ops.silu_mul(g, u) + 1e-3}
+    for name, kernel in wrong.items():
+        kernels = SimpleNamespace(**{**{n: getattr(step_ops, n) for n in wrong}, name: kernel})
+        with pytest.raises(AssertionError, match=name):
+            self_check(kernels, cpu)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
 def test_the_fused_kernels_in_a_bitwise_runner_under_the_interpreter() -> None:
     script = textwrap.dedent("""
@@ -42,7 +63,7 @@ def test_the_fused_kernels_in_a_bitwise_runner_under_the_interpreter() -> None:
         model = make_tiny_llama(64, seed=11, dtype=torch.float32)
         ids = torch.randint(0, 64, (80,), generator=torch.Generator().manual_seed(2)).tolist()
         plain, fused = StaticRunner(model, slots=1), StaticRunner(model, slots=1, stack_projections=True)
-        fused.decoder.fused = fused_kernels
+        fused.decoder.ops = fused_kernels
         outs = {}
         for name, runner in (("plain", plain), ("fused", fused)):
             kv = runner.new_kv()

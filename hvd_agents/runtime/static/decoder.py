@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from hvd_agents.runtime.static import step_ops
 from hvd_agents.runtime.static.fused import load_fused_kernels
 from hvd_agents.runtime.static.paths import PathInputs, path_attention, path_inputs
 from hvd_agents.runtime.tree_mask import ancestors, tree_positions, tree_visibility
@@ -126,7 +127,8 @@ class StaticDecoder:
         scale = float(getattr(rotary, "attention_scaling", 1.0))
         self.cos = (freqs.cos() * scale).to(self.dtype)  # HF casts its tables to the activations' dtype
         self.sin = (freqs.sin() * scale).to(self.dtype)
-        self.fused = load_fused_kernels(self.device)  # Triton kernels for the small operations (CUDA), else None
+        fused = load_fused_kernels(self.device)  # Triton kernels for the small operations (CUDA), else None
+        self.ops = fused if fused is not None else step_ops  # add_rms, rope_store, silu_mul
 
     def _dense(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Masked attention of ``q`` ``[heads, R, hd]`` over the first ``L`` slots; ``[R, heads * hd]``."""
@@ -137,39 +139,6 @@ class StaticDecoder:
         scores = scores.view(nkv, g, rows, length).to(self.softmax_dtype).masked_fill(~mask, float("-inf"))
         probs = scores.softmax(dim=-1).to(q.dtype).view(nkv, g * rows, length)
         return torch.matmul(probs, values).view(nh, rows, hd).transpose(0, 1).reshape(rows, nh * hd)
-
-    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return weight * h.to(x.dtype)
-
-    def _add_rms(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The residual sum ``x + delta`` (``x`` when None) and its RMSNorm scaled by ``weight``."""
-        if self.fused is not None:
-            return self.fused.add_rms(x, delta, weight, self.eps)
-        x = x if delta is None else x + delta
-        return x, self._rms(x, weight)
-
-    def _rope_store(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
-                    write: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """Rotated queries ``[heads, R, hd]``; rotated keys and the values written into the layer's slot."""
-        nh, nkv, hd = self.heads, self.kv_heads, self.head_dim
-        if self.fused is not None:
-            return self.fused.rope_store(q, k, v, self.cos, self.sin, positions, write, keys, values, nh, nkv)
-        rows = q.shape[0]
-        cos, sin = self.cos[positions], self.sin[positions]  # [R, hd / 2]
-
-        def rope(x: torch.Tensor) -> torch.Tensor:  # [heads, R, hd]
-            a, b = x[..., : hd // 2], x[..., hd // 2 :]
-            return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
-
-        keys.index_copy_(1, write, rope(k.view(rows, nkv, hd).transpose(0, 1)))
-        values.index_copy_(1, write, v.view(rows, nkv, hd).transpose(0, 1))
-        return rope(q.view(rows, nh, hd).transpose(0, 1))
-
-    def _silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        return self.fused.silu_mul(gate, up) if self.fused is not None else F.silu(gate) * up
 
     def decode_inputs(self, parents: torch.Tensor, past: torch.Tensor, length: int, count: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | PathInputs]:
@@ -214,7 +183,8 @@ class StaticDecoder:
             attend: a mask ``[R, L]`` (bool, which of the first ``L`` positions each row attends to) for dense
                 attention, or :class:`~.paths.PathInputs` for path attention.
         """
-        x, h = self._add_rms(F.embedding(tokens, self.embed), None, self.layers[0].ln1)  # [R, hidden] each
+        ops, eps, nh, nkv = self.ops, self.eps, self.heads, self.kv_heads
+        x, h = ops.add_rms(F.embedding(tokens, self.embed), None, self.layers[0].ln1, eps)  # [R, hidden] each
         norms = [w.ln1 for w in self.layers[1:]] + [self.norm]  # what follows each layer's MLP
         for i, w in enumerate(self.layers):
             keys, values = kv[i, 0], kv[i, 1]  # [nkv, capacity, hd]
@@ -222,17 +192,17 @@ class StaticDecoder:
                 q, k, v = F.linear(h, w.qkv, w.qkvb).split([w.q.shape[0], w.k.shape[0], w.v.shape[0]], dim=1)
             else:
                 q, k, v = F.linear(h, w.q, w.qb), F.linear(h, w.k, w.kb), F.linear(h, w.v, w.vb)
-            q = self._rope_store(q, k, v, positions, write, keys, values)  # [nh, R, hd]
+            q = ops.rope_store(q, k, v, self.cos, self.sin, positions, write, keys, values, nh, nkv)  # [nh, R, hd]
             if isinstance(attend, PathInputs):
                 out = path_attention(q, keys, values, attend, self.scaling)
             else:
                 out = self._dense(q, keys, values, attend)
-            x, h = self._add_rms(x, F.linear(out, w.o, w.ob), w.ln2)
+            x, h = ops.add_rms(x, F.linear(out, w.o, w.ob), w.ln2, eps)
             if w.gate_up is not None:
                 gate, up = F.linear(h, w.gate_up).split(w.gate.shape[0], dim=1)
             else:
                 gate, up = F.linear(h, w.gate), F.linear(h, w.up)
-            x, h = self._add_rms(x, F.linear(self._silu_mul(gate, up), w.down), norms[i])
+            x, h = ops.add_rms(x, F.linear(ops.silu_mul(gate, up), w.down), norms[i], eps)
         if not logits:
             return h.new_empty(0, self.vocab_size), h
         return F.linear(h.to(self.head.dtype), self.head), h

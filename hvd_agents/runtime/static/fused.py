@@ -15,6 +15,8 @@ from types import ModuleType
 
 import torch
 
+from hvd_agents.runtime.static import step_ops
+
 logger = logging.getLogger(__name__)
 
 
@@ -39,7 +41,7 @@ def _checked(device: torch.device) -> ModuleType | None:
 
 
 def self_check(kernels: ModuleType, device: torch.device, dtype: torch.dtype = torch.float32) -> None:
-    """Raise unless each kernel matches PyTorch's operations on random inputs (float32, to rounding).
+    """Raise unless each kernel matches :mod:`.step_ops` (PyTorch's operations) on random inputs, to rounding.
 
     Shapes: 3 rows, hidden 72 (not a power of two), 3 query heads and 1 KV head of head_dim 24; q/k/v and
     gate/up as slices of one stacked product, as the decoder passes them.
@@ -51,32 +53,20 @@ def self_check(kernels: ModuleType, device: torch.device, dtype: torch.dtype = t
 
     rows, heads, kv_heads, hd, capacity = 3, 3, 1, 24, 16
     x, delta, weight = randn(rows, 72), randn(rows, 72), randn(72)
-    total, h = kernels.add_rms(x, delta, weight, 1e-5)
-    want_total = x + delta
-    want_h = weight * (want_total * torch.rsqrt(want_total.pow(2).mean(-1, keepdim=True) + 1e-5))
-    _close("add_rms", (total, h), (want_total, want_h))
-    _close("add_rms without a residual", kernels.add_rms(x, None, weight, 1e-5)[1],
-           weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)))
+    for d in (delta, None):
+        _close("add_rms", kernels.add_rms(x, d, weight, 1e-5), step_ops.add_rms(x, d, weight, 1e-5))
     q, k, v = randn(rows, (heads + 2 * kv_heads) * hd).split([heads * hd, kv_heads * hd, kv_heads * hd], dim=1)
     cos, sin = randn(capacity, hd // 2), randn(capacity, hd // 2)
     positions = torch.tensor([4, 9, 2], device=device)
     write = torch.tensor([5, 6, 7], device=device)
-    keys = torch.zeros(kv_heads, capacity, hd, device=device, dtype=dtype)
-    values = torch.zeros_like(keys)
-    rotated = kernels.rope_store(q, k, v, cos, sin, positions, write, keys, values, heads, kv_heads)
-
-    def rope(t: torch.Tensor, n: int) -> torch.Tensor:
-        t = t.reshape(rows, n, hd).transpose(0, 1)
-        a, b, c, s = t[..., : hd // 2], t[..., hd // 2 :], cos[positions], sin[positions]
-        return torch.cat([a * c - b * s, b * c + a * s], dim=-1)
-
-    _close("rope_store queries", rotated, rope(q, heads))
-    _close("rope_store keys", keys[:, 5:8], rope(k, kv_heads))
-    _close("rope_store values", values[:, 5:8], v.reshape(rows, kv_heads, hd).transpose(0, 1))
-    if keys[:, :5].any() or values[:, 8:].any():
-        raise AssertionError("rope_store wrote outside its slots")
+    slots = []
+    for ops in (kernels, step_ops):
+        keys = torch.zeros(kv_heads, capacity, hd, device=device, dtype=dtype)
+        values = torch.zeros_like(keys)
+        slots.append((ops.rope_store(q, k, v, cos, sin, positions, write, keys, values, heads, kv_heads), keys, values))
+    _close("rope_store", slots[0], slots[1])  # the queries, and the whole slots: nothing written elsewhere
     gate, up = randn(rows, 3000).split(1500, dim=1)
-    _close("silu_mul", kernels.silu_mul(gate, up), torch.nn.functional.silu(gate) * up)
+    _close("silu_mul", kernels.silu_mul(gate, up), step_ops.silu_mul(gate, up))
 
 
 def _close(name: str, got, want) -> None:

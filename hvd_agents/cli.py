@@ -270,11 +270,17 @@ def cmd_train_payoff(args: argparse.Namespace) -> int:
 
     if args.paper:
         return _train_paper(args)
-    weights, evaluation = train_payoff(args.steps, args.output, held_out=args.held_out, l2=args.l2)
+    weights, evaluation = train_payoff(args.steps, args.output, held_out=args.held_out, l2=args.l2,
+                                       hidden=args.hidden, epochs=args.epochs)
     meta = weights.meta
     print(f"trained on {meta['train_drafts']} drafts, evaluated on {meta['held_out_drafts']} held-out drafts")
     print(f"{'predictor':<24}{'MAE accepted len':>18}{'Spearman':>10}")
-    print(f"{'payoff (features)':<24}{evaluation.mae:>18.3f}{evaluation.spearman:>10.3f}")
+    if weights.mlp is not None:
+        print(f"{'payoff (network, text)':<24}{evaluation.mae:>18.3f}{evaluation.spearman:>10.3f}")
+    else:
+        print(f"hazard network: {meta['network']}")
+    logistic = meta["held_out_logistic"]
+    print(f"{'payoff (logistic)':<24}{logistic['mae']:>18.3f}{logistic['spearman']:>10.3f}")
     print(f"{'per-position rates':<24}{evaluation.baseline_mae:>18.3f}{evaluation.baseline_spearman:>10.3f}")
     print(f"weights written to {args.output}")
     return 0
@@ -526,7 +532,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--l2", type=float, default=1.0, help="ridge penalty of the fit")
     train.add_argument("--paper", action="store_true",
                        help="fit the HVD paper's MLP (method hvd-paper) instead of hvd's hazard model")
-    train.add_argument("--epochs", type=int, default=30, help="--paper: training epochs")
+    train.add_argument("--epochs", type=int, default=30, help="training epochs of the hazard network (or --paper's)")
+    train.add_argument("--hidden", type=int, default=64,
+                       help="hidden units of the hazard network over the drafts' text (0: the logistic hazard only)")
     train.add_argument("--payoff-threshold", type=float, default=6.0, help="--paper: threshold of the evaluation")
     train.set_defaults(func=cmd_train_payoff)
 

@@ -269,11 +269,17 @@ def test_train_payoff_command_on_replayed_steps(tmp_path, capsys) -> None:
     assert main(["analyze", str(trace), "--policy", "suffix", "--k", "16", "--tokenizer", str(tokenizer),
                  "--steps", str(steps), "--quiet"]) == 0
     capsys.readouterr()
-    assert main(["train-payoff", str(steps), "-o", str(weights), "--held-out", "0.3"]) == 0
+    assert main(["train-payoff", str(steps), "-o", str(weights), "--held-out", "0.3", "--epochs", "2"]) == 0
     printed = capsys.readouterr().out
-    assert "payoff (features)" in printed and "per-position rates" in printed
+    # the replay knew the tokenizer, so its records carry the drafts' text and the hazard network is fitted too
+    assert "payoff (network, text)" in printed and "payoff (logistic)" in printed and "per-position rates" in printed
     loaded = PayoffWeights.load(weights)
+    assert loaded.mlp is not None and loaded.meta["network"] == {"hidden": 64, "epochs": 2, "seed": 0}
     assert loaded.meta["train_drafts"] > 0 and loaded.meta["sources"] == ["steps.jsonl"]
     assert set(loaded.meta["held_out"]) >= {"mae", "spearman", "baseline_mae"}
+    assert set(loaded.meta["held_out_logistic"]) >= {"mae", "spearman"}
+    assert main(["train-payoff", str(steps), "-o", str(weights), "--hidden", "0"]) == 0
+    assert "hazard network: none: --hidden 0" in capsys.readouterr().out
+    assert PayoffWeights.load(weights).mlp is None
     assert main(["train-payoff", str(tmp_path / "none.jsonl"), "-o", str(weights)]) == 2
     assert "cannot read step records" in capsys.readouterr().err

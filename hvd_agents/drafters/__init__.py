@@ -36,6 +36,7 @@ from hvd_agents.drafters.model.protocol import ModelDrafter, PlainModelDrafter
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.policy.cost import CostModel
 from hvd_agents.policy.paper import TokenClasses
+from hvd_agents.policy.token_text import TokenText
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class DrafterResources:
             head or a draft LM, :class:`~hvd_agents.drafters.model.protocol.ModelDrafter`),
             or None when the engine has none.
         tokenizer: the target's tokenizer, when the engine has one (``hvd-paper`` reads its punctuation
-            and bracket tokens off it).
+            and bracket tokens off it, ``hvd`` its tokens' text classes).
     """
 
     store: CacheStore
@@ -73,7 +74,8 @@ DRAFTER_FACTORIES: dict[str, Callable[[DrafterResources], Drafter]] = {
     "pld": lambda res: PromptLookupDrafter(),
     "hvd-cache": lambda res: SuffixDrafter(res.store, count_forks=False),
     "model": _model_only,
-    "hvd": lambda res: HybridDrafter(SuffixDrafter(res.store), cost=res.cost, model=res.model_drafter()),
+    "hvd": lambda res: HybridDrafter(SuffixDrafter(res.store, text=lambda: TokenText.from_tokenizer(res.tokenizer)),
+                                     cost=res.cost, model=res.model_drafter()),
     "hvd-paper": lambda res: PaperDrafter(SuffixDrafter(res.store), model=res.model_drafter(),
                                           classes=lambda: TokenClasses.from_tokenizer(res.tokenizer)),
     "hvd-chain": lambda res: ChainDrafter(SuffixDrafter(res.store), model=res.model_drafter()),

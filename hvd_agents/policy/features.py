@@ -53,6 +53,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import numpy as np
 
 from hvd_agents.errors import HVDError
+from hvd_agents.policy.token_text import BEFORE
 from hvd_agents.structure import SPAN_KINDS, SpanKind
 
 # Columns that vary with the position in the draft (filled per row).
@@ -136,6 +137,10 @@ def _no_positions() -> np.ndarray:
     return np.zeros(0)
 
 
+def _no_masks() -> np.ndarray:
+    return np.zeros(0, dtype=np.int64)
+
+
 @dataclass(frozen=True, eq=False)
 class CacheDraftFeatures:
     """What is known about a cache draft before verification (see the module docstring).
@@ -158,6 +163,9 @@ class CacheDraftFeatures:
             token followed (1 where there were none).
         seen: ``[n]`` how many such occurrences were counted.
         target: the target's signal from the previous verification (None: none reported).
+        text: ``[BEFORE + n]`` the classes (:mod:`hvd_agents.policy.token_text` bitmasks) of the last
+            :data:`~hvd_agents.policy.token_text.BEFORE` context tokens, then of each draft token (empty: not
+            known, the drafter has no tokenizer's text).
 
     ``probs``, ``support``, ``share`` and ``seen`` take any float sequences and are kept as read-only
     float64 arrays of one length ``n`` (``share`` and ``seen`` may be empty: not known); rows past ``n``
@@ -179,6 +187,7 @@ class CacheDraftFeatures:
     target: TargetSignal | None = None
     share: np.ndarray = field(default_factory=_no_positions)  # [n] or [0]
     seen: np.ndarray = field(default_factory=_no_positions)  # [n] or [0]
+    text: np.ndarray = field(default_factory=_no_masks)  # [BEFORE + n] or [0]
 
     def __post_init__(self) -> None:
         probs, support = _positions(self.probs, "probs"), _positions(self.support, "support")
@@ -193,6 +202,10 @@ class CacheDraftFeatures:
         object.__setattr__(self, "support", support)
         object.__setattr__(self, "share", share)
         object.__setattr__(self, "seen", seen)
+        text = _masks(self.text)
+        if len(text) and len(text) != BEFORE + len(probs):
+            raise ValueError(f"text must be empty or {BEFORE} + {len(probs)} classes long, got {len(text)}")
+        object.__setattr__(self, "text", text)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, CacheDraftFeatures):
@@ -203,6 +216,10 @@ class CacheDraftFeatures:
         )
 
     __hash__ = None  # type: ignore[assignment]  # holds arrays
+
+    def with_text(self, text: np.ndarray) -> CacheDraftFeatures:
+        """These features with the draft's text classes (:meth:`~hvd_agents.policy.token_text.TokenText.around`)."""
+        return replace(self, text=text)
 
     def with_target(self, target: TargetSignal | None) -> CacheDraftFeatures:
         """These features with the target's signal from the previous verification."""
@@ -246,6 +263,9 @@ class CacheDraftFeatures:
         record.update(zip(_position_names("support", len(probs)), self.support.tolist()))
         record.update(zip(_position_names("share", len(self.share)), self.share.tolist()))
         record.update(zip(_position_names("seen", len(self.seen)), self.seen.tolist()))
+        if len(self.text):
+            record.update(zip(_BEFORE_NAMES, map(float, self.text[BEFORE - 1 :: -1].tolist())))
+            record.update(zip(_position_names("text", len(self.text) - BEFORE), map(float, self.text[BEFORE:].tolist())))
         if self.target is not None:
             record.update(
                 {"has_target": 1.0, "target_logp": float(self.target.logp), "target_entropy": float(self.target.entropy)}
@@ -274,7 +294,9 @@ class CacheDraftFeatures:
         values = {name: _number(name, value) for name, value in record.items()}
         get = values.get
         candidates = _count(values, "num_candidates", 1)
-        positions: dict[str, dict[int, float]] = {"prob": {}, "support": {}, "share": {}, "seen": {}}
+        positions: dict[str, dict[int, float]] = {"prob": {}, "support": {}, "share": {}, "seen": {}, "text": {}}
+        before = {BEFORE - int(name.rsplit("_", 1)[1]): _whole(name, value) for name, value in values.items()
+                  if name in _BEFORE_NAMES}
         kinds = []
         for name, value in values.items():
             indexed = _POSITION_NAME.fullmatch(name)
@@ -300,6 +322,13 @@ class CacheDraftFeatures:
                 share[i] = _fraction(f"share_{i}", p)
             for i, c in positions["seen"].items():
                 seen[i] = _whole(f"seen_{i}", c)
+        text = np.zeros(0, dtype=np.int64)
+        if positions["text"] or before:
+            text = np.zeros(BEFORE + n, dtype=np.int64)  # [BEFORE + n]: tokens a record leaves out have no class
+            for i, mask in before.items():
+                text[i] = mask
+            for i, mask in positions["text"].items():
+                text[BEFORE + i] = _whole(f"text_{i}", mask)
         history = HistoryFeatures(
             drafts=_count(values, "hist_drafts", 0),
             last_frac=get("last_frac", PRIOR_RATE),
@@ -321,6 +350,7 @@ class CacheDraftFeatures:
             target=_target(values),
             share=share,
             seen=seen,
+            text=text,
         )
 
 
@@ -437,16 +467,17 @@ def feature_matrix(features: CacheDraftFeatures, length: int) -> np.ndarray:
 
 MAX_POSITIONS = 256  # record names and log-positions precomputed up to here (longer drafts compute them)
 _LOG_POSITIONS = np.log1p(np.arange(MAX_POSITIONS, dtype=np.float64))
-_POSITION_PREFIXES = ("prob", "support", "share", "seen")
+_POSITION_PREFIXES = ("prob", "support", "share", "seen", "text")
 _POSITION_NAMES = {prefix: tuple(f"{prefix}_{i}" for i in range(MAX_POSITIONS)) for prefix in _POSITION_PREFIXES}
-_POSITION_NAME = re.compile(r"(prob|support|share|seen)_(0|[1-9][0-9]*)")
+_POSITION_NAME = re.compile(r"(prob|support|share|seen|text)_(0|[1-9][0-9]*)")
+_BEFORE_NAMES = tuple(f"before_{i}" for i in range(1, BEFORE + 1))  # before_1: the last context token's classes
 _KIND_NAMES = {f"kind={kind.value}": kind for kind in SPAN_KINDS}
 _FLAGS = ("from_store", "covers_output", "last_full", "has_target")
 _COUNTS = ("match_len", "num_candidates", "pos", "hist_drafts")
 _TARGET_NAMES = ("has_target", "target_logp", "target_entropy")
 # every name a record may hold that is not per position: what the rows read, then what is only written for reading
 _KNOWN_NAMES = frozenset(
-    (*_FLAGS, *_COUNTS, *_TARGET_NAMES, "distance", "kind_rate", "last_frac", "ema_frac", *_KIND_NAMES,
+    (*_FLAGS, *_COUNTS, *_TARGET_NAMES, *_BEFORE_NAMES, "distance", "kind_rate", "last_frac", "ema_frac", *_KIND_NAMES,
      "branch_prob", "path_prob", "draft_len",
      *ChosenDraftFeatures.NAMES, *PromptLookupFeatures.NAMES, *ModelDraftFeatures.NAMES)
 )
@@ -463,6 +494,16 @@ def _positions(values: Any, name: str) -> np.ndarray:
     array = np.array(values, dtype=np.float64)  # [n], a copy: the features own it
     if array.ndim != 1:
         raise ValueError(f"{name} must be one value per position, got shape {array.shape}")
+    array.setflags(write=False)
+    return array
+
+
+def _masks(values: Any) -> np.ndarray:
+    if isinstance(values, np.ndarray) and values.dtype == np.int64 and values.ndim == 1 and not values.flags.writeable:
+        return values
+    array = np.array(values, dtype=np.int64)  # [m], a copy: the features own it
+    if array.ndim != 1 or (len(array) and array.min() < 0):
+        raise ValueError(f"text must be non-negative class masks, one per token, got {array!r}")
     array.setflags(write=False)
     return array
 

@@ -7,6 +7,12 @@ The probability that the first ``i + 1`` tokens are all accepted is the survival
 ``S_i = h_0 * ... * h_i``, so the expected accepted length of the draft cut to
 ``L`` tokens is ``S_0 + ... + S_{L-1}``: one prediction serves every truncation.
 
+Where the drafter knows the draft's text (:mod:`hvd_agents.policy.token_text`: the
+classes of the tokens around each position) and the weights file ships a hazard
+network (:mod:`hvd_agents.policy.hazard_mlp`), the network gives the logit instead
+of ``w . x_i``, from the same feature row and the text columns; the logistic
+weights serve drafts whose text is not known.
+
 Weights start from offline-trained defaults shipped in the package
 (``weights/default.json``, fitted by ``hvd-agents train-payoff``) and are adapted
 online per session: after each verification, one stochastic-gradient step on the
@@ -40,8 +46,11 @@ from hvd_agents.policy.features import (
     POSITION_FEATURES,
     CacheDraftFeatures,
     draft_row,
+    feature_matrix,
     position_columns,
 )
+from hvd_agents.policy.hazard_mlp import HazardMLP, HazardMLPError
+from hvd_agents.policy.token_text import text_columns
 
 logger = logging.getLogger(__name__)
 
@@ -63,10 +72,18 @@ class PayoffWeightsError(HVDError, ValueError):
 
 @dataclass(frozen=True)
 class PayoffWeights:
-    """Weights of the hazard model, one per feature name, and where they came from."""
+    """Weights of the hazard model, one per feature name, and where they came from.
+
+    Attributes:
+        weights: ``[F]`` the logistic hazard's weights.
+        meta: where they came from (sources, sample counts, held-out figures).
+        mlp: the hazard network (:mod:`hvd_agents.policy.hazard_mlp`), used for drafts whose text is known;
+            None: the logistic hazard for every draft.
+    """
 
     weights: np.ndarray  # [F]
     meta: Mapping[str, Any] = field(default_factory=dict)
+    mlp: HazardMLP | None = None
 
     def __post_init__(self) -> None:
         if self.weights.shape != (NUM_FEATURES,):
@@ -101,14 +118,22 @@ class PayoffWeights:
             raise PayoffWeightsError(f"{origin}: a weight is not a number: {exc}") from exc
         if not np.all(np.isfinite(weights)):
             raise PayoffWeightsError(f"{origin}: weights must be finite")
-        return cls(weights, dict(document.get("meta", {})))
+        mlp = None
+        if document.get("mlp") is not None:
+            try:
+                mlp = HazardMLP.from_document(document["mlp"], origin)
+            except HazardMLPError as exc:
+                raise PayoffWeightsError(str(exc)) from exc
+        return cls(weights, dict(document.get("meta", {})), mlp)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the weights as JSON (feature name -> weight, plus ``meta``), atomically."""
         document = {"weights": dict(zip(FEATURE_NAMES, map(float, self.weights))), "meta": dict(self.meta)}
+        if self.mlp is not None:
+            document["mlp"] = self.mlp.to_document()
         target = Path(path)
         tmp = target.with_name(target.name + ".tmp")
-        tmp.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+        tmp.write_text(json.dumps(document) + "\n", encoding="utf-8")
         os.replace(tmp, target)
 
     @classmethod
@@ -176,9 +201,15 @@ class PayoffPredictor:
         self._offsets.pop(session_id, None)
 
     def _logits(self, features: CacheDraftFeatures, length: int, session_id: str | None) -> np.ndarray:
-        """``w . x_i`` for ``i < length`` (``[L]``), without building the ``[L, F]`` matrix."""
+        """The hazard's logit for ``i < length`` (``[L]``): the network's where it is shipped and the draft's text
+        is known, else ``w . x_i`` (without building the ``[L, F]`` matrix); plus the session's offset."""
         weights = self.weights.weights
         offset = self._offsets.get(session_id) if session_id is not None else None
+        mlp = self.weights.mlp
+        if mlp is not None and len(features.text):
+            rows = np.concatenate([feature_matrix(features, length), text_columns(features.text, length)], axis=1)
+            logits = mlp.logits(rows)  # [L]
+            return logits if offset is None else logits + float(draft_row(features) @ offset)
         if offset is not None:
             weights = weights + offset
         base = float(draft_row(features) @ weights)

@@ -12,7 +12,11 @@ Train on records of a policy that verifies whole
 drafts (``suffix`` with a large ``--k``), so long drafts are labelled too.
 
 Fit: L2-regularised logistic regression of the hazard by Newton's method (IRLS)
-over all labelled positions. Evaluation on held-out conversations (a stable hash
+over all labelled positions; and, when the records carry the drafts' text classes
+(``analyze`` writes them where the tokenizer is known), the hazard network
+(:mod:`hvd_agents.policy.hazard_mlp`) on the same positions with their text
+columns, shipped in the same file (the predictor uses it where a draft's text is
+known, the logistic weights elsewhere). Evaluation on held-out conversations (a stable hash
 of the conversation id picks them): mean absolute error of the predicted
 expected accepted length of each whole draft, Spearman rank correlation between
 predicted and actual accepted lengths, and the same two figures for the
@@ -41,7 +45,9 @@ from hvd_agents.policy.features import (
     FeatureRecordError,
     feature_matrix,
 )
+from hvd_agents.policy.hazard_mlp import HazardMLP, fit_hazard_mlp
 from hvd_agents.policy.payoff import PayoffPredictor, PayoffWeights
+from hvd_agents.policy.token_text import text_columns
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +147,30 @@ def labelled_rows(samples: Iterable[DraftSample]) -> tuple[np.ndarray, np.ndarra
     return np.concatenate(rows), np.concatenate(labels)
 
 
+def labelled_text_rows(samples: Iterable[DraftSample]) -> np.ndarray:
+    """The text columns ``[n, T]`` of the positions :func:`labelled_rows` labels, in its order (every sample's
+    features must carry their text)."""
+    rows = []
+    for sample in samples:
+        if not len(sample.features.text):
+            raise InvalidRequestError(f"a step record of {sample.group} carries no text classes")
+        rows.append(text_columns(sample.features.text, min(sample.accepted + 1, sample.drafted)))
+    return np.concatenate(rows) if rows else np.zeros((0, 0))
+
+
+def fit_network(samples: Sequence[DraftSample], hidden: int = 64, epochs: int = 30, seed: int = 0) -> HazardMLP:
+    """Fit the hazard network on every observed position of ``samples`` (which must carry their text).
+
+    Raises:
+        InvalidRequestError: no drafted step, or a sample without text classes.
+    """
+    x, y = labelled_rows(samples)  # [n, F], [n]
+    if len(y) == 0:
+        raise InvalidRequestError("no drafted steps to train on")
+    rows = np.concatenate([x, labelled_text_rows(samples)], axis=1)  # [n, F + T]
+    return fit_hazard_mlp(rows, y, hidden=hidden, epochs=epochs, seed=seed)
+
+
 def fit(samples: Sequence[DraftSample], l2: float = 1.0, iterations: int = 25) -> np.ndarray:
     """Fit the hazard weights (``[F]``) by IRLS; ``l2`` is the ridge penalty (the bias is not penalised).
 
@@ -214,30 +244,46 @@ def _ranks(values: np.ndarray) -> np.ndarray:
 
 
 def train_payoff(
-    paths: Sequence[str | os.PathLike], output: str | os.PathLike, *, held_out: float = 0.2, l2: float = 1.0
+    paths: Sequence[str | os.PathLike], output: str | os.PathLike, *, held_out: float = 0.2, l2: float = 1.0,
+    hidden: int = 64, epochs: int = 30, seed: int = 0,
 ) -> tuple[PayoffWeights, Evaluation]:
     """Fit weights on the step records in ``paths``, evaluate on held-out conversations, save to ``output``.
 
-    The saved file's ``meta`` records the sources, sample counts and the evaluation.
+    The logistic weights are always fitted; the hazard network too when ``hidden > 0`` and every record carries
+    its draft's text classes (else the file has none, and ``meta["network"]`` says why). The saved file's
+    ``meta`` records the sources, sample counts and the held-out evaluation of what is saved (``held_out``)
+    and of the logistic weights alone (``held_out_logistic``). Returns the evaluation of what is saved.
 
     Raises:
         HVDError: unreadable or malformed records, or nothing to train on.
-        InvalidRequestError: ``held_out`` outside [0, 1).
+        InvalidRequestError: ``held_out`` outside [0, 1), or ``hidden`` or ``epochs`` < 0 / < 1.
     """
     if not 0.0 <= held_out < 1.0:
         raise InvalidRequestError(f"held_out must be in [0, 1), got {held_out}")
+    if hidden < 0 or epochs < 1:
+        raise InvalidRequestError(f"hidden must be >= 0 and epochs >= 1, got {hidden} and {epochs}")
     samples = read_samples(paths)
     train, test = split(samples, held_out)
     weights = fit(train, l2=l2)
-    meta = {
+    meta: dict[str, Any] = {
         "sources": [Path(p).name for p in paths],
         "train_drafts": len(train),
         "held_out_drafts": len(test),
         "l2": l2,
     }
-    result = PayoffWeights(weights, meta)
-    evaluation = evaluate(PayoffPredictor(result, learning_rate=0.0), test, train)
-    result = PayoffWeights(weights, {**meta, "held_out": evaluation.to_dict()})
+    logistic = evaluate(PayoffPredictor(PayoffWeights(weights), learning_rate=0.0), test, train)
+    network = None
+    if hidden == 0:
+        meta["network"] = "none: --hidden 0"
+    elif not all(len(sample.features.text) for sample in samples):
+        meta["network"] = "none: the step records carry no text classes (replay with a tokenizer)"
+    else:
+        network = fit_network(train, hidden=hidden, epochs=epochs, seed=seed)
+        meta["network"] = {"hidden": hidden, "epochs": epochs, "seed": seed}
+    result = PayoffWeights(weights, meta, network)
+    evaluation = evaluate(PayoffPredictor(result, learning_rate=0.0), test, train) if network else logistic
+    result = PayoffWeights(weights, {**meta, "held_out": evaluation.to_dict(),
+                                     "held_out_logistic": logistic.to_dict()}, network)
     result.save(output)
     return result, evaluation
 

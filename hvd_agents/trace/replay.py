@@ -37,6 +37,7 @@ from hvd_agents.drafters import Draft, DraftContext, DraftOutcome
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.policy.cost import FALLBACK_VERIFY_COST
 from hvd_agents.policy.paper import PAPER_THRESHOLD, PaperMLP, TokenClasses
+from hvd_agents.policy.token_text import TokenText
 from hvd_agents.structure import PromptStructure
 from hvd_agents.trace.loader import Conversation, TraceFile
 from hvd_agents.trace.stats import TARGET_KIND, PolicyStats, ReplayStepRecord, source_kind
@@ -242,9 +243,10 @@ def replay_trace(
         raise InvalidRequestError("no policy to replay")
     threshold = float(config.k if config.threshold is None else config.threshold)
     classes = TokenClasses.from_tokenizer(tokenizer) if "hvd-paper" in config.policies or step_sink else None
+    text = TokenText.from_tokenizer(tokenizer)
     paper = PaperMLP.load(config.paper_weights) if config.paper_weights else None
     policies = [make_policy(name, threshold=threshold, verify_cost=config.verify_cost,
-                            payoff_threshold=config.payoff_threshold, paper=paper, classes=classes)
+                            payoff_threshold=config.payoff_threshold, paper=paper, classes=classes, text=text)
                 for name in config.policies]
     result = ReplayResult({p.name: PolicyStats(p.name, payoff_threshold=config.payoff_threshold) for p in policies})
     result.highlight_policy = config.highlight_policy or _default_highlight_policy(config.policies)

@@ -69,6 +69,7 @@ from hvd_agents.drafters.hybrid import CacheProbe, CombinedDrafter
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.policy import FALLBACK_VERIFY_COST, CostModel, PayoffPredictor
 from hvd_agents.policy.paper import PAPER_THRESHOLD, PaperMLP, TokenClasses
+from hvd_agents.policy.token_text import TokenText
 from hvd_agents.structure import PromptStructure
 
 logger = logging.getLogger(__name__)
@@ -237,11 +238,12 @@ def resolve_policy_names(spec: str | Sequence[str] | None) -> tuple[list[str], l
 
 def make_policy(name: str, *, threshold: float, verify_cost: float = FALLBACK_VERIFY_COST, store_tokens: int = 1_000_000,
                 payoff_threshold: float = PAPER_THRESHOLD, paper: PaperMLP | None = None,
-                classes: TokenClasses | None = None) -> Policy:
+                classes: TokenClasses | None = None, text: TokenText | None = None) -> Policy:
     """A fresh policy by (resolved) name; store-based policies get a new store of ``store_tokens``.
 
     ``payoff_threshold``, ``paper`` (the MLP; the packaged one when None) and ``classes`` (the tokenizer's
-    punctuation and bracket ids) configure ``hvd-paper``.
+    punctuation and bracket ids) configure ``hvd-paper``; ``text`` (the tokenizer's token classes, None: none)
+    describes the cache drafts of ``suffix`` (so that its step records carry them) and ``hvd``.
     """
     if name == "ar":
         return DrafterPolicy(name, NoDrafter())
@@ -253,12 +255,12 @@ def make_policy(name: str, *, threshold: float, verify_cost: float = FALLBACK_VE
         return DrafterPolicy(name, ArcticDrafter())
     store = CacheStore(store_tokens)
     if name == "suffix":
-        return DrafterPolicy(name, SuffixDrafter(store), store)
+        return DrafterPolicy(name, SuffixDrafter(store, text=text), store)
     if name == "suffix-threshold":
         return ThresholdPolicy(name, SuffixDrafter(store), store, threshold=threshold)
     if name == "hvd":
-        return DrafterPolicy(name, HybridDrafter(SuffixDrafter(store), PayoffPredictor(), CostModel.linear(verify_cost)),
-                             store)
+        return DrafterPolicy(name, HybridDrafter(SuffixDrafter(store, text=text), PayoffPredictor(),
+                                                 CostModel.linear(verify_cost)), store)
     if name == "hvd-paper":
         return DrafterPolicy(name, PaperDrafter(SuffixDrafter(store), paper, threshold=payoff_threshold,
                                                 classes=classes), store)

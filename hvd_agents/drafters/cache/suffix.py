@@ -31,7 +31,7 @@ accepted, ``stop`` registers the request's output in the store (kind ``generated
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,6 +41,7 @@ from hvd_agents.drafters.cache.history import AcceptanceHistory, KindRates
 from hvd_agents.drafters.cache.ngram_index import NgramIndex, gram_keys
 from hvd_agents.drafters.cache.store import CacheStore
 from hvd_agents.policy.features import CacheDraftFeatures
+from hvd_agents.policy.token_text import TokenText
 from hvd_agents.structure import PromptStructure, SpanKind
 
 CONTEXT_GRAM = 4
@@ -104,6 +105,9 @@ class SuffixDrafter:
         count_forks: count, at each draft position, what followed the tokens before it elsewhere (the ``share``
             and ``seen`` features, the forks :meth:`alternatives` branches at); off where nothing reads them
             (the drafter alone, method ``hvd-cache``), which saves their cost at every step.
+        text: the tokenizer's token classes (:class:`~hvd_agents.policy.token_text.TokenText`), or a callable
+            that returns them (None: none) on the first proposal: each draft's features then carry the classes of
+            the tokens around it, which the payoff predictor reads (None: not known).
     """
 
     def __init__(
@@ -115,6 +119,7 @@ class SuffixDrafter:
         register_outputs: bool = True,
         source: str = "suffix",
         count_forks: bool = True,
+        text: TokenText | Callable[[], TokenText | None] | None = None,
     ) -> None:
         self.store = store
         self.max_match = max_match
@@ -122,8 +127,16 @@ class SuffixDrafter:
         self.register_outputs = register_outputs
         self.source = source
         self.count_forks = count_forks
+        self._text = text
         self._requests: dict[str, _RequestState] = {}
         self._kind_rates = KindRates()
+
+    @property
+    def text(self) -> TokenText | None:
+        """The token classes drafts are described with (built on first use when given as a callable)."""
+        if self._text is not None and not isinstance(self._text, TokenText):
+            self._text = self._text()
+        return self._text
 
     def start(self, req_id: str, prompt_ids: Sequence[int], structure: PromptStructure | None = None) -> None:
         index = NgramIndex()
@@ -159,6 +172,9 @@ class SuffixDrafter:
             support=support,
             **(self._context_counts(state, ctx.token_ids, tokens) if self.count_forks else {}),
         )
+        text = self.text
+        if text is not None:
+            features = features.with_text(text.around(ctx.token_ids, tokens))
         return Draft(tuple(tokens), None, float(match_len), f"{self.source}:{chosen.kind.value}", features)
 
     def _context_counts(self, state: _RequestState, context: Sequence[int], tokens: Sequence[int]) -> dict:

@@ -1,0 +1,150 @@
+"""What a token's text looks like, as a few yes/no classes: the payoff predictor's view of the draft's text.
+
+Where a copied draft breaks off is mostly a matter of where it stands in the text:
+at the opening quote of a JSON value, after ``"name": "``, at a newline, an
+argument's digits. The cache drafter's counts cannot see that (the four tokens
+before an argument's value were followed by the same value every time before);
+the characters of the tokens around a position can. So each token id gets a
+bitmask of :data:`CLASS_NAMES` (quote, colon, digit, newline, ...), read once off
+the tokenizer's text of each id, and a draft position's text features are the
+classes of the three tokens before it and of the drafted token itself
+(:func:`text_columns`). The classes are the same for any tokenizer, so weights
+fitted through one tokenizer's ids apply to another's.
+
+Worked example: with SmolLM2's tokenizer the token ``'": "'`` is ``punct``,
+``dquote``, ``colon``, ``ends_quote``, ``starts_quote`` and ``len2``; a draft's
+first position after it has those bits in its ``-1`` columns.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+CLASS_NAMES: tuple[str, ...] = (
+    "punct", "bracket", "dquote", "squote", "blank", "alpha", "lead_space", "digit", "newline", "colon", "comma",
+    "ends_quote", "starts_quote", "underscore", "upper", "special", "len2", "len5",
+)
+"""A token's classes, by its decoded text ``s`` (``t`` = ``s`` stripped of whitespace): ``punct`` (a Unicode
+punctuation character), ``bracket`` (one of ``()[]{}<>``), ``dquote`` / ``squote`` (holds ``"`` / ``'``),
+``blank`` (``t`` is empty), ``alpha``, ``lead_space`` (``s`` starts with a space), ``digit``, ``newline``,
+``colon``, ``comma``, ``ends_quote`` / ``starts_quote`` (``t`` ends / starts with a quote), ``underscore``,
+``upper`` (``t`` starts upper case), ``special`` (a special token of the tokenizer), ``len2`` / ``len5`` (``t``
+has at least 2 / 5 characters)."""
+NUM_CLASSES = len(CLASS_NAMES)
+BEFORE = 3
+"""Context tokens before a draft whose classes a record carries (the first positions' ``-1..-3`` columns)."""
+TEXT_OFFSETS: tuple[int, ...] = (-1, -2, -3, 0)
+"""Which tokens, relative to a draft position, its text columns describe: the three before it, then itself."""
+TEXT_COLUMNS: tuple[str, ...] = tuple(f"text{offset:+d}:{name}" for offset in TEXT_OFFSETS for name in CLASS_NAMES)
+_QUOTES = ('"', "'")
+_BRACKETS = frozenset("()[]{}<>")
+
+
+def token_classes(text: str, special: bool = False) -> int:
+    """The bitmask of :data:`CLASS_NAMES` (bit ``i`` for the ``i``-th) of a token whose text is ``text``."""
+    stripped = text.strip()
+    flags = (
+        any(unicodedata.category(ch).startswith("P") for ch in text),
+        any(ch in _BRACKETS for ch in text),
+        '"' in text,
+        "'" in text,
+        not stripped,
+        any(ch.isalpha() for ch in text),
+        text[:1] == " ",
+        any(ch.isdigit() for ch in text),
+        "\n" in text,
+        ":" in text,
+        "," in text,
+        stripped[-1:] in _QUOTES,
+        stripped[:1] in _QUOTES,
+        "_" in text,
+        stripped[:1].isupper(),
+        special,
+        len(stripped) >= 2,
+        len(stripped) >= 5,
+    )
+    return sum(1 << i for i, flag in enumerate(flags) if flag)
+
+
+class TokenText:
+    """Each token id's classes (:func:`token_classes`), looked up as bitmasks.
+
+    Args:
+        masks: ``[V]`` the bitmask of each id; ids outside ``0..V-1`` read as 0 (no class).
+
+    Example:
+        >>> text = TokenText.from_decoder(['a', '": "', '\\n'].__getitem__, 3)
+        >>> text.masks([1, 7]).tolist()  # an id out of range has no class
+        [72253, 0]
+    """
+
+    def __init__(self, masks: np.ndarray) -> None:
+        self._masks = np.asarray(masks, dtype=np.int64)  # [V]
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._masks)
+
+    @classmethod
+    def from_decoder(cls, decode: Callable[[int], str], vocab_size: int, special: Iterable[int] = ()) -> TokenText:
+        """Classes of ids ``0..vocab_size-1`` by their decoded text; ``special`` ids get the ``special`` class."""
+        specials = set(special)
+        return cls(np.array([token_classes(decode(token), token in specials) for token in range(vocab_size)],
+                            dtype=np.int64))
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any) -> TokenText | None:
+        """Classes read off a Hugging Face style tokenizer (``decode`` and ``len``), built once per tokenizer
+        object; None when it has neither."""
+        if tokenizer is None or not hasattr(tokenizer, "decode"):
+            return None
+        try:
+            cached = _BUILT.get(tokenizer)
+        except TypeError:  # not weakly referenceable: build without caching
+            cached = None
+        if cached is not None:
+            return cached
+        try:
+            size = len(tokenizer)
+        except TypeError:
+            return None
+        special = getattr(tokenizer, "all_special_ids", None) or ()
+        built = cls.from_decoder(lambda token: tokenizer.decode([token]), size, special)
+        try:
+            _BUILT[tokenizer] = built
+        except TypeError:
+            pass
+        return built
+
+    def masks(self, token_ids: Sequence[int]) -> np.ndarray:
+        """``[n]`` the bitmasks of ``token_ids`` (0 for an id this table does not cover)."""
+        ids = np.asarray(token_ids, dtype=np.int64)  # [n]
+        inside = (ids >= 0) & (ids < len(self._masks))
+        return np.where(inside, self._masks[np.clip(ids, 0, max(len(self._masks) - 1, 0))], 0) if len(ids) else ids
+
+    def around(self, context: Sequence[int], draft: Sequence[int]) -> np.ndarray:
+        """``[BEFORE + n]``: the bitmasks of the last :data:`BEFORE` context tokens (0 where the context is
+        shorter), then of the ``n`` draft tokens: what :class:`~hvd_agents.policy.features.CacheDraftFeatures`
+        keeps as ``text``."""
+        head = list(context[-BEFORE:]) if BEFORE else []
+        masks = self.masks(head + list(draft))
+        return np.concatenate([np.zeros(BEFORE - len(head), dtype=np.int64), masks])
+
+
+_BUILT: weakref.WeakKeyDictionary[Any, TokenText] = weakref.WeakKeyDictionary()
+
+
+def text_columns(text: np.ndarray, length: int) -> np.ndarray:
+    """The text columns of a draft's first ``length`` positions, ``[L, len(TEXT_COLUMNS)]`` of 0/1, from the
+    ``text`` bitmasks (``[BEFORE + n]``, :meth:`TokenText.around`); positions past ``n`` read as no class."""
+    padded = np.zeros(BEFORE + length, dtype=np.int64)  # [BEFORE + L]
+    known = min(len(text), BEFORE + length)
+    padded[:known] = text[:known]
+    bits = (padded[:, None] >> np.arange(NUM_CLASSES)) & 1  # [BEFORE + L, C]
+    positions = np.arange(length) + BEFORE  # [L]: each position's own index in padded
+    return np.concatenate([bits[positions + offset] for offset in TEXT_OFFSETS], axis=1).astype(np.float64)

@@ -162,6 +162,20 @@ def test_the_path_kernel_is_attention_and_a_tree_row_is_its_position_alone_on_cu
                 assert torch.equal(single[0], got[row]), (dtype, past, row)
 
 
+def test_the_step_input_kernel_gives_pytorchs_values_on_cuda_and_the_runners_use_it(smollm2) -> None:
+    from hvd_agents.runtime.static import input_kernel
+    from hvd_agents.runtime.static.step_inputs import CheckedKernel, self_check
+
+    cuda = torch.device("cuda")
+    for rows in (1, 2, 3, 5, 9, 17, 33, 65):  # every row bucket; near a 16K window's capacity too
+        for paths in (True, False):
+            self_check(input_kernel.decode_inputs, cuda, rows, paths, capacity=16448, trees=64, seed=1)
+    for bitwise in (True, False):
+        runner = StaticRunner(smollm2, bitwise=bitwise, slots=1)  # warm-up checks each shape before capturing it
+        build = runner.decoder.build_inputs
+        assert isinstance(build, CheckedKernel) and build.verdicts and all(build.verdicts.values()), build.verdicts
+
+
 def test_the_bitwise_runner_speculation_is_plain_decoding_in_bfloat16(smollm2) -> None:
     engine = Engine(smollm2, eos_token_ids=(), draft_head=None)
     assert engine.runner.bitwise

@@ -26,7 +26,7 @@ from hvd_agents.runtime.static import StaticRunner
 from hvd_agents.runtime.static.step_inputs import CheckedKernel
 
 ROWS = (1, 2, 5, 17, 33)
-CONTEXTS = (512, 4096)
+CONTEXTS = (256, 512, 4096)  # 256: the bitwise mode's one-chunk KV bucket (path attention as one kernel)
 REPEATS = 20
 
 
@@ -89,8 +89,8 @@ def probe(name: str) -> None:
             runner.forward(kv, ids[:context], logits_to_keep=1)
             for rows in ROWS:
                 results[mode, context, rows] = step_ms(runner, kv, ids, context, rows)
-            if context == CONTEXTS[0]:
-                print(f"{mode}: {kernels_per_step(runner, kv)}")
+            if context <= 512:  # past it the step's kernels are the 512 context's
+                print(f"{mode}, {context} cached: {kernels_per_step(runner, kv)}")
             floor = step_bytes(model, runner, context) / bandwidth * 1e3
             results["floor", context, 1] = floor
         kv.release()

@@ -101,7 +101,7 @@ def decode_inputs(parents: torch.Tensor, past: torch.Tensor, length: int, count:
         depth = torch.empty(rows, dtype=torch.long, device=device)
         _step_inputs[(1,)](parents, past, positions, write, table, depth, positions, rows, 0,
                            RP=padded, SQUARINGS=squarings, PATHS=True, BLOCK=MASK_BLOCK)
-        return positions, write, PathInputs(past=past, count=count, table=table, depth=depth)
+        return positions, write, PathInputs(past=past, count=count, table=table, depth=depth, bound=length)
     mask = torch.empty(rows, length, dtype=torch.uint8, device=device)
     grid = (max(1, triton.cdiv(length, MASK_BLOCK)),)
     _step_inputs[grid](parents, past, positions, write, positions, positions, mask, rows, length,

@@ -39,7 +39,7 @@ def decode_inputs(parents: torch.Tensor, past: torch.Tensor, length: int, count:
     Args:
         parents: ``[R - 1]`` long: each row after the first, its parent among the draft rows (-1: the root).
         past: ``[1]`` long, positions already cached.
-        length: ``L``, the KV positions dense attention reads.
+        length: ``L``, the KV positions dense attention reads (path attention: the rows' bound, at least ``past + R``).
         count: ``[1]`` long, the real rows (path attention only).
     """
     rows = parents.shape[0] + 1
@@ -48,7 +48,7 @@ def decode_inputs(parents: torch.Tensor, past: torch.Tensor, length: int, count:
     visible = tree_visibility(anc)  # [R, R]
     write = past + torch.arange(rows, device=parents.device)  # [R]
     if count is not None:
-        return positions, write, path_inputs(visible, past, count)
+        return positions, write, path_inputs(visible, past, count, bound=length)
     cols = torch.arange(length, device=parents.device)  # [L]
     rel = cols - past  # [L]: column's offset among this forward's rows
     new = (rel >= 0) & (rel < rows)
@@ -149,7 +149,7 @@ def self_check(build: Builder, device: torch.device, rows: int, paths: bool, cap
         args = (torch.tensor(parents, dtype=torch.long, device=device), torch.tensor([past], device=device), length,
                 torch.tensor([count], device=device) if paths else None)
         got, want = _flat(build(*args)), _flat(decode_inputs(*args))
-        for name, g, w in zip(("positions", "write", "table/mask", "depth"), got, want, strict=True):
+        for name, g, w in zip(("positions", "write", "table/mask", "depth", "bound"), got, want, strict=True):
             if g.dtype != w.dtype or g.shape != w.shape or not torch.equal(g, w):
                 raise AssertionError(f"{name} differs from PyTorch's at parents={parents}, past={past}, "
                                      f"length={length}, count={count}")
@@ -160,5 +160,5 @@ def self_check(build: Builder, device: torch.device, rows: int, paths: bool, cap
 def _flat(inputs: Inputs) -> tuple[torch.Tensor, ...]:
     positions, write, attend = inputs
     if isinstance(attend, PathInputs):
-        return positions, write, attend.table, attend.depth
-    return positions, write, attend, positions[:0]
+        return positions, write, attend.table, attend.depth, torch.tensor(attend.bound or -1)
+    return positions, write, attend, positions[:0], torch.tensor(-1)

@@ -129,7 +129,7 @@ def test_single_bucket_mode_gives_every_row_the_logits_of_a_one_row_step_in_bflo
     print(f"per-bucket mode: {buckets}/{len(tokens)} rows bitwise equal to one-row steps")
 
 
-@pytest.mark.parametrize("past", [600, 2000])
+@pytest.mark.parametrize("past", [200, 600, 2000])  # 200: the one-chunk KV bucket, path attention as one kernel
 def test_the_bitwise_runner_gives_every_row_the_logits_of_a_one_row_step_chains_and_trees(smollm2, past) -> None:
     ids = torch.randint(0, 49152, (past + 16,), generator=torch.Generator().manual_seed(past)).tolist()
     prompt, tokens = ids[:past], ids[past:]
@@ -160,6 +160,47 @@ def test_the_path_kernel_is_attention_and_a_tree_row_is_its_position_alone_on_cu
                 q1, k1, v1, alone = _alone(q, keys, values, paths, row, past)
                 single = path_kernels.path_attention(q1, k1, v1, *alone.tensors(), 0.125, 64, 512)
                 assert torch.equal(single[0], got[row]), (dtype, past, row)
+
+
+def test_the_one_chunk_path_kernel_is_the_two_kernels_bit_for_bit_on_cuda(smollm2) -> None:
+    from hvd_agents.runtime.static import path_kernels
+    from tests.test_path_attention import PARENTS, _inputs, _random_attention
+
+    for dtype, bits in ((torch.float32, torch.int32), (torch.bfloat16, torch.int16)):
+        for past in (0, 63, 64, 65, 300, 503):  # 503 + 9 rows: the last one-chunk length
+            q, keys, values = (t.cuda() for t in _random_attention(dtype, seed=past, heads=9, kv_heads=3, hd=64,
+                                                                    capacity=4096))
+            for count in (9, 5):
+                paths = _inputs(PARENTS, past, count=count, device="cuda")
+                two = path_kernels.path_attention(q, keys, values, *paths.tensors(), 0.125, 64, 512)
+                one = path_kernels.path_attention(q, keys, values, *paths.tensors(), 0.125, 64, 512, past + 9)
+                assert torch.equal(one.view(bits), two.view(bits)), (dtype, past, count)
+    # the default runner's one-chunk KV bucket against one KV length (two kernels at every context)
+    ids = torch.randint(0, 49152, (216,), generator=torch.Generator().manual_seed(7)).tolist()
+    short = StaticRunner(smollm2, slots=1)
+    assert short.buckets.kv[0] == 512 and short.buckets.kv_for(200 + 33) == 512
+    long = StaticRunner(smollm2, slots=1, buckets=Buckets.single(33, short.buckets.kv[-1]), bitwise=True)
+    outs = []
+    for runner in (short, long):
+        kv = runner.new_kv()
+        runner.forward(kv, ids[:200], logits_to_keep=1)
+        outs.append(torch.cat([runner.forward(kv, [t]) for t in ids[200:]]))
+        kv.release()
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_the_step_input_kernel_gives_pytorchs_values_on_cuda_and_the_runners_use_it(smollm2) -> None:
+    from hvd_agents.runtime.static import input_kernel
+    from hvd_agents.runtime.static.step_inputs import CheckedKernel, self_check
+
+    cuda = torch.device("cuda")
+    for rows in (1, 2, 3, 5, 9, 17, 33, 65):  # every row bucket; near a 16K window's capacity too
+        for paths in (True, False):
+            self_check(input_kernel.decode_inputs, cuda, rows, paths, capacity=16448, trees=64, seed=1)
+    for bitwise in (True, False):
+        runner = StaticRunner(smollm2, bitwise=bitwise, slots=1)  # warm-up checks each shape before capturing it
+        build = runner.decoder.build_inputs
+        assert isinstance(build, CheckedKernel) and build.verdicts and all(build.verdicts.values()), build.verdicts
 
 
 def test_the_bitwise_runner_speculation_is_plain_decoding_in_bfloat16(smollm2) -> None:

@@ -190,3 +190,74 @@ def test_the_triton_kernel_matches_the_reference_under_the_interpreter() -> None
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300, check=False,
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+def test_the_one_chunk_kernel_is_the_two_kernels_bit_for_bit_under_the_interpreter() -> None:
+    # a forward whose rows all fit in one chunk runs _partial alone, finishing each row as _combine would: the same
+    # bits (float32 and bfloat16, padding rows included); a runner's short KV bucket (one chunk) gives the logits
+    # of the same steps run through two kernels; and the comparison catches a finish that is not _combine's
+    script = textwrap.dedent("""
+        import importlib.util, inspect, sys, tempfile, torch
+        import hvd_agents.runtime.static.decoder as decoder
+        from tests.test_path_attention import _inputs, _random_attention, PARENTS
+        from tests.tiny import make_tiny_llama
+        from hvd_agents.runtime.static import Buckets, StaticRunner, path_kernels, paths
+
+        def same_bits(a, b):
+            bits = {torch.float32: torch.int32, torch.bfloat16: torch.int16}[a.dtype]
+            return a.dtype == b.dtype and torch.equal(a.view(bits), b.view(bits))
+
+        def one_and_two(kernels, dtype, past, hd, count, chunk):
+            q, keys, values = _random_attention(dtype, seed=past, hd=hd, capacity=4 * chunk)
+            p = _inputs(PARENTS, past, count=count)
+            two = kernels.path_attention(q, keys, values, *p.tensors(), 0.25, 64, chunk)  # chunks: the capacity's
+            one = kernels.path_attention(q, keys, values, *p.tensors(), 0.25, 64, chunk, past + len(PARENTS) + 1)
+            return one, two
+
+        dtypes = (torch.float32, torch.bfloat16)
+        cases = [(128, dtype, 16, 9, past) for dtype in dtypes for past in (0, 37, 63, 64, 65, 119)]
+        cases += [(128, dtype, 24, 7, past) for dtype in dtypes for past in (1, 100)]
+        cases += [(512, torch.float32, 16, 9, 503)]  # the runner's chunk, its last one-chunk length
+        for chunk, dtype, hd, count, past in cases:
+            one, two = one_and_two(path_kernels, dtype, past, hd, count, chunk)
+            assert same_bits(one, two), (chunk, dtype, hd, past)
+            assert not one[count:].any() and one[:count].abs().sum() > 0
+
+        # the check has teeth: a finish that multiplies by the reciprocal instead of dividing differs somewhere
+        source = inspect.getsource(path_kernels)
+        finish = "out = acc / tl.where(keep, total, 1.0)[:, None]"
+        assert finish in source
+        with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as fh:
+            fh.write(source.replace(finish, "out = acc * (1.0 / tl.where(keep, total, 1.0))[:, None]"))
+        spec = importlib.util.spec_from_file_location("mutated_path_kernels", fh.name)
+        mutated = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mutated
+        spec.loader.exec_module(mutated)
+        assert not all(same_bits(*one_and_two(mutated, torch.float32, past, 16, 9, 128)) for past in (0, 37, 100))
+
+        # the runner: a short KV bucket of one chunk against one KV length (two kernels everywhere)
+        decoder.path_attention = lambda q, k, v, p, s: path_kernels.path_attention(
+            q, k, v, *p.tensors(), s, paths.TILE, 128, p.bound)
+        model = make_tiny_llama(64, seed=11, dtype=torch.float32)
+        ids = torch.randint(0, 64, (120,), generator=torch.Generator().manual_seed(5)).tolist()
+        runs = []
+        for buckets in (Buckets((33,), (128, 256)), Buckets.single(33, 256)):
+            runner = StaticRunner(model, slots=1, buckets=buckets, bitwise=True)
+            kv = runner.new_kv()
+            runner.forward(kv, ids[:88])
+            got = [runner.forward(kv, [t]) for t in ids[88:100]]  # from one chunk (past + 33 <= 128) to two
+            kv.rollback(88)
+            got.append(runner.forward(kv, ids[88:98]))
+            kv.rollback(88)
+            got.append(runner.forward(kv, [ids[88], 3, ids[89], 7, ids[90]], parents=[-1, -1, 1, 2]))
+            kv.release()
+            runs.append(got)
+        assert all(torch.equal(a, b) for a, b in zip(*runs))
+        assert all(torch.equal(runs[0][i][0], runs[0][12][i]) for i in range(10))  # rows: one-row steps
+        print("ok")
+    """)
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600,
+                          check=False, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]

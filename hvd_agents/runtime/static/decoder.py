@@ -8,8 +8,9 @@ tensor, so the same call can be captured once per shape as a CUDA graph
 
 * the rows' positions, their KV write positions and the attention mask are built on
   the device from the draft's ``parents`` and the cached length ``past`` (a one-element
-  tensor) with :mod:`hvd_agents.runtime.tree_mask`; padding rows hang off the root, write
-  after the real rows and are never visible to them;
+  tensor) with :mod:`hvd_agents.runtime.tree_mask` (:mod:`.step_inputs`; on CUDA one Triton
+  kernel, :mod:`.input_kernel`); padding rows hang off the root, write after the real rows
+  and are never visible to them;
 * attention is either *dense* (a mask ``[R, L]`` over the first ``L`` slots; each KV head
   is read once for its whole group of query heads, whose queries are stacked as rows of
   one matrix product) or *path* attention (:mod:`.paths`: each row along its own path, in
@@ -30,10 +31,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from hvd_agents.runtime.static import step_ops
+from hvd_agents.runtime.static import step_inputs, step_ops
 from hvd_agents.runtime.static.fused import load_fused_kernels
-from hvd_agents.runtime.static.paths import PathInputs, path_attention, path_inputs
-from hvd_agents.runtime.tree_mask import ancestors, tree_positions, tree_visibility
+from hvd_agents.runtime.static.paths import PathInputs, path_attention
+from hvd_agents.runtime.static.step_inputs import load_input_kernel
 
 SUPPORTED_TYPES = frozenset({"llama", "mistral", "qwen2"})
 # RoPE variants whose frequencies HF recomputes from the sequence length on every call: the decoder's
@@ -129,6 +130,8 @@ class StaticDecoder:
         self.sin = (freqs.sin() * scale).to(self.dtype)
         fused = load_fused_kernels(self.device)  # Triton kernels for the small operations (CUDA), else None
         self.ops = fused if fused is not None else step_ops  # add_rms, rope_store, silu_mul
+        # the step's positions, write slots and attention inputs: one Triton kernel (CUDA), else PyTorch's operations
+        self.build_inputs = load_input_kernel(self.device) or step_inputs.decode_inputs
 
     def _dense(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Masked attention of ``q`` ``[heads, R, hd]`` over the first ``L`` slots; ``[R, heads * hd]``."""
@@ -144,25 +147,9 @@ class StaticDecoder:
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | PathInputs]:
         """Positions ``[R]``, KV write positions ``[R]`` and what attention reads of a bucketed forward: the
         mask ``[R, L]`` (dense), or with ``count`` the rows' :class:`~.paths.PathInputs` (path attention).
-
-        Args:
-            parents: ``[R - 1]`` long: each row after the first, its parent among the draft rows (-1: the root).
-            past: ``[1]`` long, positions already cached.
-            length: ``L``, the KV positions dense attention reads.
-            count: ``[1]`` long, the real rows (path attention only).
+        See :func:`~.step_inputs.decode_inputs` (PyTorch's operations), or one Triton kernel on CUDA.
         """
-        rows = parents.shape[0] + 1
-        anc = ancestors(parents)  # [R - 1, R - 1]
-        positions = tree_positions(past, anc)  # [R]
-        visible = tree_visibility(anc)  # [R, R]
-        write = past + torch.arange(rows, device=parents.device)  # [R]
-        if count is not None:
-            return positions, write, path_inputs(visible, past, count)
-        cols = torch.arange(length, device=parents.device)  # [L]
-        rel = cols - past  # [L]: column's offset among this forward's rows
-        new = (rel >= 0) & (rel < rows)
-        mask = (cols < past)[None, :] | (new[None, :] & visible.index_select(1, rel.clamp(0, rows - 1)))  # [R, L]
-        return positions, write, mask
+        return self.build_inputs(parents, past, length, count)
 
     @staticmethod
     def chain_inputs(past: int, rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

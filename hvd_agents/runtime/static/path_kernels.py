@@ -11,6 +11,12 @@
 * ``_combine``: one program per (KV head, row); it merges the row's chunks in chunk order
   (a padding row's output is zeros).
 
+When no row of the forward can reach past the first chunk (a ``length`` of at most
+:data:`~.paths.CHUNK` virtual positions, which the runner knows on the host), ``_partial``
+alone runs, one chunk per row, and finishes each row itself with ``_combine``'s arithmetic over
+one chunk, operation for operation (the same maximum, weight, sums and division), so the
+output is the two kernels' bit for bit, in one launch instead of two.
+
 Every reduction runs over a fixed tile or chunk of virtual positions, so a row's result
 depends only on its own query and its path's keys and values.
 """
@@ -25,10 +31,10 @@ GROUP_ROWS = 16  # query heads of one KV head, padded to the tensor cores' small
 
 
 @triton.jit
-def _partial(q_ptr, k_ptr, v_ptr, past_ptr, count_ptr, table_ptr, depth_ptr, m_ptr, l_ptr, acc_ptr,
+def _partial(q_ptr, k_ptr, v_ptr, past_ptr, count_ptr, table_ptr, depth_ptr, m_ptr, l_ptr, acc_ptr, out_ptr,
              stride_kh, stride_kc, rows, chunks, scaling,
              G: tl.constexpr, GP: tl.constexpr, HD: tl.constexpr, HDP: tl.constexpr, TILE: tl.constexpr,
-             CHUNK: tl.constexpr, IEEE: tl.constexpr):
+             CHUNK: tl.constexpr, IEEE: tl.constexpr, SINGLE: tl.constexpr):
     h = tl.program_id(0)
     r = tl.program_id(1)
     c = tl.program_id(2)
@@ -74,10 +80,27 @@ def _partial(q_ptr, k_ptr, v_ptr, past_ptr, count_ptr, table_ptr, depth_ptr, m_p
                 acc = acc * alpha[:, None] + pv
                 m = m_new
         keep = g < G
-        at = (heads * rows + r) * chunks + c  # [GP]: (head, row, chunk)
-        tl.store(m_ptr + at, m, mask=keep)
-        tl.store(l_ptr + at, s_sum, mask=keep)
-        tl.store(acc_ptr + at[:, None] * HD + d[None, :], acc, mask=keep[:, None] & dim[None, :])
+        if SINGLE:  # the row's one chunk, finished as _combine finishes it, each operation the same
+            top = tl.maximum(tl.full([GP], float("-inf"), tl.float32), m)
+            w = tl.exp(m - top)
+            total = tl.zeros([GP], tl.float32) + s_sum * w
+            acc = tl.zeros([GP, HDP], tl.float32) + acc * w[:, None]
+            out = acc / tl.where(keep, total, 1.0)[:, None]
+            at = (r * (tl.num_programs(0) * G) + heads)[:, None] * HD + d[None, :]  # out is [R, heads * HD]
+            tl.store(out_ptr + at, out.to(out_ptr.dtype.element_ty), mask=keep[:, None] & dim[None, :])
+        else:
+            at = (heads * rows + r) * chunks + c  # [GP]: (head, row, chunk)
+            tl.store(m_ptr + at, m, mask=keep)
+            tl.store(l_ptr + at, s_sum, mask=keep)
+            tl.store(acc_ptr + at[:, None] * HD + d[None, :], acc, mask=keep[:, None] & dim[None, :])
+    if SINGLE:  # noqa: SIM102 - a compile-time branch around a run-time one
+        if r >= count:  # a padding row: zeros, as _combine writes them
+            g = tl.arange(0, GP)
+            d = tl.arange(0, HDP)
+            keep = g < G
+            at = (r * (tl.num_programs(0) * G) + h * G + g)[:, None] * HD + d[None, :]
+            zeros = tl.zeros([GP, HDP], tl.float32).to(out_ptr.dtype.element_ty)
+            tl.store(out_ptr + at, zeros, mask=keep[:, None] & (d < HD)[None, :])
 
 
 @triton.jit
@@ -119,10 +142,11 @@ def _combine(m_ptr, l_ptr, acc_ptr, out_ptr, past_ptr, count_ptr, depth_ptr, row
 
 def path_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: torch.Tensor,
                    count: torch.Tensor, table: torch.Tensor, depth: torch.Tensor, scaling: float, tile: int,
-                   chunk: int) -> torch.Tensor:
+                   chunk: int, length: int | None = None) -> torch.Tensor:
     """``[R, heads * hd]``: see :func:`~.paths.path_attention` (``q`` ``[heads, R, hd]``, ``keys``/``values``
     ``[kv_heads, capacity, hd]`` with unit stride in ``hd``; ``past``, ``count``, ``table``, ``depth``: the
-    fields of :class:`~.paths.PathInputs`)."""
+    fields of :class:`~.paths.PathInputs`; ``length``: at least every real row's virtual positions, ``past +
+    depth + 1``, known on the host (default: the capacity). At most ``chunk``: one kernel, else two)."""
     heads, rows, hd = q.shape
     kv_heads, capacity = keys.shape[0], keys.shape[1]
     group = heads // kv_heads
@@ -130,17 +154,23 @@ def path_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pa
         raise ValueError(f"path attention's kernel takes at most {GROUP_ROWS} query heads per KV head (not {group}) "
                          "and keys and values laid out alike, unit stride in head_dim")
     padded = max(16, triton.next_power_of_2(hd))
-    chunks = -(-capacity // chunk)
+    chunks = -(-min(capacity, length or capacity) // chunk)
     q = q.contiguous()
+    out = torch.empty(rows, heads * hd, dtype=q.dtype, device=q.device)
+    ieee = q.dtype == torch.float32
+    if chunks == 1:  # _partial finishes each row: one launch
+        _partial[(kv_heads, rows, 1)](
+            q, keys, values, past, count, table, depth, out, out, out, out,
+            keys.stride(0), keys.stride(1), rows, 1, scaling,
+            G=group, GP=GROUP_ROWS, HD=hd, HDP=padded, TILE=tile, CHUNK=chunk, IEEE=ieee, SINGLE=True)
+        return out
     m = torch.empty(heads, rows, chunks, dtype=torch.float32, device=q.device)
     s_sum = torch.empty_like(m)
     acc = torch.empty(heads, rows, chunks, hd, dtype=torch.float32, device=q.device)
-    out = torch.empty(rows, heads * hd, dtype=q.dtype, device=q.device)
-    ieee = q.dtype == torch.float32
     _partial[(kv_heads, rows, chunks)](
-        q, keys, values, past, count, table, depth, m, s_sum, acc,
+        q, keys, values, past, count, table, depth, m, s_sum, acc, out,
         keys.stride(0), keys.stride(1), rows, chunks, scaling,
-        G=group, GP=GROUP_ROWS, HD=hd, HDP=padded, TILE=tile, CHUNK=chunk, IEEE=ieee)
+        G=group, GP=GROUP_ROWS, HD=hd, HDP=padded, TILE=tile, CHUNK=chunk, IEEE=ieee, SINGLE=False)
     _combine[(kv_heads, rows)](m, s_sum, acc, out, past, count, depth, rows,
                                CHUNKS=chunks, G=group, GP=GROUP_ROWS, HD=hd, HDP=padded, CHUNK=chunk)
     return out

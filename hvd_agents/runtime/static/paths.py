@@ -18,7 +18,8 @@ numbers in the same tile places, whatever the draft, the tree or the other rows.
 row's own length a tile is masked to exact zeros, so tiles beyond it change nothing.
 
 On CUDA the tiles run in a Triton kernel (:mod:`.path_kernels`) split over fixed chunks of
-:data:`CHUNK` virtual positions, combined in chunk order. Elsewhere (and as the reference)
+:data:`CHUNK` virtual positions, combined in chunk order (by a second kernel, unless the forward's
+KV length says no row reaches past the first chunk). Elsewhere (and as the reference)
 :func:`tiled_attention` runs the same tiling with PyTorch operations. Together with a
 forward padded to one row count (so every matrix product runs one shape), a row's logits
 are bitwise those of the same position decoded alone.
@@ -51,21 +52,26 @@ class PathInputs:
         table: ``[R, R]`` long: for row ``r``, the forward rows on its path (root first, itself last),
             then unused entries.
         depth: ``[R]`` long: each row's depth below the root (its path holds ``depth + 1`` rows).
+        bound: known on the host, at least every real row's virtual positions (``past + depth + 1``): the
+            forward's KV length; None: the slot's capacity. Where it is at most :data:`CHUNK`, CUDA runs path
+            attention as one kernel instead of two (the same values).
     """
 
     past: torch.Tensor
     count: torch.Tensor
     table: torch.Tensor
     depth: torch.Tensor
+    bound: int | None = None
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(past, count, table, depth)``, what the CUDA kernel takes."""
         return self.past, self.count, self.table, self.depth
 
 
-def path_inputs(visible: torch.Tensor, past: torch.Tensor, count: torch.Tensor) -> PathInputs:
+def path_inputs(visible: torch.Tensor, past: torch.Tensor, count: torch.Tensor, bound: int | None = None
+                ) -> PathInputs:
     """:class:`PathInputs` from the forward's visibility ``[R, R]`` (row ``r`` sees row ``j``: the root, an
-    ancestor, or itself; :func:`~hvd_agents.runtime.tree_mask.tree_visibility`).
+    ancestor, or itself; :func:`~hvd_agents.runtime.tree_mask.tree_visibility`); ``bound``: see :class:`PathInputs`.
 
     A row's ancestors have smaller indices than it, so its path in depth order is its visible rows in
     increasing order: entry ``v`` of the table is the index of the row's ``(v + 1)``-th visible row.
@@ -79,7 +85,7 @@ def path_inputs(visible: torch.Tensor, past: torch.Tensor, count: torch.Tensor) 
     seen = visible.long().cumsum(dim=1)  # [R, R]: visible rows up to and including each column
     v = torch.arange(rows, device=visible.device)
     table = (seen[:, None, :] <= v[None, :, None]).sum(dim=-1).clamp(max=rows - 1)  # [R, R]
-    return PathInputs(past=past, count=count, table=table, depth=seen[:, -1] - 1)
+    return PathInputs(past=past, count=count, table=table, depth=seen[:, -1] - 1, bound=bound)
 
 
 def path_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, paths: PathInputs,
@@ -89,7 +95,7 @@ def path_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pa
     if q.device.type == "cuda":
         kernels = _kernels()
         if kernels is not None:
-            return kernels.path_attention(q, keys, values, *paths.tensors(), scaling, TILE, CHUNK)
+            return kernels.path_attention(q, keys, values, *paths.tensors(), scaling, TILE, CHUNK, paths.bound)
         raise RuntimeError("path attention on CUDA needs Triton, which is not importable here")
     return tiled_attention(q, keys, values, paths, scaling)
 

@@ -48,7 +48,7 @@ from hvd_agents.runtime.static.buckets import DEFAULT_ROWS, Buckets
 from hvd_agents.runtime.static.cost import measure_bucket_cost
 from hvd_agents.runtime.static.decoder import StaticDecoder
 from hvd_agents.runtime.static.graphs import StepGraphs
-from hvd_agents.runtime.static.paths import kernels_available
+from hvd_agents.runtime.static.paths import CHUNK, kernels_available
 from hvd_agents.runtime.static.slot_kv import SlotKV, SlotPool
 from hvd_agents.runtime.transfer import to_device
 
@@ -94,9 +94,9 @@ class StaticRunner:
             ``max_context``).
         cost_model: the verification cost curve, when known (measured through the runner otherwise).
         slots: request caches that may be alive at once.
-        buckets: row and KV-length buckets (default: one row bucket of :data:`BITWISE_ROWS` when bitwise,
-            else :data:`~.buckets.DEFAULT_ROWS` and powers of two); :meth:`Buckets.single` for the
-            single-bucket test mode.
+        buckets: row and KV-length buckets (default: one row bucket of :data:`BITWISE_ROWS` when bitwise, and
+            the capacity, on CUDA also one chunk of path attention; else :data:`~.buckets.DEFAULT_ROWS` and
+            powers of two); :meth:`Buckets.single` for the single-bucket test mode.
         bitwise: path attention in one row bucket (see the module docstring); default: when ``buckets`` is
             not given.
         stack_projections: see :class:`~.decoder.StaticDecoder`.
@@ -113,12 +113,16 @@ class StaticRunner:
                  max_context: int = DEFAULT_MAX_CONTEXT, warm_up: bool = True, bitwise: bool | None = None,
                  stack_projections: bool | None = None) -> None:
         config = model.config
-        bitwise = bitwise_mode(bitwise, buckets, next(model.parameters()).device)
+        device = next(model.parameters()).device
+        bitwise = bitwise_mode(bitwise, buckets, device)
         if buckets is None:
             window = int(context_window or min(config.max_position_embeddings, max_context))
             if bitwise:
                 capacity = -(-(window + BITWISE_ROWS) // CAPACITY_ALIGN) * CAPACITY_ALIGN
-                buckets = Buckets.single(BITWISE_ROWS, capacity)
+                # on CUDA a second KV length of one path-attention chunk: a step none of whose rows reaches past
+                # it runs path attention as one kernel instead of two, with the same values bit for bit
+                short = (CHUNK,) if device.type == "cuda" and capacity > CHUNK else ()
+                buckets = Buckets((BITWISE_ROWS,), (*short, capacity))
             else:
                 buckets = Buckets.for_capacity(window + DEFAULT_ROWS[-1])
         else:

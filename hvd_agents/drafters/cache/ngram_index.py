@@ -32,7 +32,8 @@ SUCCESSOR_LIMIT = 64  # most recent occurrences of an n-gram read by successor_c
 SEPARATOR = -1  # never matches a real token; marks span boundaries and evicted tokens
 _MASK = (1 << 64) - 1
 _PRIME = 1_000_003
-_SHORT = 8  # tokens compared before the full match-length check
+_DEPTHS = np.arange(64)  # offsets back from a candidate's end (longer queries make their own)
+_LONGEST = max(NGRAM_SIZES)
 
 
 def ngram_key(tokens: Sequence[int]) -> int:
@@ -105,15 +106,24 @@ class NgramIndex:
 
     def append(self, token: int) -> None:
         """Index one more token (O(1))."""
-        self._grow(self._len + 1)
-        self._tokens[self._len] = token
-        self._len += 1
-        end = self._len - 1
+        self.append_many((token,))
+
+    def append_many(self, tokens: Sequence[int]) -> None:
+        """Index more tokens, as :meth:`append` of each in turn: the n-grams that end in them are indexed,
+        those that begin before them included (unlike :meth:`extend`, which keeps a span to itself)."""
+        start = self._len
+        count = len(tokens)
+        self._grow(start + count)
+        self._tokens[start : start + count] = tokens
+        self._len += count
+        # the new tokens and the few before them that their n-grams reach back to, as Python ints
+        first = max(start - _LONGEST + 1, 0)
+        window = self._tokens[first : start + count].tolist()
         for n, table in self._maps.items():
-            if end + 1 >= n:
-                gram = self._tokens[end - n + 1 : end + 1]
+            for end in range(max(start, n - 1), start + count):
+                gram = window[end - n + 1 - first : end + 1 - first]
                 if SEPARATOR not in gram:
-                    table.setdefault(ngram_key(gram.tolist()), []).append(end)
+                    table.setdefault(ngram_key(gram), []).append(end)
 
     def extend(self, tokens: Sequence[int], separate: bool = False) -> int:
         """Index many tokens at once; returns the position of the first one.
@@ -155,50 +165,42 @@ class NgramIndex:
             Matches of the greatest length found, most recent first; empty if no
             token of the suffix occurs.
         """
-        tail = np.asarray(query[-max_match:], dtype=np.int64)
+        tail = query[-max_match:]
         for n in NGRAM_SIZES:
             if len(tail) < n:
                 continue
-            hits = self._maps[n].get(ngram_key(tail[-n:].tolist()))
+            hits = self._maps[n].get(ngram_key(tail[-n:]))
             if not hits:
                 continue
-            ends = self._candidates(hits, exclude_end)
-            if len(ends) == 0:
+            hits = self._candidates(hits, exclude_end)
+            if not hits:
                 continue
-            lengths = self._match_lengths(ends, tail)
-            best = int(lengths.max())
+            lengths = self._match_lengths(hits, np.array(tail[::-1], dtype=np.int64)).tolist()  # [c]
+            best = max(lengths)
             if best == 0:
                 continue
-            order = np.flatnonzero(lengths == best)[::-1]  # most recent first
-            return [Match(int(ends[i]), best) for i in order]
+            return [Match(hits[i], best) for i in range(len(hits) - 1, -1, -1) if lengths[i] == best]  # latest first
         return []
 
-    def _candidates(self, hits: list[int], exclude_end: int | None) -> np.ndarray:
+    def _candidates(self, hits: Sequence[int], exclude_end: int | None) -> Sequence[int]:
         if len(hits) > self.recent + self.earliest:
             hits = hits[: self.earliest] + hits[-self.recent :]
-        ends = np.asarray(hits, dtype=np.int64)
-        if exclude_end is not None:
-            ends = ends[ends != exclude_end]
-        return ends
+        if exclude_end is not None and exclude_end in hits:
+            hits = [end for end in hits if end != exclude_end]
+        return hits
 
-    def _match_lengths(self, ends: np.ndarray, tail: np.ndarray) -> np.ndarray:
-        """How many tokens before and at each end equal the end of ``tail``.
-
-        Compares a short window first and the full ``len(tail)`` only for the
-        candidates that match all of it (most candidates stop within a few tokens).
-        """
-        lengths = self._compare(ends, tail[-_SHORT:])  # [c]
-        full = lengths == min(_SHORT, len(tail))
-        if full.any() and len(tail) > _SHORT:
-            lengths[full] = self._compare(ends[full], tail)
-        return lengths
-
-    def _compare(self, ends: np.ndarray, tail: np.ndarray) -> np.ndarray:
-        depth = np.arange(len(tail))  # [m]
-        positions = ends[:, None] - depth[None, :]  # [c, m]
-        valid = positions >= 0
-        window = self._tokens[np.where(valid, positions, 0)]  # [c, m]
-        equal = valid & (window == tail[::-1][None, :])  # [c, m]
+    def _match_lengths(self, hits: Sequence[int], reversed_tail: np.ndarray) -> np.ndarray:
+        """``[c]``: how many tokens before and at each of ``hits`` (ascending) equal the end of the query
+        (``reversed_tail``: its last tokens, latest first)."""
+        ends = np.array(hits, dtype=np.int64)  # [c]
+        m = len(reversed_tail)
+        depth = _DEPTHS[:m] if m <= len(_DEPTHS) else np.arange(m)  # [m]
+        if hits[0] >= m - 1:  # every window lies in the index (the common case)
+            equal = self._tokens[ends[:, None] - depth] == reversed_tail  # [c, m]
+        else:
+            positions = ends[:, None] - depth  # [c, m]
+            valid = positions >= 0
+            equal = valid & (self._tokens[np.where(valid, positions, 0)] == reversed_tail)  # [c, m]
         return np.cumprod(equal, axis=1).sum(axis=1)  # [c]
 
     def successor_counts(self, gram: Sequence[int], token: int, limit: int = SUCCESSOR_LIMIT) -> tuple[int, int]:

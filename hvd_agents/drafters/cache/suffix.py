@@ -272,8 +272,7 @@ class SuffixDrafter:
 
     def observe(self, outcome: DraftOutcome) -> None:
         state = started(self._requests, outcome.req_id, self.source, "observe")
-        for token in outcome.new_token_ids:
-            state.index.append(token)
+        state.index.append_many(outcome.new_token_ids)
         state.output.extend(outcome.new_token_ids)
         drafted = len(outcome.draft)
         if drafted and state.last_kind is not None:

@@ -22,10 +22,12 @@ Worked example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from hvd_agents.drafters.cache.successors import SuccessorTable
 
 NGRAM_SIZES: tuple[int, ...] = (4, 2, 1)  # lookup order: longest first
 SUCCESSOR_LIMIT = 64  # most recent occurrences of an n-gram read by successor_counts
@@ -34,6 +36,11 @@ _MASK = (1 << 64) - 1
 _PRIME = 1_000_003
 _DEPTHS = np.arange(64)  # offsets back from a candidate's end (longer queries make their own)
 _LONGEST = max(NGRAM_SIZES)
+_EMPTY = np.zeros(0, dtype=np.int64)
+_EMPTY.setflags(write=False)
+_BACK = {n: np.arange(1 - n, 1) for n in NGRAM_SIZES}  # an n-gram's positions from its end
+# the bytes of n true booleans read as one unsigned integer (n of 1, 2, 4 or 8)
+_ROW_OF_TRUE = {n: np.dtype(f"u{n}").type(int.from_bytes(b"\x01" * n, "little")) for n in NGRAM_SIZES}
 
 
 def ngram_key(tokens: Sequence[int]) -> int:
@@ -56,8 +63,8 @@ def _bulk_keys(tokens: np.ndarray, n: int) -> np.ndarray:
 
 
 def gram_keys(grams: Sequence[Sequence[int]]) -> list[int]:
-    """:func:`ngram_key` of each of ``grams`` (one length), in one vectorized pass."""
-    if not grams:
+    """:func:`ngram_key` of each of ``grams`` (one length; ``[g, n]``), in one vectorized pass."""
+    if len(grams) == 0:
         return []
     values = np.asarray(grams, dtype=np.int64).astype(np.uint64) + np.uint64(2)  # [g, n]
     h = np.zeros(len(values), dtype=np.uint64)
@@ -88,7 +95,7 @@ class NgramIndex:
         self.earliest = earliest
         self._tokens = np.full(1024, SEPARATOR, dtype=np.int64)
         self._len = 0
-        self._maps: dict[int, dict[int, list[int]]] = {n: {} for n in NGRAM_SIZES}
+        self._maps: dict[int, dict[int, list[int]]] = {n: {} for n in NGRAM_SIZES}  # n -> key -> ends, ascending
 
     def __len__(self) -> int:
         return self._len
@@ -227,14 +234,7 @@ class NgramIndex:
         Returns:
             ``[g]`` how often each gram was followed by its token, ``[g]`` how often by any token.
         """
-        g = len(grams)
-        same, total = np.zeros(g, dtype=np.int64), np.zeros(g, dtype=np.int64)  # [g], [g]
-        rows, _, following = self._occurrences(grams, limit, keys)
-        if len(rows):
-            token_arr = np.asarray(tokens, dtype=np.int64)  # [g]
-            total += np.bincount(rows, minlength=g)
-            same += np.bincount(rows[following == token_arr[rows]], minlength=g)
-        return same, total
+        return self.successor_table(grams, limit, keys).counts(np.asarray(tokens, dtype=np.int64))
 
     def successors(
         self, grams: Sequence[Sequence[int]], k: int, limit: int = SUCCESSOR_LIMIT, keys: Sequence[int] | None = None
@@ -248,46 +248,52 @@ class NgramIndex:
             index = NgramIndex(); index.extend([1, 2, 3, 4, 9, 8, 1, 2, 3, 4, 7, 6, 1, 2, 3, 4])
             index.successors([[1, 2, 3, 4]], 2)  ->  [{9: (1, [9, 8]), 7: (1, [7, 6])}]
         """
-        out: list[dict[int, tuple[int, int]]] = [{} for _ in grams]
-        rows, ends, following = self._occurrences(grams, limit, keys)
-        for row, end, token in zip(rows.tolist(), ends.tolist(), following.tolist()):
-            seen = out[row].get(token)
-            # occurrences are in index order: the last one read is the most recent
-            out[row][token] = (seen[0] + 1 if seen else 1, end)
-        return [{token: (count, self.continuation(end, k)) for token, (count, end) in row.items()} for row in out]
+        table = self.successor_table(grams, limit, keys)
+        return [{token: (count, table.continuation(end, k)) for token, (count, end) in followers.items()}
+                for followers in table.followers(range(len(grams)))]
 
-    def _occurrences(
-        self, grams: Sequence[Sequence[int]], limit: int, keys: Sequence[int] | None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The ``limit`` most recent occurrences of each gram that have a successor: ``[c]`` the gram's row,
-        ``[c]`` the occurrence's last position, ``[c]`` the token after it (hash collisions, erased text and
-        separators left out)."""
-        empty = np.zeros(0, dtype=np.int64)
-        table = self._maps.get(len(grams[0])) if grams else None
+    def successor_table(
+        self, grams: Sequence[Sequence[int]] | np.ndarray, limit: int = SUCCESSOR_LIMIT,
+        keys: Sequence[int] | None = None, read: Callable[[int, int], list[int]] | None = None,
+    ) -> SuccessorTable:
+        """The ``limit`` most recent occurrences of each of ``grams`` (one length ``n`` in :data:`NGRAM_SIZES`,
+        ``[g, n]``; ``keys``: their :func:`gram_keys`, when known) that have a successor, hash collisions,
+        erased text and separators left out: what :meth:`successor_counts_many` and :meth:`successors` read.
+
+        Args:
+            read: how the table reads text after an occurrence; :meth:`continuation` when None.
+        """
+        read = read if read is not None else self.continuation
+        g = len(grams)
+        table = self._maps.get(len(grams[0])) if g else None
         if table is None:
-            return empty, empty, empty
-        n = len(grams[0])
+            return SuccessorTable(g, _EMPTY, _EMPTY, _EMPTY, read)
         ends: list[int] = []
-        rows: list[int] = []
-        for row, key in enumerate(keys if keys is not None else gram_keys(grams)):
+        sizes: list[int] = []
+        last = self._len - 1  # an occurrence ending here has no successor yet
+        for key in keys if keys is not None else gram_keys(grams):
             hits = table.get(key)
             if hits:
-                hits = hits[-limit:]
-                ends.extend(hits)
-                rows.extend([row] * len(hits))
+                size = len(hits)
+                start = size - limit if size > limit else 0
+                stop = size - 1 if hits[-1] == last else size  # positions are indexed in order: only the latest
+                ends += hits[start:stop]
+                sizes.append(stop - start)
+            else:
+                sizes.append(0)
         if not ends:
-            return empty, empty, empty
-        end_arr = np.asarray(ends, dtype=np.int64)  # [c]
-        row_arr = np.asarray(rows, dtype=np.int64)  # [c]
-        keep = end_arr + 1 < self._len
-        end_arr, row_arr = end_arr[keep], row_arr[keep]
+            return SuccessorTable(g, _EMPTY, _EMPTY, _EMPTY, read)
         gram_arr = np.asarray(grams, dtype=np.int64)  # [g, n]
-        positions = end_arr[:, None] - np.arange(n - 1, -1, -1)[None, :]  # [c, n]
-        window = self._tokens[np.maximum(positions, 0)]  # [c, n]
-        real = ((positions >= 0) & (window == gram_arr[row_arr])).all(axis=1)  # [c]: not a collision or erased
-        following = self._tokens[end_arr + 1]  # [c]
+        n = gram_arr.shape[1]
+        end_arr = np.array(ends, dtype=np.int64)  # [c]
+        row_arr = np.repeat(np.arange(g), sizes)  # [c]
+        # each occurrence's n tokens (an n-gram's entries end at n - 1 or later) against its gram's: the bytes of a
+        # row of n booleans read as one integer tell whether all are true
+        equal = self._tokens.take(end_arr[:, None] + _BACK[n]) == gram_arr.take(row_arr, axis=0)  # [c, n]
+        real = equal.view(_ROW_OF_TRUE[n].dtype)[:, 0] == _ROW_OF_TRUE[n]  # [c]: not a collision or erased text
+        following = self._tokens.take(end_arr + 1)  # [c]
         counted = real & (following != SEPARATOR)  # [c]
-        return row_arr[counted], end_arr[counted], following[counted]
+        return SuccessorTable(g, row_arr[counted], end_arr[counted], following[counted], read)
 
     def continuation(self, end: int, k: int) -> list[int]:
         """Up to ``k`` tokens after position ``end``, stopping at a separator."""

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from hvd_agents.drafters import CacheStore, DraftContext, SuffixDrafter
 from hvd_agents.drafters.cache.ngram_index import NGRAM_SIZES, SEPARATOR, NgramIndex, ngram_key
-from hvd_agents.drafters.cache.suffix import CONTEXT_GRAM
+from hvd_agents.drafters.cache.suffix import CONTEXT_GRAM, _Candidate, _frequent_path
 from hvd_agents.structure import SpanKind
 
 TEXT = st.lists(st.integers(0, 3), min_size=1, max_size=40)
@@ -169,3 +169,35 @@ def test_draft_share_seen_and_fork_alternatives_agree_with_a_scan_of_the_text(te
     seen = {(a.depth, a.tokens[0]) for a in plain}
     expected = brute_fork_alternatives(context, kept, prefix, k, seen, limit - len(plain))
     assert [(a.depth, a.share, a.tokens) for a in alternatives[len(plain) :]] == expected
+
+
+def walk(candidates: list[_Candidate], k: int) -> tuple[list[int], list[float], list[int], _Candidate]:
+    """The most frequent path taken a depth at a time over every candidate (what _frequent_path computes)."""
+    alive = list(candidates)
+    path: list[int] = []
+    probs: list[float] = []
+    support: list[int] = []
+    for depth in range(k):
+        counts: dict[int, int] = {}
+        for candidate in alive:
+            if len(candidate.tokens) > depth:
+                counts[candidate.tokens[depth]] = counts.get(candidate.tokens[depth], 0) + 1
+        if not counts:
+            break
+        token = max(counts, key=counts.__getitem__)
+        path.append(token)
+        probs.append(counts[token] / len(alive))
+        support.append(counts[token])
+        alive = [c for c in alive if len(c.tokens) > depth and c.tokens[depth] == token]
+    return path, probs, support, alive[0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(continuations=st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=6), min_size=1, max_size=8),
+       k=st.integers(1, 6))
+def test_the_frequent_path_over_grouped_candidates_is_the_walk_over_each(continuations, k) -> None:
+    candidates = [_Candidate(tokens, SpanKind.GENERATED, float(i), False, None) for i, tokens in enumerate(continuations)]
+    path, probs, support, chosen = _frequent_path(candidates, k)
+    expected = walk(candidates, k)
+    assert (path, probs, support) == expected[:3]
+    assert chosen is expected[3]

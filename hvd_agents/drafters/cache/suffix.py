@@ -241,16 +241,16 @@ class SuffixDrafter:
             groups.setdefault(tuple(tokens[: state.k]), 0)
         if len(groups) < 2:
             return []
+        # how far each continuation agrees with the draft
+        agree = {tokens: _common_prefix(tokens, draft) for tokens in groups}
         out: list[Alternative] = []
         seen: set[tuple[int, int]] = set()
         for tokens, weight in sorted(groups.items(), key=lambda item: -item[1]):
-            depth = 0
-            while depth < min(len(tokens), len(draft)) and tokens[depth] == draft[depth]:
-                depth += 1
+            depth = agree[tokens]
             if depth >= len(tokens) or depth >= len(draft) or (depth, tokens[depth]) in seen:
                 continue  # agrees with the draft as far as either goes, or departs like an earlier one
             seen.add((depth, tokens[depth]))
-            agreeing = sum(w for t, w in groups.items() if len(t) > depth and t[:depth] == draft[:depth])
+            agreeing = sum(w for t, w in groups.items() if len(t) > depth and agree[t] >= depth)
             out.append(Alternative(depth, weight / agreeing if agreeing else 0.0, tokens[depth:]))
             if len(out) >= limit:
                 break
@@ -311,6 +311,16 @@ def _prompt_kinds(length: int, structure: PromptStructure | None) -> list[SpanKi
     return kinds
 
 
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def _frequent_path(candidates: list[_Candidate], k: int) -> tuple[list[int], list[float], list[int], _Candidate]:
     """Walk the candidates' continuations, taking the most frequent next token at each depth.
 
@@ -332,6 +342,13 @@ def _frequent_path(candidates: list[_Candidate], k: int) -> tuple[list[int], lis
     probs: list[float] = []
     support: list[int] = []
     for depth in range(k):
+        if len(alive) == 1:  # one group left: it is the path, every step of it taken by all still agreeing
+            tokens, weight, _ = alive[0]
+            rest = tokens[depth:k]
+            path.extend(rest)
+            probs.extend([1.0] * len(rest))
+            support.extend([weight] * len(rest))
+            break
         total = sum(weight for _, weight, _ in alive)
         counts: dict[int, int] = {}
         for tokens, weight, _ in alive:

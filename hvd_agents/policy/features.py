@@ -449,7 +449,7 @@ def position_columns(features: CacheDraftFeatures, length: int) -> np.ndarray:
     columns = np.empty((len(POSITION_FEATURES), length))  # [P, L]
     columns[0] = _LOG_POSITIONS[:length] if length <= MAX_POSITIONS else np.log1p(np.arange(length))
     columns[1] = _padded(features.probs, length, 1.0)
-    columns[2] = np.cumsum(np.log(np.clip(columns[1], 1e-6, 1.0)))
+    columns[2] = np.cumsum(np.log(np.minimum(np.maximum(columns[1], 1e-6), 1.0)))  # clipped to [1e-6, 1]
     columns[3] = np.maximum(columns[0] - math.log1p(features.match_len), 0.0)
     columns[4] = np.log1p(_padded(features.support, length, float(features.candidates)))
     columns[5] = _padded(features.share, length, 1.0)

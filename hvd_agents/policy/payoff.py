@@ -186,7 +186,7 @@ class PayoffPredictor:
             return
         observed = min(accepted + 1, drafted)  # positions whose outcome is known
         labels = (np.arange(observed) < accepted).astype(np.float64)  # [n]
-        residual = float(np.mean(labels - _sigmoid(self._logits(features, observed, session_id))))
+        residual = float((labels - _sigmoid(self._logits(features, observed, session_id))).sum()) / observed  # mean
         offset = self._offsets.pop(session_id, None)
         if offset is None:
             offset = np.zeros(NUM_FEATURES)
@@ -217,4 +217,4 @@ class PayoffPredictor:
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-np.clip(z, -30.0, 30.0)))
+    return 1.0 / (1.0 + np.exp(-np.minimum(np.maximum(z, -30.0), 30.0)))  # clipped to [-30, 30]

@@ -22,17 +22,25 @@ Worked example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from hvd_agents.drafters.cache.successors import SuccessorTable
 
 NGRAM_SIZES: tuple[int, ...] = (4, 2, 1)  # lookup order: longest first
 SUCCESSOR_LIMIT = 64  # most recent occurrences of an n-gram read by successor_counts
 SEPARATOR = -1  # never matches a real token; marks span boundaries and evicted tokens
 _MASK = (1 << 64) - 1
 _PRIME = 1_000_003
-_SHORT = 8  # tokens compared before the full match-length check
+_DEPTHS = np.arange(64)  # offsets back from a candidate's end (longer queries make their own)
+_LONGEST = max(NGRAM_SIZES)
+_EMPTY = np.zeros(0, dtype=np.int64)
+_EMPTY.setflags(write=False)
+_BACK = {n: np.arange(1 - n, 1) for n in NGRAM_SIZES}  # an n-gram's positions from its end
+# the bytes of n true booleans read as one unsigned integer (n of 1, 2, 4 or 8)
+_ROW_OF_TRUE = {n: np.dtype(f"u{n}").type(int.from_bytes(b"\x01" * n, "little")) for n in NGRAM_SIZES}
 
 
 def ngram_key(tokens: Sequence[int]) -> int:
@@ -55,8 +63,8 @@ def _bulk_keys(tokens: np.ndarray, n: int) -> np.ndarray:
 
 
 def gram_keys(grams: Sequence[Sequence[int]]) -> list[int]:
-    """:func:`ngram_key` of each of ``grams`` (one length), in one vectorized pass."""
-    if not grams:
+    """:func:`ngram_key` of each of ``grams`` (one length; ``[g, n]``), in one vectorized pass."""
+    if len(grams) == 0:
         return []
     values = np.asarray(grams, dtype=np.int64).astype(np.uint64) + np.uint64(2)  # [g, n]
     h = np.zeros(len(values), dtype=np.uint64)
@@ -87,7 +95,7 @@ class NgramIndex:
         self.earliest = earliest
         self._tokens = np.full(1024, SEPARATOR, dtype=np.int64)
         self._len = 0
-        self._maps: dict[int, dict[int, list[int]]] = {n: {} for n in NGRAM_SIZES}
+        self._maps: dict[int, dict[int, list[int]]] = {n: {} for n in NGRAM_SIZES}  # n -> key -> ends, ascending
 
     def __len__(self) -> int:
         return self._len
@@ -105,15 +113,24 @@ class NgramIndex:
 
     def append(self, token: int) -> None:
         """Index one more token (O(1))."""
-        self._grow(self._len + 1)
-        self._tokens[self._len] = token
-        self._len += 1
-        end = self._len - 1
+        self.append_many((token,))
+
+    def append_many(self, tokens: Sequence[int]) -> None:
+        """Index more tokens, as :meth:`append` of each in turn: the n-grams that end in them are indexed,
+        those that begin before them included (unlike :meth:`extend`, which keeps a span to itself)."""
+        start = self._len
+        count = len(tokens)
+        self._grow(start + count)
+        self._tokens[start : start + count] = tokens
+        self._len += count
+        # the new tokens and the few before them that their n-grams reach back to, as Python ints
+        first = max(start - _LONGEST + 1, 0)
+        window = self._tokens[first : start + count].tolist()
         for n, table in self._maps.items():
-            if end + 1 >= n:
-                gram = self._tokens[end - n + 1 : end + 1]
+            for end in range(max(start, n - 1), start + count):
+                gram = window[end - n + 1 - first : end + 1 - first]
                 if SEPARATOR not in gram:
-                    table.setdefault(ngram_key(gram.tolist()), []).append(end)
+                    table.setdefault(ngram_key(gram), []).append(end)
 
     def extend(self, tokens: Sequence[int], separate: bool = False) -> int:
         """Index many tokens at once; returns the position of the first one.
@@ -155,50 +172,42 @@ class NgramIndex:
             Matches of the greatest length found, most recent first; empty if no
             token of the suffix occurs.
         """
-        tail = np.asarray(query[-max_match:], dtype=np.int64)
+        tail = query[-max_match:]
         for n in NGRAM_SIZES:
             if len(tail) < n:
                 continue
-            hits = self._maps[n].get(ngram_key(tail[-n:].tolist()))
+            hits = self._maps[n].get(ngram_key(tail[-n:]))
             if not hits:
                 continue
-            ends = self._candidates(hits, exclude_end)
-            if len(ends) == 0:
+            hits = self._candidates(hits, exclude_end)
+            if not hits:
                 continue
-            lengths = self._match_lengths(ends, tail)
-            best = int(lengths.max())
+            lengths = self._match_lengths(hits, np.array(tail[::-1], dtype=np.int64)).tolist()  # [c]
+            best = max(lengths)
             if best == 0:
                 continue
-            order = np.flatnonzero(lengths == best)[::-1]  # most recent first
-            return [Match(int(ends[i]), best) for i in order]
+            return [Match(hits[i], best) for i in range(len(hits) - 1, -1, -1) if lengths[i] == best]  # latest first
         return []
 
-    def _candidates(self, hits: list[int], exclude_end: int | None) -> np.ndarray:
+    def _candidates(self, hits: Sequence[int], exclude_end: int | None) -> Sequence[int]:
         if len(hits) > self.recent + self.earliest:
             hits = hits[: self.earliest] + hits[-self.recent :]
-        ends = np.asarray(hits, dtype=np.int64)
-        if exclude_end is not None:
-            ends = ends[ends != exclude_end]
-        return ends
+        if exclude_end is not None and exclude_end in hits:
+            hits = [end for end in hits if end != exclude_end]
+        return hits
 
-    def _match_lengths(self, ends: np.ndarray, tail: np.ndarray) -> np.ndarray:
-        """How many tokens before and at each end equal the end of ``tail``.
-
-        Compares a short window first and the full ``len(tail)`` only for the
-        candidates that match all of it (most candidates stop within a few tokens).
-        """
-        lengths = self._compare(ends, tail[-_SHORT:])  # [c]
-        full = lengths == min(_SHORT, len(tail))
-        if full.any() and len(tail) > _SHORT:
-            lengths[full] = self._compare(ends[full], tail)
-        return lengths
-
-    def _compare(self, ends: np.ndarray, tail: np.ndarray) -> np.ndarray:
-        depth = np.arange(len(tail))  # [m]
-        positions = ends[:, None] - depth[None, :]  # [c, m]
-        valid = positions >= 0
-        window = self._tokens[np.where(valid, positions, 0)]  # [c, m]
-        equal = valid & (window == tail[::-1][None, :])  # [c, m]
+    def _match_lengths(self, hits: Sequence[int], reversed_tail: np.ndarray) -> np.ndarray:
+        """``[c]``: how many tokens before and at each of ``hits`` (ascending) equal the end of the query
+        (``reversed_tail``: its last tokens, latest first)."""
+        ends = np.array(hits, dtype=np.int64)  # [c]
+        m = len(reversed_tail)
+        depth = _DEPTHS[:m] if m <= len(_DEPTHS) else np.arange(m)  # [m]
+        if hits[0] >= m - 1:  # every window lies in the index (the common case)
+            equal = self._tokens[ends[:, None] - depth] == reversed_tail  # [c, m]
+        else:
+            positions = ends[:, None] - depth  # [c, m]
+            valid = positions >= 0
+            equal = valid & (self._tokens[np.where(valid, positions, 0)] == reversed_tail)  # [c, m]
         return np.cumprod(equal, axis=1).sum(axis=1)  # [c]
 
     def successor_counts(self, gram: Sequence[int], token: int, limit: int = SUCCESSOR_LIMIT) -> tuple[int, int]:
@@ -225,14 +234,7 @@ class NgramIndex:
         Returns:
             ``[g]`` how often each gram was followed by its token, ``[g]`` how often by any token.
         """
-        g = len(grams)
-        same, total = np.zeros(g, dtype=np.int64), np.zeros(g, dtype=np.int64)  # [g], [g]
-        rows, _, following = self._occurrences(grams, limit, keys)
-        if len(rows):
-            token_arr = np.asarray(tokens, dtype=np.int64)  # [g]
-            total += np.bincount(rows, minlength=g)
-            same += np.bincount(rows[following == token_arr[rows]], minlength=g)
-        return same, total
+        return self.successor_table(grams, limit, keys).counts(np.asarray(tokens, dtype=np.int64))
 
     def successors(
         self, grams: Sequence[Sequence[int]], k: int, limit: int = SUCCESSOR_LIMIT, keys: Sequence[int] | None = None
@@ -246,46 +248,52 @@ class NgramIndex:
             index = NgramIndex(); index.extend([1, 2, 3, 4, 9, 8, 1, 2, 3, 4, 7, 6, 1, 2, 3, 4])
             index.successors([[1, 2, 3, 4]], 2)  ->  [{9: (1, [9, 8]), 7: (1, [7, 6])}]
         """
-        out: list[dict[int, tuple[int, int]]] = [{} for _ in grams]
-        rows, ends, following = self._occurrences(grams, limit, keys)
-        for row, end, token in zip(rows.tolist(), ends.tolist(), following.tolist()):
-            seen = out[row].get(token)
-            # occurrences are in index order: the last one read is the most recent
-            out[row][token] = (seen[0] + 1 if seen else 1, end)
-        return [{token: (count, self.continuation(end, k)) for token, (count, end) in row.items()} for row in out]
+        table = self.successor_table(grams, limit, keys)
+        return [{token: (count, table.continuation(end, k)) for token, (count, end) in followers.items()}
+                for followers in table.followers(range(len(grams)))]
 
-    def _occurrences(
-        self, grams: Sequence[Sequence[int]], limit: int, keys: Sequence[int] | None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The ``limit`` most recent occurrences of each gram that have a successor: ``[c]`` the gram's row,
-        ``[c]`` the occurrence's last position, ``[c]`` the token after it (hash collisions, erased text and
-        separators left out)."""
-        empty = np.zeros(0, dtype=np.int64)
-        table = self._maps.get(len(grams[0])) if grams else None
+    def successor_table(
+        self, grams: Sequence[Sequence[int]] | np.ndarray, limit: int = SUCCESSOR_LIMIT,
+        keys: Sequence[int] | None = None, read: Callable[[int, int], list[int]] | None = None,
+    ) -> SuccessorTable:
+        """The ``limit`` most recent occurrences of each of ``grams`` (one length ``n`` in :data:`NGRAM_SIZES`,
+        ``[g, n]``; ``keys``: their :func:`gram_keys`, when known) that have a successor, hash collisions,
+        erased text and separators left out: what :meth:`successor_counts_many` and :meth:`successors` read.
+
+        Args:
+            read: how the table reads text after an occurrence; :meth:`continuation` when None.
+        """
+        read = read if read is not None else self.continuation
+        g = len(grams)
+        table = self._maps.get(len(grams[0])) if g else None
         if table is None:
-            return empty, empty, empty
-        n = len(grams[0])
+            return SuccessorTable(g, _EMPTY, _EMPTY, _EMPTY, read)
         ends: list[int] = []
-        rows: list[int] = []
-        for row, key in enumerate(keys if keys is not None else gram_keys(grams)):
+        sizes: list[int] = []
+        last = self._len - 1  # an occurrence ending here has no successor yet
+        for key in keys if keys is not None else gram_keys(grams):
             hits = table.get(key)
             if hits:
-                hits = hits[-limit:]
-                ends.extend(hits)
-                rows.extend([row] * len(hits))
+                size = len(hits)
+                start = size - limit if size > limit else 0
+                stop = size - 1 if hits[-1] == last else size  # positions are indexed in order: only the latest
+                ends += hits[start:stop]
+                sizes.append(stop - start)
+            else:
+                sizes.append(0)
         if not ends:
-            return empty, empty, empty
-        end_arr = np.asarray(ends, dtype=np.int64)  # [c]
-        row_arr = np.asarray(rows, dtype=np.int64)  # [c]
-        keep = end_arr + 1 < self._len
-        end_arr, row_arr = end_arr[keep], row_arr[keep]
+            return SuccessorTable(g, _EMPTY, _EMPTY, _EMPTY, read)
         gram_arr = np.asarray(grams, dtype=np.int64)  # [g, n]
-        positions = end_arr[:, None] - np.arange(n - 1, -1, -1)[None, :]  # [c, n]
-        window = self._tokens[np.maximum(positions, 0)]  # [c, n]
-        real = ((positions >= 0) & (window == gram_arr[row_arr])).all(axis=1)  # [c]: not a collision or erased
-        following = self._tokens[end_arr + 1]  # [c]
+        n = gram_arr.shape[1]
+        end_arr = np.array(ends, dtype=np.int64)  # [c]
+        row_arr = np.repeat(np.arange(g), sizes)  # [c]
+        # each occurrence's n tokens (an n-gram's entries end at n - 1 or later) against its gram's: the bytes of a
+        # row of n booleans read as one integer tell whether all are true
+        equal = self._tokens.take(end_arr[:, None] + _BACK[n]) == gram_arr.take(row_arr, axis=0)  # [c, n]
+        real = equal.view(_ROW_OF_TRUE[n].dtype)[:, 0] == _ROW_OF_TRUE[n]  # [c]: not a collision or erased text
+        following = self._tokens.take(end_arr + 1)  # [c]
         counted = real & (following != SEPARATOR)  # [c]
-        return row_arr[counted], end_arr[counted], following[counted]
+        return SuccessorTable(g, row_arr[counted], end_arr[counted], following[counted], read)
 
     def continuation(self, end: int, k: int) -> list[int]:
         """Up to ``k`` tokens after position ``end``, stopping at a separator."""

@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from hvd_agents.drafters.cache.ngram_index import Match, NgramIndex
+from hvd_agents.drafters.cache.successors import SuccessorTable
 from hvd_agents.errors import InvalidRequestError, StoreFormatError
 from hvd_agents.structure import SpanKind
 
@@ -157,6 +158,19 @@ class CacheStore:
         """What followed each of ``grams`` in the store, and how often (:meth:`NgramIndex.successors`)."""
         with self._lock:
             return self._index.successors(grams, k, keys=keys)
+
+    def successor_table(self, grams: Sequence[Sequence[int]] | np.ndarray,
+                        keys: Sequence[int] | None = None) -> SuccessorTable:
+        """What followed each of ``grams`` in the store (:meth:`NgramIndex.successor_table`). Its continuations
+        are read later, under the lock, from the text it was found in: where the store re-indexed meanwhile,
+        that is the text as it was (positions in the new index differ)."""
+        with self._lock:
+            index = self._index
+            return index.successor_table(grams, keys=keys, read=lambda end, k: self._read(index, end, k))
+
+    def _read(self, index: NgramIndex, end: int, k: int) -> list[int]:
+        with self._lock:
+            return index.continuation(end, k)
 
     def continuations(
         self, query: Sequence[int], k: int, max_match: int = 64, max_candidates: int = 12

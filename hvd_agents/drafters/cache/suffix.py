@@ -40,6 +40,7 @@ from hvd_agents.drafters.base import Draft, DraftContext, DraftOutcome, started
 from hvd_agents.drafters.cache.history import AcceptanceHistory, KindRates
 from hvd_agents.drafters.cache.ngram_index import NgramIndex, gram_keys
 from hvd_agents.drafters.cache.store import CacheStore
+from hvd_agents.drafters.cache.successors import SuccessorTable
 from hvd_agents.policy.features import CacheDraftFeatures
 from hvd_agents.policy.token_text import TokenText
 from hvd_agents.structure import PromptStructure, SpanKind
@@ -47,6 +48,7 @@ from hvd_agents.structure import PromptStructure, SpanKind
 CONTEXT_GRAM = 4
 """Tokens before a draft position whose earlier successors give its ``share`` and ``seen`` features (an n-gram size
 the index keeps)."""
+_GRAM_COLUMNS = np.arange(CONTEXT_GRAM)  # a gram's offsets from its first token
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,9 @@ class _RequestState:
     candidates: list[_Candidate] = field(default_factory=list)  # of the last proposal
     backups: list[list[int]] = field(default_factory=list)  # its other source's shorter-match continuations
     k: int = 0
-    forks: list[tuple[int, tuple[int, ...], int]] = field(default_factory=list)  # last proposal's (depth, gram, key)
+    # the last proposal's forks: (depth, its gram's row in successors, how often the gram was followed)
+    forks: list[tuple[int, int, int]] = field(default_factory=list)
+    successors: tuple[SuccessorTable, ...] = ()  # what followed its grams: in the context, then in the store
     last_span: int | None = None
     last_kind: SpanKind | None = None
     output: list[int] = field(default_factory=list)
@@ -150,7 +154,7 @@ class SuffixDrafter:
         if k <= 0:
             return Draft()
         candidates, match_len = self._candidates(state, ctx.token_ids, k)
-        state.candidates, state.k, state.forks = candidates, k, []
+        state.candidates, state.k, state.forks, state.successors = candidates, k, [], ()
         if not candidates:
             return Draft()
         tokens, probs, support, chosen = _frequent_path(candidates, k)
@@ -183,29 +187,37 @@ class SuffixDrafter:
         store: the ``share`` and ``seen`` features. Where earlier occurrences of the same few tokens went on in
         many ways (a tool call's name, an argument's value), the longest match's single continuation is a guess."""
         head = [int(t) for t in context[-CONTEXT_GRAM:]]
-        window = head + [int(t) for t in tokens]
+        window = np.array(head + [int(t) for t in tokens], dtype=np.int64)  # [h + n]
         skip = CONTEXT_GRAM - len(head)  # leading positions with fewer than CONTEXT_GRAM tokens before them
-        grams = [window[i - skip : i - skip + CONTEXT_GRAM] for i in range(skip, len(tokens))]
-        followers = [int(t) for t in tokens[skip:]]
+        count = max(len(tokens) - skip, 0)  # positions with a gram before them
+        grams = window[np.arange(count)[:, None] + _GRAM_COLUMNS]  # [g, CONTEXT_GRAM]
+        followers = window[CONTEXT_GRAM:]  # [g]
         keys = gram_keys(grams)
-        same, total = state.index.successor_counts_many(grams, followers, keys=keys)  # [g], [g]
+        tables = (state.index.successor_table(grams, keys=keys),)
         if self.store is not None:
-            store_same, store_total = self.store.successor_counts_many(grams, followers, keys=keys)
-            same, total = same + store_same, total + store_total
+            tables += (self.store.successor_table(grams, keys=keys),)
+        same, total = tables[0].counts(followers)  # [g], [g]
+        for table in tables[1:]:
+            more_same, more_total = table.counts(followers)
+            same, total = same + more_same, total + more_total
         share = np.ones(len(tokens))  # [n]
         seen = np.zeros(len(tokens))  # [n]
         counted = total > 0
-        state.forks = [(skip + i, tuple(grams[i]), keys[i]) for i in np.flatnonzero(total > same).tolist()]
+        state.forks = [(skip + i, i, int(total[i])) for i in np.flatnonzero(total > same).tolist()]
+        state.successors = tables
         share[skip:][counted] = same[counted] / total[counted]
         seen[skip:] = total
+        share.setflags(write=False)  # the features keep them as they are
+        seen.setflags(write=False)
         return {"share": share, "seen": seen}
 
     def alternatives(self, req_id: str, draft: Sequence[int], limit: int) -> list[Alternative]:
         """Up to ``limit`` continuations that depart from ``draft``, the last proposal's tokens (a prefix of them
         is fine): first the other candidates' (one per departure point and token, the most shared first, ties:
         the most recent), then, at the draft's forks (positions whose :data:`CONTEXT_GRAM` tokens before them
-        were followed by other tokens before), those other tokens' continuations from their latest occurrence,
-        the most frequent first, each weighed by its share of the fork's occurrences.
+        were followed by other tokens before), those other tokens' continuations from their latest occurrence
+        (in the context where they occurred there, else in the store), the most frequent first, each weighed by
+        its share of the fork's occurrences.
         """
         state = started(self._requests, req_id, self.source, "alternatives")
         if limit <= 0 or not state.candidates:
@@ -213,28 +225,26 @@ class SuffixDrafter:
         draft = tuple(draft)
         out = self._candidate_alternatives(state, draft, limit)
         seen = {(alternative.depth, alternative.tokens[0]) for alternative in out}
-        forks: list[tuple[float, Alternative]] = []
+        forks: list[tuple[float, int, int, SuccessorTable, int]] = []  # (share, depth, token, where, its end)
         at = [fork for fork in state.forks if fork[0] < len(draft)]
-        if at:
-            grams, keys = [gram for _, gram, _ in at], [key for _, _, key in at]
-            room = state.k - at[0][0]
-            found = state.index.successors(grams, room, keys=keys)
-            if self.store is not None:
-                for mine, shared in zip(found, self.store.successors(grams, room, keys=keys)):
-                    for token, (count, tokens) in shared.items():
-                        local = mine.get(token)
-                        mine[token] = (count + local[0], local[1]) if local else (count, tokens)
-            for (depth, _, _), followers in zip(at, found):
-                total = sum(count for count, _ in followers.values())
-                for token, (count, tokens) in followers.items():
-                    if token == draft[depth] or (depth, token) in seen or not tokens:
-                        continue
-                    seen.add((depth, token))
-                    alternative = Alternative(depth, count / total, tuple(tokens[: state.k - depth]), fork=True)
-                    forks.append((count / total, alternative))
+        rows, skipped = [row for _, row, _ in at], [draft[depth] for depth, _, _ in at]  # the draft's own token left out
+        found = [table.followers(rows, skipped) for table in state.successors] if at else []
+        for i, (depth, _, total) in enumerate(at):
+            merged: dict[int, tuple[int, SuccessorTable, int]] = {}  # token: (count, where, latest end there)
+            for table, followers in zip(state.successors, found):
+                for token, (count, end) in followers[i].items():
+                    known = merged.get(token)
+                    merged[token] = (count + known[0], known[1], known[2]) if known else (count, table, end)
+            for token, (count, table, end) in merged.items():
+                if (depth, token) not in seen:
+                    forks.append((count / total, depth, token, table, end))
         forks.sort(key=lambda item: -item[0])
-        chosen = [alternative for _, alternative in forks[: limit - len(out)]]
-        out += chosen
+        for share, depth, token, table, end in forks:  # the text after each is read only for those kept
+            if len(out) >= limit:
+                break
+            tokens = table.continuation(end, state.k - depth)
+            if tokens:
+                out.append(Alternative(depth, share, tuple(tokens), fork=True))
         return out
 
     def _candidate_alternatives(self, state: _RequestState, draft: tuple[int, ...], limit: int) -> list[Alternative]:
@@ -247,16 +257,16 @@ class SuffixDrafter:
             groups.setdefault(tuple(tokens[: state.k]), 0)
         if len(groups) < 2:
             return []
+        # how far each continuation agrees with the draft
+        agree = {tokens: _common_prefix(tokens, draft) for tokens in groups}
         out: list[Alternative] = []
         seen: set[tuple[int, int]] = set()
         for tokens, weight in sorted(groups.items(), key=lambda item: -item[1]):
-            depth = 0
-            while depth < min(len(tokens), len(draft)) and tokens[depth] == draft[depth]:
-                depth += 1
+            depth = agree[tokens]
             if depth >= len(tokens) or depth >= len(draft) or (depth, tokens[depth]) in seen:
                 continue  # agrees with the draft as far as either goes, or departs like an earlier one
             seen.add((depth, tokens[depth]))
-            agreeing = sum(w for t, w in groups.items() if len(t) > depth and t[:depth] == draft[:depth])
+            agreeing = sum(w for t, w in groups.items() if len(t) > depth and agree[t] >= depth)
             out.append(Alternative(depth, weight / agreeing if agreeing else 0.0, tokens[depth:]))
             if len(out) >= limit:
                 break
@@ -288,8 +298,7 @@ class SuffixDrafter:
 
     def observe(self, outcome: DraftOutcome) -> None:
         state = started(self._requests, outcome.req_id, self.source, "observe")
-        for token in outcome.new_token_ids:
-            state.index.append(token)
+        state.index.append_many(outcome.new_token_ids)
         state.output.extend(outcome.new_token_ids)
         drafted = len(outcome.draft)
         if drafted and state.last_kind is not None:
@@ -300,6 +309,7 @@ class SuffixDrafter:
         state.last_span = None
         state.last_kind = None
         state.candidates = []
+        state.successors = ()
 
     def stop(self, req_id: str) -> None:
         state = self._requests.pop(req_id, None)
@@ -315,6 +325,16 @@ def _prompt_kinds(length: int, structure: PromptStructure | None) -> list[SpanKi
         for span in structure.spans:
             kinds[span.start : min(span.end, length)] = [span.kind] * (min(span.end, length) - span.start)
     return kinds
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def _frequent_path(candidates: list[_Candidate], k: int) -> tuple[list[int], list[float], list[int], _Candidate]:
@@ -338,6 +358,13 @@ def _frequent_path(candidates: list[_Candidate], k: int) -> tuple[list[int], lis
     probs: list[float] = []
     support: list[int] = []
     for depth in range(k):
+        if len(alive) == 1:  # one group left: it is the path, every step of it taken by all still agreeing
+            tokens, weight, _ = alive[0]
+            rest = tokens[depth:k]
+            path.extend(rest)
+            probs.extend([1.0] * len(rest))
+            support.extend([weight] * len(rest))
+            break
         total = sum(weight for _, weight, _ in alive)
         counts: dict[int, int] = {}
         for tokens, weight, _ in alive:

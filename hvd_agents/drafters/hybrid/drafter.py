@@ -444,9 +444,16 @@ def _paying_reach(survival: np.ndarray, cost: CostModel, rate: float, k: int) ->
     """How many of a draft's first positions an alternative may depart at and still pay: depth 0, and each
     depth ``j`` whose main branch before it survives above ``rate`` times the cheapest node's cost (an
     alternative's first token survives less than that)."""
-    cheapest = float(np.diff(cost.verify_curve(k + 1)).min()) if k > 0 else 0.0
-    paying = survival > rate * cheapest  # [n]
-    return 1 + int(np.cumprod(paying).sum()) if len(survival) else 0
+    if not len(survival):
+        return 0
+    curve = cost.verify_curve(k + 1)  # [k + 1]
+    floor = rate * (float((curve[1:] - curve[:-1]).min()) if k > 0 else 0.0)
+    reach = 1
+    for alive in survival.tolist():  # the leading positions whose main branch pays
+        if not alive > floor:
+            break
+        reach += 1
+    return reach
 
 
 def _model_survival(request: _HybridRequestState, n: int) -> np.ndarray:

@@ -18,6 +18,7 @@ first position after it has those bits in its ``-1`` columns.
 
 from __future__ import annotations
 
+import functools
 import unicodedata
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -47,28 +48,40 @@ _BRACKETS = frozenset("()[]{}<>")
 
 def token_classes(text: str, special: bool = False) -> int:
     """The bitmask of :data:`CLASS_NAMES` (bit ``i`` for the ``i``-th) of a token whose text is ``text``."""
+    mask = 0
+    for ch in set(text):
+        mask |= _char_classes(ch)
     stripped = text.strip()
-    flags = (
-        any(unicodedata.category(ch).startswith("P") for ch in text),
-        any(ch in _BRACKETS for ch in text),
-        '"' in text,
-        "'" in text,
-        not stripped,
-        any(ch.isalpha() for ch in text),
-        text[:1] == " ",
-        any(ch.isdigit() for ch in text),
-        "\n" in text,
-        ":" in text,
-        "," in text,
-        stripped[-1:] in _QUOTES,
-        stripped[:1] in _QUOTES,
-        "_" in text,
-        stripped[:1].isupper(),
-        special,
-        len(stripped) >= 2,
-        len(stripped) >= 5,
-    )
-    return sum(1 << i for i, flag in enumerate(flags) if flag)
+    if not stripped:
+        mask |= _BIT["blank"]
+    else:
+        mask |= (_BIT["ends_quote"] if stripped[-1] in _QUOTES else 0) | (
+            _BIT["starts_quote"] if stripped[0] in _QUOTES else 0) | (_BIT["upper"] if stripped[0].isupper() else 0)
+        mask |= (_BIT["len2"] if len(stripped) >= 2 else 0) | (_BIT["len5"] if len(stripped) >= 5 else 0)
+    if text[:1] == " ":
+        mask |= _BIT["lead_space"]
+    return mask | (_BIT["special"] if special else 0)
+
+
+_BIT = {name: 1 << i for i, name in enumerate(CLASS_NAMES)}
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _char_classes(ch: str) -> int:
+    """The classes one character gives the token holding it."""
+    flags = {
+        "punct": unicodedata.category(ch).startswith("P"),
+        "bracket": ch in _BRACKETS,
+        "dquote": ch == '"',
+        "squote": ch == "'",
+        "alpha": ch.isalpha(),
+        "digit": ch.isdigit(),
+        "newline": ch == "\n",
+        "colon": ch == ":",
+        "comma": ch == ",",
+        "underscore": ch == "_",
+    }
+    return sum(_BIT[name] for name, flag in flags.items() if flag)
 
 
 class TokenText:

@@ -93,7 +93,7 @@ class TokenText:
     Example:
         >>> text = TokenText.from_decoder(['a', '": "', '\\n'].__getitem__, 3)
         >>> text.masks([1, 7]).tolist()  # an id out of range has no class
-        [72253, 0]
+        [72197, 0]
     """
 
     def __init__(self, masks: np.ndarray) -> None:

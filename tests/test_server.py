@@ -96,6 +96,11 @@ def test_text_completions_equal_the_engine(client, engine) -> None:
         ({"stop": ["ok", ""]}, "stop[1]"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"model": None}, "model"),
+        # a boolean field takes a JSON boolean only, as OpenAI's API does: no "yes", "true" or 1
+        ({"parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+        ({"parallel_tool_calls": 1}, "parallel_tool_calls"),
+        ({"stream": "true"}, "stream"),
+        ({"stream": True, "stream_options": {"include_usage": "1"}}, "stream_options.include_usage"),
     ],
 )
 def test_bad_requests_are_400_naming_the_field(url, body, param) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from hvd_agents.chat.reply_options import ReplyOptions, check_reply_options
 from hvd_agents.chat.settings import ChatSettings
@@ -41,21 +41,21 @@ class ResponsesRequest(BaseModel):
     input: str | list[dict[str, Any]]
     instructions: str | None = None
     previous_response_id: str | None = None
-    store: bool | None = None
+    store: StrictBool | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: StrictBool | None = None
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    stream: bool = False
+    stream: StrictBool = False
     text: dict[str, Any] | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
     truncation: str | None = None
     include: list[str] | None = None
     reasoning: dict[str, Any] | None = None
-    background: bool | None = None
+    background: StrictBool | None = None
     conversation: Any = None
     prompt: Any = None
     top_logprobs: int | None = None

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
 from hvd_agents.chat.render import unsupported_part
 from hvd_agents.chat.reply_options import ReplyOptions, check_reply_options
@@ -41,7 +41,7 @@ class StreamOptions(BaseModel):
     """``stream_options``: ``include_usage`` adds a last chunk with the usage."""
 
     model_config = ConfigDict(extra="ignore")
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class _Sampling(BaseModel):
@@ -54,7 +54,7 @@ class _Sampling(BaseModel):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
     seed: int | None = Field(None, ge=0, lt=SEED_LIMIT)
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     n: int | None = Field(None, ge=1)
@@ -115,7 +115,7 @@ class ChatCompletionRequest(_Sampling):
     messages: list[dict[str, Any]] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: StrictBool | None = None
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     response_format: dict[str, Any] | None = None
@@ -198,7 +198,7 @@ class CompletionRequest(_Sampling):
     # strict: JSON booleans are not token ids (lax mode would read true as 1)
     prompt: str | list[str] | list[Annotated[StrictInt, Field(ge=0)]] = Field(min_length=1)
     max_tokens: int | None = Field(16, ge=1)
-    echo: bool = False
+    echo: StrictBool = False
     suffix: str | None = None
     best_of: int | None = None
 

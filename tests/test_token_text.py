@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -186,7 +187,7 @@ def test_predictor_uses_the_network_only_where_the_text_is_known(tmp_path) -> No
     assert loaded.mlp is not None and np.array_equal(loaded.weights, linear)
     predictor, plain = PayoffPredictor(loaded), PayoffPredictor(PayoffWeights(linear))
     bare = CacheDraftFeatures(match_len=5, probs=[1.0, 0.8, 0.5], support=[3, 2, 1])
-    described = bare.with_text(text.around([1, 3], [4, 7, 2]))
+    described = replace(bare, text=text.around([1, 3], [4, 7, 2]))
     assert np.array_equal(predictor.survival(bare, 3), plain.survival(bare, 3))
     survival = predictor.survival(described, 3)
     rows = np.concatenate([feature_matrix(described, 3), text_columns(described.text, 3)], axis=1)

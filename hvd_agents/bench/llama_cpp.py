@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hvd_agents.drafters.base import common_prefix
 from hvd_agents.errors import HVDError
 from hvd_agents.runtime.loading import embedded_gguf_path
 
@@ -78,21 +79,6 @@ def gguf_path(model: str | None) -> Path:
         raise HVDError(f"the {PEER_NAME} arm needs the model as a .gguf file (got {model!r}): "
                        "pass --model path/to/model.gguf, or no --model for the embedded one")
     return path
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token sequences.
-
-    Example:
-        >>> common_prefix([1, 2, 3], [1, 2, 4, 5])
-        2
-    """
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 @dataclass(frozen=True)

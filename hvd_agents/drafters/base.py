@@ -304,6 +304,21 @@ class NoDrafter:
 State = TypeVar("State")
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences.
+
+    Example:
+        >>> common_prefix([1, 2, 3], [1, 2, 4, 5])
+        2
+    """
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def started(requests: Mapping[str, State], req_id: str, drafter: str, call: str) -> State:
     """The state a drafter keeps for ``req_id``: lifecycle misuse (``call`` for a request that
     was never started, or already stopped) raises instead of drafting nothing silently.

@@ -217,10 +217,6 @@ class CacheDraftFeatures:
 
     __hash__ = None  # type: ignore[assignment]  # holds arrays
 
-    def with_text(self, text: np.ndarray) -> CacheDraftFeatures:
-        """These features with the draft's text classes (:meth:`~hvd_agents.policy.token_text.TokenText.around`)."""
-        return replace(self, text=text)
-
     def with_target(self, target: TargetSignal | None) -> CacheDraftFeatures:
         """These features with the target's signal from the previous verification."""
         return self if target is self.target else replace(self, target=target)

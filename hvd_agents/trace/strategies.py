@@ -65,6 +65,7 @@ from hvd_agents.drafters import (
     PromptLookupDrafter,
     SuffixDrafter,
 )
+from hvd_agents.drafters.base import common_prefix
 from hvd_agents.drafters.hybrid import CacheProbe, CombinedDrafter
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.policy import FALLBACK_VERIFY_COST, CostModel, PayoffPredictor
@@ -157,16 +158,6 @@ class OraclePolicy(DrafterPolicy):
     def propose(self, ctx: DraftContext, k: int, lookahead: Sequence[int]) -> Draft:
         draft = self.drafter.propose(ctx, k)
         return self.remember(draft, draft.truncated(common_prefix(draft.token_ids, lookahead)))
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token sequences."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class ArcticDrafter:

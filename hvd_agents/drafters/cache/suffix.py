@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hvd_agents.drafters.base import Draft, DraftContext, DraftOutcome, started
+from hvd_agents.drafters.base import Draft, DraftContext, DraftOutcome, common_prefix, started
 from hvd_agents.drafters.cache.history import AcceptanceHistory, KindRates
 from hvd_agents.drafters.cache.ngram_index import NgramIndex, gram_keys
 from hvd_agents.drafters.cache.store import CacheStore
@@ -162,6 +162,7 @@ class SuffixDrafter:
             return Draft()
         state.last_span = chosen.span_id
         state.last_kind = chosen.kind
+        text = self.text
         features = CacheDraftFeatures(
             match_len=match_len,
             candidates=len(candidates),
@@ -175,10 +176,8 @@ class SuffixDrafter:
             probs=probs,
             support=support,
             **(self._context_counts(state, ctx.token_ids, tokens) if self.count_forks else {}),
+            **({"text": text.around(ctx.token_ids, tokens)} if text is not None else {}),
         )
-        text = self.text
-        if text is not None:
-            features = features.with_text(text.around(ctx.token_ids, tokens))
         return Draft(tuple(tokens), None, float(match_len), f"{self.source}:{chosen.kind.value}", features)
 
     def _context_counts(self, state: _RequestState, context: Sequence[int], tokens: Sequence[int]) -> dict:
@@ -258,7 +257,7 @@ class SuffixDrafter:
         if len(groups) < 2:
             return []
         # how far each continuation agrees with the draft
-        agree = {tokens: _common_prefix(tokens, draft) for tokens in groups}
+        agree = {tokens: common_prefix(tokens, draft) for tokens in groups}
         out: list[Alternative] = []
         seen: set[tuple[int, int]] = set()
         for tokens, weight in sorted(groups.items(), key=lambda item: -item[1]):
@@ -325,16 +324,6 @@ def _prompt_kinds(length: int, structure: PromptStructure | None) -> list[SpanKi
         for span in structure.spans:
             kinds[span.start : min(span.end, length)] = [span.kind] * (min(span.end, length) - span.start)
     return kinds
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens ``a`` and ``b`` share."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _frequent_path(candidates: list[_Candidate], k: int) -> tuple[list[int], list[float], list[int], _Candidate]:

@@ -14,11 +14,16 @@ instructions on a software model of them), and on a CPU with AMX through the rea
 format on 1 to 130 rows, whole forwards, the tile instructions against their definition, and two
 mutations of the tile passes (their groups added in reverse; a half block's dots without the K split)
 that the comparison must catch.
+
+The self-check compares in a child process: its answer is the comparison's, and a build that faults there
+(``-DHVD_MUTATE_CRASH``: an illegal instruction in calls of 8 rows or more) is refused, its verdict recorded,
+with this process unharmed.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 
 import numpy as np
@@ -152,6 +157,57 @@ def test_the_amx_test_build_runs_the_self_check(monkeypatch, tmp_path) -> None:
     assert quant_native.EMULATED_AMX not in quant_native.cpu_paths()
 
 
+def test_the_self_checks_child_answers_what_this_process_compares() -> None:
+    # the self-check compares in a child process that loads the same two libraries: the same list as compare_paths
+    # here, for a path that agrees (none) and for a mutated build that does not (every difference, in order)
+    reference, best = quant_native.build(quant_native.REFERENCE), quant_native.build(PATHS[-1])
+    assert quant_native.compare_in_child(reference, best) == quant_native.compare_paths(reference, best) == []
+    mutated = quant_native.build(PATHS[-1], ("-DHVD_MUTATE_GROUP_ORDER",))
+    differences = quant_native.compare_in_child(reference, mutated)
+    assert differences and differences == quant_native.compare_paths(reference, mutated)
+
+
+def test_a_path_that_crashes_its_self_check_is_refused_and_this_process_goes_on(monkeypatch, tmp_path) -> None:
+    # a build whose linear faults on 8 rows or more (__builtin_trap: SIGILL, as an instruction the CPU refuses would):
+    # the child dies, the path is refused naming the signal, and the refusal is recorded like any verdict
+    flags = ("-DHVD_MUTATE_CRASH",)
+    quant_native.build(quant_native.REFERENCE), quant_native.build(PATHS[-1], flags)  # built and loaded before
+    monkeypatch.setenv("HVD_AGENTS_CACHE", str(tmp_path))  # no recorded verdicts
+    why = quant_native.self_check(PATHS[-1], flags)
+    assert why == "its self-check crashed (SIGILL, illegal instruction) in a child process"
+    records = list(tmp_path.glob(f"native/{quant_native.path_key(PATHS[-1], flags)}/selfcheck-*.json"))
+    assert len(records) == 1 and json.loads(records[0].read_text()) == {"path": PATHS[-1], "why": why}
+    # asked again (another process, the same build): the recorded verdict, no child
+    monkeypatch.setattr(quant_native, "compare_in_child", lambda a, b: pytest.fail("compared again"))
+    assert quant_native.self_check(PATHS[-1], flags) == why
+
+
+def test_a_self_check_child_that_exits_hangs_or_cannot_start_is_read_as_such(monkeypatch) -> None:
+    # the parent's reading of its child, on stand-in children (no builds run): a non-zero status once started is a
+    # refusal with the child's last words, as is an answer too slow; a child that never started says nothing of the
+    # builds (raised, not recorded); an exception in the comparison is raised with its text
+    reference = quant_native.build(quant_native.REFERENCE)
+    mark = quant_native._MARK
+
+    def child(code: str) -> None:
+        monkeypatch.setattr(quant_native, "_CHILD", code)
+
+    child(f"import sys; print({mark!r}, flush=True); sys.exit('it went wrong')")
+    exited = r"^its self-check exited with status 1 in a child process: it went wrong$"
+    with pytest.raises(quant_native.SelfCheckFault, match=exited):
+        quant_native.compare_in_child(reference, reference)
+    child("import time; time.sleep(30)")
+    slow = r"^its self-check timed out after 0\.5 s in a child process$"
+    with pytest.raises(quant_native.SelfCheckFault, match=slow):
+        quant_native.compare_in_child(reference, reference, timeout=0.5)
+    child("raise ImportError('no hvd_agents here')")
+    with pytest.raises(RuntimeError, match="could not start .status 1: ImportError: no hvd_agents here"):
+        quant_native.compare_in_child(reference, reference)
+    child(f"print({mark + json.dumps({'error': 'ValueError: odd'})!r})")
+    with pytest.raises(RuntimeError, match="the self-check's comparison raised ValueError: odd"):
+        quant_native.compare_in_child(reference, reference)
+
+
 def _on_path(model: torch.nn.Module, weights, path: str) -> QuantRunner:
     return QuantRunner(NativeModel(model, weights, 512, path))
 
@@ -229,14 +285,14 @@ def test_auto_prefers_amx_among_the_paths_that_pass_their_check(monkeypatch, tmp
     monkeypatch.delenv(quant_native.ENV, raising=False)
     monkeypatch.setattr(quant_native, "cpu_paths", lambda: list(quant_native.PATHS))
     monkeypatch.setattr(quant_native, "build", lambda path, extra=(): path)
-    monkeypatch.setattr(quant_native, "path_key", lambda path: f"key-{path}")
+    monkeypatch.setattr(quant_native, "path_key", lambda path, extra=(): f"key-{path}")
     monkeypatch.setattr(quant_native, "_state", {})
-    monkeypatch.setattr(quant_native, "compare_paths", lambda a, b: [])
+    monkeypatch.setattr(quant_native, "compare_in_child", lambda a, b: [])
     assert quant_native.available() and quant_native.path() == "amx"
     # amx failing its check (another cache: no verdicts): the next best path, and the reason logged
     monkeypatch.setenv("HVD_AGENTS_CACHE", str(tmp_path / "other"))
     monkeypatch.setattr(quant_native, "_state", {})
-    monkeypatch.setattr(quant_native, "compare_paths", lambda a, b: ["q4k 37x1280, 16 rows"] if b == "amx" else [])
+    monkeypatch.setattr(quant_native, "compare_in_child", lambda a, b: ["q4k 37x1280, 16 rows"] if b == "amx" else [])
     with caplog.at_level(logging.WARNING, logger="hvd_agents.runtime.quant_native"):
         assert quant_native.available() and quant_native.path() == "avx512-vnni"
     assert "amx not used: its results differ from avx2's (q4k 37x1280, 16 rows)" in caplog.text
@@ -248,12 +304,12 @@ def test_a_path_that_fails_its_self_check_is_not_used(monkeypatch, tmp_path, cap
     monkeypatch.delenv(quant_native.ENV, raising=False)
     monkeypatch.setattr(quant_native, "cpu_paths", lambda: ["avx2", "avx512-vnni"])
     monkeypatch.setattr(quant_native, "build", lambda path, extra=(): path)
-    monkeypatch.setattr(quant_native, "compare_paths", lambda a, b: ["q4_1 37x800, 16 rows"])
+    monkeypatch.setattr(quant_native, "compare_in_child", lambda a, b: ["q4_1 37x800, 16 rows"])
     with caplog.at_level(logging.WARNING, logger="hvd_agents.runtime.quant_native"):
         assert quant_native.available() and quant_native.path() == "avx2"
     assert "avx512-vnni not used: its results differ from avx2's (q4_1 37x800, 16 rows)" in caplog.text
     # the verdict is recorded beside the build: the next process does not compare again
-    monkeypatch.setattr(quant_native, "compare_paths", lambda a, b: pytest.fail("compared again"))
+    monkeypatch.setattr(quant_native, "compare_in_child", lambda a, b: pytest.fail("compared again"))
     assert quant_native.self_check("avx512-vnni").startswith("its results differ")
     monkeypatch.setenv(quant_native.ENV, "avx512-vnni")
     monkeypatch.setattr(quant_native, "_state", {})

@@ -12,7 +12,8 @@ Every path computes every output element with the same integer block dots and th
 same order (``native/isa.h``), so logits are bitwise the same on every path and every machine. A path other than
 ``avx2`` is enabled on a machine only after a bitwise self-check against ``avx2`` at its first build there
 (:func:`self_check`; the verdict is cached beside the build); a path that fails it is not used, and the loader
-logs why. ``HVD_AGENTS_CPU_ISA`` (``avx2``, ``avx512-vnni``, ``amx`` or ``auto``, the default: the best path that
+logs why. The check runs in a child process (:func:`compare_in_child`), so a path whose code faults there (an
+illegal instruction, a wrong tile configuration, an abort) or hangs is refused with that reason, not fatal. ``HVD_AGENTS_CPU_ISA`` (``avx2``, ``avx512-vnni``, ``amx`` or ``auto``, the default: the best path that
 passed its check) forces a path; a forced path the CPU cannot run, or that fails its self-check, is refused with
 the reason.
 
@@ -30,13 +31,24 @@ import json
 import logging
 import os
 import platform
+import signal
+import subprocess
+import sys
 import threading
+from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import torch
 
-from hvd_agents.runtime.native_build import NATIVE_DIR, build_key, build_python_module, cache_dir, cpu_supports_avx2
+from hvd_agents.runtime.native_build import (
+    NATIVE_DIR,
+    build_key,
+    build_python_module,
+    cache_dir,
+    cpu_supports_avx2,
+    load_extension,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -140,9 +152,10 @@ def path_flags(path: str) -> tuple[str, ...]:
     return PATH_FLAGS[path]
 
 
-def path_key(path: str) -> str:
-    """The build key of ``path``'s kernel (its cache directory; part of cost-profile keys)."""
-    return build_key(SOURCE, path_flags(path))
+def path_key(path: str, extra_flags: tuple[str, ...] = ()) -> str:
+    """The build key of ``path``'s kernel (its cache directory; part of cost-profile keys), or of its build with
+    ``extra_flags`` (as :func:`build` takes them)."""
+    return build_key(SOURCE, (*path_flags(path), *extra_flags))
 
 
 def cpu_paths() -> list[str]:
@@ -246,22 +259,120 @@ def attention_case(rng: np.random.Generator, queries: int, hd: int, slots: int) 
     return q, k, v, lo, hi, hd**-0.5
 
 
-def self_check(path: str) -> str:
+# how long the self-check's child may take to load two builds and compare them (seconds where it runs normally)
+SELF_CHECK_TIMEOUT = 300.0
+# what the child runs, and the mark it prints once it runs (a line), then before its answer (a JSON object)
+_CHILD = "import sys; from hvd_agents.runtime import quant_native; sys.exit(quant_native._compare_child(sys.argv[1:]))"
+_MARK = "hvd-agents-self-check:"
+
+
+class SelfCheckFault(Exception):
+    """The self-check's child crashed, exited with a non-zero status or did not answer in time; the message is
+    the refusal ("its self-check crashed (SIGILL, ...)", "... exited with status N ...", "... timed out after N s")."""
+
+
+def compare_in_child(a: ModuleType, b: ModuleType, timeout: float = SELF_CHECK_TIMEOUT) -> list[str]:
+    """:func:`compare_paths` of two loaded builds, run in a child process that loads the same libraries (the files
+    ``a`` and ``b`` came from): a build whose code faults takes down the child, not this process.
+
+    The child imports this package from where this process does, with this environment (the cache, ``PYTHONPATH``),
+    and with ``HVD_AGENTS_CPU_ISA`` set to the reference: it compares, it never chooses or checks a path itself.
+
+    Returns:
+        what ``compare_paths(a, b)`` returns.
+
+    Raises:
+        SelfCheckFault: once started, the child died by a signal, exited with a non-zero status or gave no answer;
+            or it did not answer within ``timeout`` seconds.
+        RuntimeError: the child raised (its exception in the message), or died before it started (this package
+            not importable there): nothing said about the builds.
+    """
+    env = dict(os.environ)
+    package_root = str(Path(__file__).resolve().parents[2])  # the directory holding hvd_agents/
+    env["PYTHONPATH"] = os.pathsep.join([package_root, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
+    env[ENV] = REFERENCE
+    command = [sys.executable, "-c", _CHILD, str(a.__file__), str(b.__file__)]
+    try:
+        done = subprocess.run(command, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              errors="replace", timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:  # the child is killed
+        raise SelfCheckFault(f"its self-check timed out after {timeout:g} s in a child process") from None
+    lines = [line[len(_MARK):] for line in done.stdout.splitlines() if line.startswith(_MARK)]
+    errors = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+    said = f": {errors[-1]}" if errors else ""
+    if not lines and done.returncode != 0:  # it died before it ran the builds' code: nothing said about them
+        raise RuntimeError(f"the self-check's child process could not start (status {done.returncode}{said})")
+    if done.returncode < 0:
+        raise SelfCheckFault(f"its self-check crashed ({_signal_name(-done.returncode)}) in a child process")
+    if done.returncode > 0:
+        raise SelfCheckFault(f"its self-check exited with status {done.returncode} in a child process{said}")
+    answer = json.loads(lines[-1]) if lines and lines[-1] else {}
+    if "error" in answer:
+        raise RuntimeError(f"the self-check's comparison raised {answer['error']}")
+    if "differences" not in answer:
+        raise SelfCheckFault(f"its self-check gave no answer in a child process{said}")
+    return [str(d) for d in answer["differences"]]
+
+
+def _signal_name(number: int) -> str:
+    """``SIGILL, illegal instruction`` for 4 (``signal N`` for a number Python does not name)."""
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+    text = signal.strsignal(number) or ""
+    return f"{name}, {text[:1].lower()}{text[1:]}" if text else name
+
+
+def _compare_child(libraries: list[str]) -> int:
+    """The self-check's child (:func:`compare_in_child`): load the two builds, compare them, print the answer."""
+    print(_MARK, flush=True)
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a build that faults here leaves no core file
+    except (ImportError, ValueError, OSError):
+        pass
+    try:
+        a, b = (load_extension(Path(library)) for library in libraries)
+        answer = {"differences": compare_paths(a, b)}
+    except Exception as exc:  # noqa: BLE001 (said to the parent, which raises it)
+        text = str(exc).strip()
+        answer = {"error": f"{type(exc).__name__}: {text.splitlines()[-1] if text else exc!r}"}
+    print(_MARK + json.dumps(answer), flush=True)
+    return 0
+
+
+def self_check(path: str, extra_flags: tuple[str, ...] = ()) -> str:
     """Check ``path`` against the reference bit for bit on this machine (cached per pair of builds).
+
+    Both builds are built (or loaded) here, then compared in a child process (:func:`compare_in_child`): a path
+    whose code crashes there (an illegal instruction, a fault, an abort), exits otherwise or hangs is refused with
+    that reason, and this process goes on. Every verdict is recorded beside the build, so a refused path is not
+    tried again on that build.
 
     Args:
         path: one of :data:`PATHS`, or :data:`EMULATED_AMX` (the same check of the amx path's test build).
+        extra_flags: more compiler flags of the build checked (the tests' mutated builds, as :func:`build` takes
+            them); its verdict is recorded beside that build.
 
     Returns:
         "" when it agrees, else why it may not run here.
+
+    Raises:
+        Exception: whatever building or loading either build raise, or the comparison raised in the child (not
+            recorded: the next check tries again).
     """
-    if path == REFERENCE:
+    if path == REFERENCE and not extra_flags:
         return ""
-    record = cache_dir(path_key(path)) / f"selfcheck-{path_key(REFERENCE)}.json"
+    record = cache_dir(path_key(path, extra_flags)) / f"selfcheck-{path_key(REFERENCE)}.json"
     if record.exists():
         return str(json.loads(record.read_text()).get("why", ""))
-    differences = compare_paths(build(REFERENCE), build(path))
-    why = f"its results differ from {REFERENCE}'s ({'; '.join(differences[:3])})" if differences else ""
+    try:
+        differences = compare_in_child(build(REFERENCE), build(path, extra_flags))
+        why = f"its results differ from {REFERENCE}'s ({'; '.join(differences[:3])})" if differences else ""
+    except SelfCheckFault as exc:
+        why = str(exc)
     record.parent.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps({"path": path, "why": why}))
     return why

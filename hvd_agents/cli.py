@@ -7,7 +7,7 @@ Subcommands:
 * ``bench``: the live engine benchmark against HF ``generate`` (same run, same prompts; llama.cpp with ``--peers``).
 * ``bench-model``: the model drafter against ``ar``, ``hvd-cache`` and ``hvd`` (chat and agent prompts).
 * ``bench-kernels``: the CPU linear-layer kernels (dense, packed, row): forward cost per draft length, tok/s.
-* ``bench-paths``: the native forward on each CPU path (avx2, avx512-vnni): step, verify(d), prefill, same bits.
+* ``bench-paths``: the native forward on each CPU path (avx2, avx512-vnni, amx): step, verify(d), prefill, same bits.
 * ``bench-drafter``: propose / update cost of the cache drafter at scale (no model).
 * ``bench-prefix``: a multi-turn agent conversation with and without prefix KV reuse (llama.cpp with ``--peers``).
 * ``bench-batch``: concurrent ``ChatHVD.ainvoke`` calls on a serial and a batching engine: throughput, p95.

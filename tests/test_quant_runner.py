@@ -241,12 +241,15 @@ def _q2_k_reference(raw: np.ndarray, x: np.ndarray) -> np.ndarray:
     return acc + macc
 
 
-@pytest.mark.parametrize("path", quant_native.cpu_paths() if quant_native.available() else [])
+@pytest.mark.parametrize(
+    "path", [*quant_native.cpu_paths(), quant_native.EMULATED_AMX] if quant_native.available() else []
+)
 def test_q2_k_blocks_convert_exactly_and_compute_the_reference_bits(path) -> None:
     # Q2_K (d * sc * q - dmin * m per 16 weights, 2-bit q) as q2k: the file's bytes reordered (10.5 per 32); the
     # dequantized values are gguf's bit for bit, and every product is the float32 reference's bit for bit (no wide
     # format holds a minimum per 16 weights: the reference follows the kernel's documented order), on 1, 3, 17 and
-    # 64 weight rows (partial tiles) and 1, 3, 17 and 64 input rows, every path this CPU runs
+    # 64 weight rows (partial tiles) and 1, 3, 17 and 64 input rows, every path this CPU runs and the amx path's
+    # emulation (17 and 64 rows: passes on tiles)
     from gguf import GGMLQuantizationType as T
     from gguf.quants import dequantize
 

@@ -67,6 +67,8 @@ def build_python_module(source: Path, flags: tuple[str, ...], prefix: str) -> Mo
     """
     key = build_key(source, flags)
     name = f"{prefix}_{key}"
+    if name in sys.modules:  # loaded already (the same build, whichever cache it came from)
+        return sys.modules[name]
     directory = cache_dir(key)
     library = directory / f"{name}.so"
     if not library.exists():
@@ -76,8 +78,20 @@ def build_python_module(source: Path, flags: tuple[str, ...], prefix: str) -> Mo
         directory.mkdir(parents=True, exist_ok=True)
         with_scripts_on_path()
         with waiting(f"building the native kernel {source.name} (once)"):
-            return cpp_extension.load(name=name, sources=[str(source)], extra_cflags=list(flags),
-                                      extra_ldflags=["-fopenmp"], build_directory=str(directory), verbose=False)
+            module = cpp_extension.load(name=name, sources=[str(source)], extra_cflags=list(flags),
+                                        extra_ldflags=["-fopenmp"], build_directory=str(directory), verbose=False)
+        sys.modules[name] = module
+        return module
+    return load_extension(library)
+
+
+def load_extension(library: Path) -> ModuleType:
+    """Import the built module ``library`` (``<name>.so``, its module named ``name``), once per process.
+
+    Raises:
+        ImportError: whatever its initialization raises.
+    """
+    name = library.name.split(".")[0]
     if name in sys.modules:
         return sys.modules[name]
     loader = importlib.machinery.ExtensionFileLoader(name, str(library))

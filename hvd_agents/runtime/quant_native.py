@@ -4,13 +4,22 @@ Paths (:data:`PATHS`), each the same source compiled with other flags:
 
 * ``avx2``: every x86-64 CPU with AVX2 and FMA; the reference.
 * ``avx512-vnni``: AVX-512 (F, BW, VL) with VNNI (``vpdpbusd`` for the integer block dots).
+* ``amx``: the ``avx512-vnni`` code, with the integer block dots of passes of many input rows (prefills, chunks,
+  long drafts: at least the module's ``TILE_MIN_ROWS`` of a pass's 16) on AMX-INT8 tiles (``native/amx.h``); the
+  CPU must have AMX-TILE and AMX-INT8 and the OS must grant the process the tile state (Linux's ``arch_prctl``).
 
-Every path computes every output element with the same integer block dots and the same float operations in
-the same order (``native/isa.h``), so logits are bitwise the same on every path and every machine. A path
-other than ``avx2`` is enabled on a machine only after a bitwise self-check against ``avx2`` at its first
-build there (:func:`self_check`; the verdict is cached beside the build); a path that fails it is not used,
-and the loader logs why. ``HVD_AGENTS_CPU_ISA`` (``avx2``, ``avx512-vnni`` or ``auto``, the default) forces a
-path; a forced path the CPU cannot run, or that fails its self-check, is refused with the reason.
+Every path computes every output element with the same integer block dots and the same float operations in the
+same order (``native/isa.h``), so logits are bitwise the same on every path and every machine. A path other than
+``avx2`` is enabled on a machine only after a bitwise self-check against ``avx2`` at its first build there
+(:func:`self_check`; the verdict is cached beside the build); a path that fails it is not used, and the loader
+logs why. The check runs in a child process (:func:`compare_in_child`), so a path whose code faults there (an
+illegal instruction, a wrong tile configuration, an abort) or hangs is refused with that reason, not fatal. ``HVD_AGENTS_CPU_ISA`` (``avx2``, ``avx512-vnni``, ``amx`` or ``auto``, the default: the best path that
+passed its check) forces a path; a forced path the CPU cannot run, or that fails its self-check, is refused with
+the reason.
+
+:data:`EMULATED_AMX` is the ``amx`` path's test build: its tile instructions run on a software model of the tile
+state (``native/amx_emulate.h``), over the best vector code this CPU runs, so its tiling, packing and float phase
+are checked bit for bit on a CPU without AMX. It is never chosen to run a model.
 
 :func:`module` is the chosen path's compiled module (``Matrix``, ``QuantModel``, ``linear``, ``dequantize``);
 :func:`available` says whether any path builds and runs here, and :func:`unavailable_reason` why not.
@@ -22,13 +31,24 @@ import json
 import logging
 import os
 import platform
+import signal
+import subprocess
+import sys
 import threading
+from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import torch
 
-from hvd_agents.runtime.native_build import NATIVE_DIR, build_key, build_python_module, cache_dir, cpu_supports_avx2
+from hvd_agents.runtime.native_build import (
+    NATIVE_DIR,
+    build_key,
+    build_python_module,
+    cache_dir,
+    cpu_supports_avx2,
+    load_extension,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -37,13 +57,19 @@ ENV = "HVD_AGENTS_CPU_ISA"
 # OpenMP only for at::parallel_for at load (the forward has its own threads, team.h); no floating-point
 # contraction, so every sum is the one written in the source
 BASE_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off")
+VNNI_FLAGS = (*BASE_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")
 PATH_FLAGS = {
     "avx2": BASE_FLAGS,
-    "avx512-vnni": (*BASE_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
+    "avx512-vnni": VNNI_FLAGS,
+    "amx": (*VNNI_FLAGS, "-mamx-tile", "-mamx-int8"),
 }
 PATHS = tuple(PATH_FLAGS)  # best last
 REFERENCE = "avx2"
 FLAGS = PATH_FLAGS[REFERENCE]
+# the amx path's test build: the tiles on their software model, over the best of these this CPU runs
+EMULATED_AMX = "amx-emulated"
+EMULATION_FLAG = "-DHVD_AMX_EMULATE"
+VECTOR_PATHS = ("avx2", "avx512-vnni")
 
 # weight formats of native Matrix objects (native/tile_formats.h): q4f is Q4_1 with float32 scale and minimum,
 # q5f the same with 5-bit weights a byte each, q6s int8 weights with a float32 scale per 16; q4k, q5k and q6k
@@ -94,16 +120,14 @@ def build(path: str, extra_flags: tuple[str, ...] = ()) -> ModuleType:
     """The module of ``path`` (compiled once per build key, then loaded from the cache).
 
     Args:
-        path: one of :data:`PATHS`.
+        path: one of :data:`PATHS`, or :data:`EMULATED_AMX`.
         extra_flags: more compiler flags (the tests build mutated kernels this way).
 
     Raises:
         ValueError: an unknown path.
         Exception: whatever the compiler or the loader raise.
     """
-    if path not in PATH_FLAGS:
-        raise ValueError(f"unknown CPU path {path!r}: one of {', '.join(PATHS)}")
-    flags = (*PATH_FLAGS[path], *extra_flags)
+    flags = (*path_flags(path), *extra_flags)
     name = f"hvd_quant_{path.replace('-', '_')}" + ("_x" if extra_flags else "")
     with _lock:
         if name not in _modules or extra_flags:
@@ -114,15 +138,36 @@ def build(path: str, extra_flags: tuple[str, ...] = ()) -> ModuleType:
         return _modules[name]
 
 
-def path_key(path: str) -> str:
-    """The build key of ``path``'s kernel (its cache directory; part of cost-profile keys)."""
-    return build_key(SOURCE, PATH_FLAGS[path])
+def path_flags(path: str) -> tuple[str, ...]:
+    """The compiler flags of ``path``'s build (:data:`EMULATED_AMX`: the best vector path's, and the emulation's).
+
+    Raises:
+        ValueError: an unknown path.
+    """
+    if path == EMULATED_AMX:
+        base = [p for p in VECTOR_PATHS if p in cpu_paths()][-1]
+        return (*PATH_FLAGS[base], EMULATION_FLAG)
+    if path not in PATH_FLAGS:
+        raise ValueError(f"unknown CPU path {path!r}: one of {', '.join(PATHS)} (or the test build {EMULATED_AMX})")
+    return PATH_FLAGS[path]
+
+
+def path_key(path: str, extra_flags: tuple[str, ...] = ()) -> str:
+    """The build key of ``path``'s kernel (its cache directory; part of cost-profile keys), or of its build with
+    ``extra_flags`` (as :func:`build` takes them)."""
+    return build_key(SOURCE, (*path_flags(path), *extra_flags))
 
 
 def cpu_paths() -> list[str]:
-    """The paths this CPU can run, reference first (needs the reference build to read the CPU's features)."""
+    """The paths this CPU (and, for ``amx``, the OS) can run, reference first (the reference build reads the CPU's
+    features)."""
     reference = build(REFERENCE)
     return [p for p in PATHS if reference.cpu_supports(p)]
+
+
+def cpu_refusal(path: str) -> str:
+    """Why this CPU or OS cannot run ``path`` ("" when it can)."""
+    return str(build(REFERENCE).cpu_refusal(path))
 
 
 def _random_field(rng: np.random.Generator, kind: str, shape: tuple[int, int]) -> np.ndarray:
@@ -136,8 +181,9 @@ def _random_field(rng: np.random.Generator, kind: str, shape: tuple[int, int]) -
     return rng.integers(0, 256, size=shape, dtype=np.uint8)  # i8 and u4u4 scales, weights (masked by the caller)
 
 
-def _random_weight(module: ModuleType, fmt: int, rows: int, cols: int, rng: np.random.Generator):
-    """A weight of random records in ``fmt`` (scales kept small and finite, weights in the format's range)."""
+def random_weight(module: ModuleType, fmt: int, rows: int, cols: int, rng: np.random.Generator):
+    """A ``module.Matrix`` of random records in ``fmt`` (scales kept small and finite, weights in the format's range):
+    the same weight in two builds from the same state of ``rng``."""
     if fmt == F32:
         return module.Matrix(F32, rows, cols, torch.from_numpy(rng.standard_normal((rows, cols)).astype(np.float32)))
     if fmt in (F16, BF16):
@@ -156,21 +202,28 @@ def _random_weight(module: ModuleType, fmt: int, rows: int, cols: int, rng: np.r
     return module.Matrix(fmt, rows, cols, torch.from_numpy(data.reshape(-1)))
 
 
+# input rows of the comparison: a decode step and few-row passes (vector code on every path), passes of 8 to 16 rows
+# (AMX tiles on the amx path), and calls of several passes whose last is partial (tiles, then vectors)
+COMPARED_ROWS = (1, 3, 7, 8, 16, 17, 31, 64, 100, 130)
+
+
 def compare_paths(a: ModuleType, b: ModuleType, seed: int = 0) -> list[str]:
-    """Where two builds' ``linear`` differ, bit for bit, on random weights of every format and inputs of 1 to 64
-    rows (whole and partial groups of blocks, partial tiles), and where their ``attention`` does
-    (:func:`attention_differences`); an empty list when they agree everywhere."""
+    """Where two builds' ``linear`` differ, bit for bit, on random weights of every format and inputs of
+    :data:`COMPARED_ROWS` rows (whole and partial groups of blocks, partial tiles, passes on the vector code and on
+    AMX tiles), and where their ``attention`` does (:func:`attention_differences`); an empty list when they agree
+    everywhere."""
     rng = np.random.default_rng(seed)
     differences = []
     for fmt in (*QUANTIZED, *FLOATS):
         shapes = ((37, 1280), (16, 256), (5, 512)) if RECORDS.get(fmt, (1,))[0] == 8 else ((37, 800), (16, 256), (5, 96))
         for rows, cols in shapes:
             state = rng.bit_generator.state
-            wa = _random_weight(a, fmt, rows, cols, rng)
+            wa = random_weight(a, fmt, rows, cols, rng)
             rng.bit_generator.state = state
-            wb = _random_weight(b, fmt, rows, cols, rng)
-            x = torch.from_numpy((rng.standard_normal((64, cols)) * rng.uniform(0.1, 10)).astype(np.float32))
-            for m in (1, 3, 16, 17, 64):
+            wb = random_weight(b, fmt, rows, cols, rng)
+            values = rng.standard_normal((max(COMPARED_ROWS), cols))
+            x = torch.from_numpy((values * rng.uniform(0.1, 10)).astype(np.float32))
+            for m in COMPARED_ROWS:
                 ya, yb = a.linear(wa, x[:m]), b.linear(wb, x[:m])
                 if not torch.equal(ya.view(torch.int32), yb.view(torch.int32)):
                     differences.append(f"{FORMAT_NAMES[fmt]} {rows}x{cols}, {m} rows")
@@ -206,19 +259,120 @@ def attention_case(rng: np.random.Generator, queries: int, hd: int, slots: int) 
     return q, k, v, lo, hi, hd**-0.5
 
 
-def self_check(path: str) -> str:
+# how long the self-check's child may take to load two builds and compare them (seconds where it runs normally)
+SELF_CHECK_TIMEOUT = 300.0
+# what the child runs, and the mark it prints once it runs (a line), then before its answer (a JSON object)
+_CHILD = "import sys; from hvd_agents.runtime import quant_native; sys.exit(quant_native._compare_child(sys.argv[1:]))"
+_MARK = "hvd-agents-self-check:"
+
+
+class SelfCheckFault(Exception):
+    """The self-check's child crashed, exited with a non-zero status or did not answer in time; the message is
+    the refusal ("its self-check crashed (SIGILL, ...)", "... exited with status N ...", "... timed out after N s")."""
+
+
+def compare_in_child(a: ModuleType, b: ModuleType, timeout: float = SELF_CHECK_TIMEOUT) -> list[str]:
+    """:func:`compare_paths` of two loaded builds, run in a child process that loads the same libraries (the files
+    ``a`` and ``b`` came from): a build whose code faults takes down the child, not this process.
+
+    The child imports this package from where this process does, with this environment (the cache, ``PYTHONPATH``),
+    and with ``HVD_AGENTS_CPU_ISA`` set to the reference: it compares, it never chooses or checks a path itself.
+
+    Returns:
+        what ``compare_paths(a, b)`` returns.
+
+    Raises:
+        SelfCheckFault: once started, the child died by a signal, exited with a non-zero status or gave no answer;
+            or it did not answer within ``timeout`` seconds.
+        RuntimeError: the child raised (its exception in the message), or died before it started (this package
+            not importable there): nothing said about the builds.
+    """
+    env = dict(os.environ)
+    package_root = str(Path(__file__).resolve().parents[2])  # the directory holding hvd_agents/
+    env["PYTHONPATH"] = os.pathsep.join([package_root, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
+    env[ENV] = REFERENCE
+    command = [sys.executable, "-c", _CHILD, str(a.__file__), str(b.__file__)]
+    try:
+        done = subprocess.run(command, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              errors="replace", timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:  # the child is killed
+        raise SelfCheckFault(f"its self-check timed out after {timeout:g} s in a child process") from None
+    lines = [line[len(_MARK):] for line in done.stdout.splitlines() if line.startswith(_MARK)]
+    errors = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+    said = f": {errors[-1]}" if errors else ""
+    if not lines and done.returncode != 0:  # it died before it ran the builds' code: nothing said about them
+        raise RuntimeError(f"the self-check's child process could not start (status {done.returncode}{said})")
+    if done.returncode < 0:
+        raise SelfCheckFault(f"its self-check crashed ({_signal_name(-done.returncode)}) in a child process")
+    if done.returncode > 0:
+        raise SelfCheckFault(f"its self-check exited with status {done.returncode} in a child process{said}")
+    answer = json.loads(lines[-1]) if lines and lines[-1] else {}
+    if "error" in answer:
+        raise RuntimeError(f"the self-check's comparison raised {answer['error']}")
+    if "differences" not in answer:
+        raise SelfCheckFault(f"its self-check gave no answer in a child process{said}")
+    return [str(d) for d in answer["differences"]]
+
+
+def _signal_name(number: int) -> str:
+    """``SIGILL, illegal instruction`` for 4 (``signal N`` for a number Python does not name)."""
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+    text = signal.strsignal(number) or ""
+    return f"{name}, {text[:1].lower()}{text[1:]}" if text else name
+
+
+def _compare_child(libraries: list[str]) -> int:
+    """The self-check's child (:func:`compare_in_child`): load the two builds, compare them, print the answer."""
+    print(_MARK, flush=True)
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a build that faults here leaves no core file
+    except (ImportError, ValueError, OSError):
+        pass
+    try:
+        a, b = (load_extension(Path(library)) for library in libraries)
+        answer = {"differences": compare_paths(a, b)}
+    except Exception as exc:  # noqa: BLE001 (said to the parent, which raises it)
+        text = str(exc).strip()
+        answer = {"error": f"{type(exc).__name__}: {text.splitlines()[-1] if text else exc!r}"}
+    print(_MARK + json.dumps(answer), flush=True)
+    return 0
+
+
+def self_check(path: str, extra_flags: tuple[str, ...] = ()) -> str:
     """Check ``path`` against the reference bit for bit on this machine (cached per pair of builds).
+
+    Both builds are built (or loaded) here, then compared in a child process (:func:`compare_in_child`): a path
+    whose code crashes there (an illegal instruction, a fault, an abort), exits otherwise or hangs is refused with
+    that reason, and this process goes on. Every verdict is recorded beside the build, so a refused path is not
+    tried again on that build.
+
+    Args:
+        path: one of :data:`PATHS`, or :data:`EMULATED_AMX` (the same check of the amx path's test build).
+        extra_flags: more compiler flags of the build checked (the tests' mutated builds, as :func:`build` takes
+            them); its verdict is recorded beside that build.
 
     Returns:
         "" when it agrees, else why it may not run here.
+
+    Raises:
+        Exception: whatever building or loading either build raise, or the comparison raised in the child (not
+            recorded: the next check tries again).
     """
-    if path == REFERENCE:
+    if path == REFERENCE and not extra_flags:
         return ""
-    record = cache_dir(path_key(path)) / f"selfcheck-{path_key(REFERENCE)}.json"
+    record = cache_dir(path_key(path, extra_flags)) / f"selfcheck-{path_key(REFERENCE)}.json"
     if record.exists():
         return str(json.loads(record.read_text()).get("why", ""))
-    differences = compare_paths(build(REFERENCE), build(path))
-    why = f"its results differ from {REFERENCE}'s ({'; '.join(differences[:3])})" if differences else ""
+    try:
+        differences = compare_in_child(build(REFERENCE), build(path, extra_flags))
+        why = f"its results differ from {REFERENCE}'s ({'; '.join(differences[:3])})" if differences else ""
+    except SelfCheckFault as exc:
+        why = str(exc)
     record.parent.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps({"path": path, "why": why}))
     return why
@@ -227,12 +381,18 @@ def self_check(path: str) -> str:
 def _choose() -> tuple[str, str]:
     """(the path to run, "") or ("", why none can run)."""
     forced = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    if forced == EMULATED_AMX:
+        raise ValueError(
+            f"{ENV}={forced}: a test build (the amx path on a software model of the tiles), never run "
+            f"for a model: auto, {', '.join(PATHS)}"
+        )
     if forced != "auto" and forced not in PATH_FLAGS:
         raise ValueError(f"{ENV}={forced!r} is not a CPU path: auto, {', '.join(PATHS)}")
     runnable = cpu_paths()
     if forced != "auto":
         if forced not in runnable:
-            raise ValueError(f"{ENV}={forced}: this CPU cannot run it (it runs {', '.join(runnable)})")
+            why = cpu_refusal(forced)
+            raise ValueError(f"{ENV}={forced}: this CPU cannot run it ({why}; it runs {', '.join(runnable)})")
         why = self_check(forced)
         if why:
             raise ValueError(f"{ENV}={forced}: the path failed its self-check on this machine: {why}")
@@ -282,7 +442,7 @@ def unavailable_reason() -> str:
 
 
 def path() -> str:
-    """The path the forward runs on this machine (``avx2`` or ``avx512-vnni``).
+    """The path the forward runs on this machine (one of :data:`PATHS`).
 
     Raises:
         RuntimeError: the kernel is unavailable here.

@@ -2,10 +2,11 @@
 // one set per instruction set.
 //
 // The native forward is compiled once per path (hvd_agents/runtime/quant_native.py): AVX2 (every x86-64 CPU
-// it runs on), and AVX-512 with VNNI where the CPU has it. Both paths compute every output element with the
+// it runs on), AVX-512 with VNNI where the CPU has it, and AMX: the AVX-512 VNNI code, with the integer block
+// dots of passes of many rows on AMX-INT8 tiles (amx.h). Every path computes every output element with the
 // same integer block dots (exact, whatever instructions add them up) and the same float operations in the same
 // order: a vector here is NT = 16 lanes, one weight row a lane, held in one 512-bit register or two 256-bit ones,
-// and every float operation is lane-wise. So the two paths' results are bitwise the same; a test checks it on
+// and every float operation is lane-wise. So the paths' results are bitwise the same; a test checks it on
 // every path the CPU runs, and each path other than AVX2 is enabled on a machine only after the same check.
 #pragma once
 
@@ -26,7 +27,7 @@ inline int32_t word(const int8_t* p) {  // four int8 values as one 32-bit word
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 
-constexpr const char* kName = "avx512-vnni";
+constexpr const char* kVectorName = "avx512-vnni";
 using VI = __m512i;  // 16 int32 lanes
 using VF = __m512;   // 16 float lanes
 
@@ -102,7 +103,7 @@ inline VF f_load_h2(const uint16_t* a, const uint16_t* b) {
 
 #else
 
-constexpr const char* kName = "avx2";
+constexpr const char* kVectorName = "avx2";
 struct VI {
   __m256i a, b;  // lanes 0-7, 8-15
 };
@@ -204,6 +205,18 @@ inline VF f_load_h2(const uint16_t* a, const uint16_t* b) {
           _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)))};
 }
 
+#endif
+
+// The amx path's builds: AMX-INT8 tiles for the integer dots (amx.h) over this vector code; the test build runs
+// the tiles on a software model of them (amx_emulate.h), over whichever vector code it was compiled for.
+#if defined(HVD_AMX_EMULATE)
+#define HVD_AMX 1
+constexpr const char* kName = "amx-emulated";
+#elif defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512VNNI__)
+#define HVD_AMX 1
+constexpr const char* kName = "amx";
+#else
+constexpr const char* kName = kVectorName;
 #endif
 
 }  // namespace hvd_isa

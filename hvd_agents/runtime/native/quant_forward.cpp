@@ -18,7 +18,7 @@
 // is computed by one thread, in one fixed order that depends only on its own inputs, never on how many rows
 // share the call, which tile holds it, which thread runs it or which instruction set this build uses
 // (isa.h). So a token's logits and KV are bitwise the same decoded alone, verified in a draft or a tree,
-// prefilled whole or in chunks of any size, batched with other requests, on AVX2 or AVX-512.
+// prefilled whole or in chunks of any size, batched with other requests, on AVX2, AVX-512 or AMX.
 //
 // Compiled at first use by hvd_agents/runtime/quant_native.py, once per instruction-set path.
 #include <torch/extension.h>
@@ -29,9 +29,13 @@
 #include <cstdint>
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
+#include "amx.h"
 #include "attention.h"
+#include "cpu_paths.h"
 #include "isa.h"
 #include "lanes.h"
 #include "row_ops.h"
@@ -426,6 +430,9 @@ at::Tensor linear(const Matrix& W, const at::Tensor& x, int64_t threads) {
   const at::Tensor xs = x.contiguous();
   const int64_t M = xs.size(0);
   TORCH_CHECK(M >= 1 && M <= kMaxRows, "linear takes 1 to ", kMaxRows, " rows, not ", M);
+#if defined(HVD_MUTATE_CRASH)  // for the tests only: calls of 8 rows or more fault (SIGILL), as a bad instruction would
+  if (M >= 8) __builtin_trap();
+#endif
   at::Tensor y = at::empty({M, W.N}, at::kFloat);
   QRows q;
   if (W.quantized()) {
@@ -502,6 +509,25 @@ at::Tensor dequantize(const Matrix& W) {
   return y;
 }
 
+#if defined(HVD_AMX)
+// c + a b on one tile product, a [M, K] and b [K / 4, 4 N] bytes (VNNI layout) read signed or not as asked, c [M, N]
+// int32 (M, N <= 16, K <= 64 a multiple of 4). For the tests: the tile instructions against their definition.
+at::Tensor tile_product(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, bool a_signed, bool b_signed) {
+  TORCH_CHECK(c.scalar_type() == at::kInt && c.dim() == 2, "c must be int32 [M, N]");
+  TORCH_CHECK(a.scalar_type() == at::kByte && b.scalar_type() == at::kByte && a.dim() == 2 && b.dim() == 2,
+              "a and b must be bytes (uint8) [M, K] and [K / 4, 4 N]");
+  const int64_t M = c.size(0), N = c.size(1), K = a.size(1);
+  TORCH_CHECK(M >= 1 && M <= 16 && N >= 1 && N <= 16 && K >= 4 && K <= 64 && K % 4 == 0,
+              "a tile product takes 1 to 16 rows and columns and K a multiple of 4 up to 64");
+  TORCH_CHECK(a.size(0) == M && b.size(0) == K / 4 && b.size(1) == 4 * N, "a, b and c do not make a product");
+  at::Tensor out = c.contiguous().clone();
+  const at::Tensor as = a.contiguous(), bs = b.contiguous();
+  hvd_amx::product(out.data_ptr<int32_t>(), as.data_ptr<uint8_t>(), bs.data_ptr<uint8_t>(), M, K, N, a_signed,
+                   b_signed);
+  return out;
+}
+#endif
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -531,13 +557,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("MAX_ROWS") = kMaxRows;
   m.attr("MAX_HEAD_DIM") = kMaxHeadDim;
   m.attr("ISA") = hvd_isa::kName;
-  // what this CPU can run (GCC's own CPUID reading): the loader asks the AVX2 build before it builds another
-  m.def("cpu_supports", [](const std::string& feature) {
-    __builtin_cpu_init();
-    if (feature == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") != 0;
-    if (feature == "avx512-vnni")
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-    throw std::invalid_argument("unknown CPU feature " + feature);
-  });
+  // what this CPU can run: the loader asks the AVX2 build before it builds another
+  m.def("cpu_refusal", &hvd_cpu::cpu_refusal, py::arg("path"));
+  m.def("cpu_supports", [](const std::string& path) { return hvd_cpu::cpu_refusal(path).empty(); }, py::arg("path"));
+  m.attr("TILE_MIN_ROWS") = hvd_amx::MIN_ROWS;  // the fewest rows of a pass on AMX tiles (0: no tiles in this build)
+#if defined(HVD_AMX)
+  m.def("tile_product", &tile_product, py::arg("c"), py::arg("a"), py::arg("b"), py::arg("a_signed"),
+        py::arg("b_signed"), py::call_guard<py::gil_scoped_release>());
+#endif
+#if defined(HVD_AMX) && !defined(HVD_AMX_EMULATE)
+  {  // an amx build loaded where the tiles cannot run says why, rather than faulting at its first product
+    const std::string why = hvd_cpu::cpu_refusal("amx");
+    if (!why.empty()) throw std::runtime_error("the amx path cannot run on this machine: " + why);
+  }
+#endif
 }

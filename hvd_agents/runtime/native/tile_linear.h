@@ -5,7 +5,9 @@
 // weights as words of 4 bytes, the 16 rows side by side, so one vector holds a word of every row of the tile
 // (isa.h). The inputs are quantized per block of 32 to int8
 // (as llama.cpp's Q8 activations). A tile is computed against the input rows 16 at a time, in two phases per
-// group of 8 blocks: the integer dot of every (row, block) (exact), then the float products and sums.
+// group of 8 blocks: the integer dot of every (row, block) (exact), then the float products and sums. On the amx
+// path a pass of many rows takes its integer dots from AMX tiles (amx.h): the same integers, stored as the vector
+// code stores them, so the float phase is the same code on every path.
 //
 // The one order every output element follows, whatever the number of rows, the tile, the thread or the
 // instruction set: per block j, p_j = (d_j * dx_j) * dot_j and q_j = m_j * sx_j; per group of 8 blocks,
@@ -24,6 +26,7 @@
 #include <cstring>
 #include <vector>
 
+#include "amx.h"
 #include "isa.h"
 #include "lanes.h"
 #include "team.h"
@@ -106,9 +109,51 @@ inline VF tree8(const VF* p) {  // ((0+1)+(2+3))+((4+5)+(6+7)), lane by lane
   return f_add(f_add(f_add(p[0], p[1]), f_add(p[2], p[3])), f_add(f_add(p[4], p[5]), f_add(p[6], p[7])));
 }
 
-// out[i][lane] = the tile's row `lane` against input row r0 + i, for i in [0, R), R <= RB
+// Phase 1 of a pass on the vector code: dots[i][j][lane] (dots2: the second halves' of Q6S, Q6K, Q2K) = the
+// integer dot (exact) of the tile's row `lane` and input row r0 + i over block g0 + j, for i < R, j < ng. Each
+// block's weights are unpacked once for all the rows (Q6S, Q6K, Q2K: a dot per half block; Q6K's q - 32 as q's
+// dot less 32 times the half block's sum of x).
 template <int FMT>
-void tile_rows(const uint8_t* tile, int64_t nb, const QRows& x, int64_t r0, int64_t R, float* out) {
+void vector_dots(const uint8_t* tile, int64_t g0, int64_t ng, const QRows& x, int64_t r0, int64_t R,
+                 int32_t (*dots)[8][NT], int32_t (*dots2)[8][NT]) {
+  using Lt = Layout<FMT>;
+  for (int64_t j = 0; j < ng; ++j) {
+    const int64_t b = g0 + j;
+    VI w[8];
+    block_words<FMT>(block_weights<FMT>(tile, b), w);
+    for (int64_t i = 0; i < R; ++i) {
+      const int8_t* xb = x.row(r0 + i) + b * QK;
+      const int32_t* sums = x.sum.data() + 2 * ((r0 + i) * x.nb + b);
+      VI a = i_zero(), a2 = i_zero();
+      if constexpr (Lt::SIGNED) {
+        for (int k = 0; k < 4; ++k) a = i_dot_s(a, w[k], xb + 4 * k);
+        for (int k = 4; k < 8; ++k) (Lt::HALVES ? a2 : a) = i_dot_s(Lt::HALVES ? a2 : a, w[k], xb + 4 * k);
+      } else {
+        for (int k = 0; k < 4; ++k) a = i_dot_u(a, w[k], xb + 4 * k);
+        for (int k = 4; k < 8; ++k) (Lt::HALVES ? a2 : a) = i_dot_u(Lt::HALVES ? a2 : a, w[k], xb + 4 * k);
+      }
+      if constexpr (FMT == Q6S) {
+        i_store(dots[i][j], i_signed_fix(a, sums[0]));
+        i_store(dots2[i][j], i_signed_fix(a2, sums[1]));
+      } else if constexpr (FMT == Q6K) {
+        i_store(dots[i][j], i_sub1(a, 32 * sums[0]));
+        i_store(dots2[i][j], i_sub1(a2, 32 * sums[1]));
+      } else if constexpr (Lt::HALVES) {  // Q2K: the halves' dots of 2-bit weights
+        i_store(dots[i][j], a);
+        i_store(dots2[i][j], a2);
+      } else if constexpr (Lt::SIGNED) {
+        i_store(dots[i][j], i_signed_fix(a, sums[0] + sums[1]));
+      } else {
+        i_store(dots[i][j], a);
+      }
+    }
+  }
+}
+
+// out[i][lane] = the tile's row `lane` against input row r0 + i, for i in [0, R), R <= RB; the integer dots from
+// tiles when on_tiles (amx.h, configured for R rows), else from the vector code: the same integers either way.
+template <int FMT>
+void tile_rows(const uint8_t* tile, int64_t nb, const QRows& x, int64_t r0, int64_t R, float* out, bool on_tiles) {
   using Lt = Layout<FMT>;
   alignas(64) int32_t dots[RB][8][NT];
   alignas(64) int32_t dots2[Lt::HALVES ? RB : 1][8][NT];
@@ -120,6 +165,8 @@ void tile_rows(const uint8_t* tile, int64_t nb, const QRows& x, int64_t r0, int6
     const int64_t g0 = (R > 1 ? groups - 1 - step : step) * 8;
 #elif defined(HVD_MUTATE_GROUP_ORDER)  // for the tests only: this build adds the groups in reverse
     const int64_t g0 = (groups - 1 - step) * 8;
+#elif defined(HVD_MUTATE_AMX_GROUP_ORDER)  // for the tests only: passes on tiles add the groups in reverse
+    const int64_t g0 = (on_tiles ? groups - 1 - step : step) * 8;
 #else
     const int64_t g0 = step * 8;
 #endif
@@ -128,39 +175,12 @@ void tile_rows(const uint8_t* tile, int64_t nb, const QRows& x, int64_t r0, int6
       const char* ahead = reinterpret_cast<const char*>(tile + (g0 / Lt::BLOCKS) * Lt::TRB) + PREFETCH_AHEAD;
       for (int64_t off = 0; off < Lt::TRB * 8 / Lt::BLOCKS; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
     }
-    // 1. the integer dots (exact): each block's weights unpacked once for all the rows (Q6S, Q6K, Q2K: one per half
-    // block; Q6K's q - 32 as q's dot less 32 times the half block's sum of x)
-    for (int64_t j = 0; j < ng; ++j) {
-      const int64_t b = g0 + j;
-      VI w[8];
-      block_words<FMT>(block_weights<FMT>(tile, b), w);
-      for (int64_t i = 0; i < R; ++i) {
-        const int8_t* xb = x.row(r0 + i) + b * QK;
-        const int32_t* sums = x.sum.data() + 2 * ((r0 + i) * x.nb + b);
-        VI a = i_zero(), a2 = i_zero();
-        if constexpr (Lt::SIGNED) {
-          for (int k = 0; k < 4; ++k) a = i_dot_s(a, w[k], xb + 4 * k);
-          for (int k = 4; k < 8; ++k) (Lt::HALVES ? a2 : a) = i_dot_s(Lt::HALVES ? a2 : a, w[k], xb + 4 * k);
-        } else {
-          for (int k = 0; k < 4; ++k) a = i_dot_u(a, w[k], xb + 4 * k);
-          for (int k = 4; k < 8; ++k) (Lt::HALVES ? a2 : a) = i_dot_u(Lt::HALVES ? a2 : a, w[k], xb + 4 * k);
-        }
-        if constexpr (FMT == Q6S) {
-          i_store(dots[i][j], i_signed_fix(a, sums[0]));
-          i_store(dots2[i][j], i_signed_fix(a2, sums[1]));
-        } else if constexpr (FMT == Q6K) {
-          i_store(dots[i][j], i_sub1(a, 32 * sums[0]));
-          i_store(dots2[i][j], i_sub1(a2, 32 * sums[1]));
-        } else if constexpr (Lt::HALVES) {  // Q2K: the halves' dots of 2-bit weights
-          i_store(dots[i][j], a);
-          i_store(dots2[i][j], a2);
-        } else if constexpr (Lt::SIGNED) {
-          i_store(dots[i][j], i_signed_fix(a, sums[0] + sums[1]));
-        } else {
-          i_store(dots[i][j], a);
-        }
-      }
-    }
+    // 1. the integer dots (exact)
+    if (on_tiles)
+      hvd_amx::group_dots<FMT>(tile, g0, ng, x.row(r0), x.K, x.sum.data() + 2 * r0 * x.nb, 2 * x.nb, R, &dots[0][0][0],
+                               &dots2[0][0][0]);
+    else
+      vector_dots<FMT>(tile, g0, ng, x, r0, R, dots, dots2);
     // 2. per row: the products and the group's sums, in the one order (the blocks' scales read once for all rows)
     VF S[8], S2[8];  // the blocks' scales; their minimums (Lt::MIN) or second halves' scales (Lt::HALVES)
     VF M[Lt::MIN16 ? 8 : 1], M2[Lt::MIN16 ? 8 : 1];  // Q2K: the halves' minimums
@@ -264,11 +284,12 @@ template <int FMT>
 void quant_rows(const Matrix& W, int64_t n0, int64_t n1, const QRows& xq, int64_t M, const float* bias, float* y,
                 int64_t ld, int64_t col0) {
   alignas(64) float out[RB * NT];
+  hvd_amx::Tiles tiles;  // the amx path's tiles for passes of many rows (none in other builds)
   for (int64_t t = n0 / NT; t * NT < n1; ++t) {
     const int64_t lo = std::max(n0, t * NT), hi = std::min(n1, t * NT + NT);
     for (int64_t r0 = 0; r0 < M; r0 += RB) {
       const int64_t R = std::min<int64_t>(RB, M - r0);
-      tile_rows<FMT>(W.tile(t), W.nb(), xq, r0, R, out);
+      tile_rows<FMT>(W.tile(t), W.nb(), xq, r0, R, out, tiles.take(R));
       for (int64_t i = 0; i < R; ++i)
         for (int64_t n = lo; n < hi; ++n) {
           const float v = out[i * NT + n - t * NT];

@@ -202,6 +202,24 @@ def test_online_update_learns_a_session_and_leaves_others_alone() -> None:
     assert predictor.expected_accepted(features, 8, "s1") == pytest.approx(before)
 
 
+def test_the_online_step_from_the_hazards_predicted_before_verification_is_the_same_step() -> None:
+    # the drafter hands the online step the hazards it predicted (for the whole proposal); the step is the one the
+    # predictor takes when it computes them again for the labelled positions
+    features = CacheDraftFeatures(match_len=4, probs=[1.0, 0.8, 0.6, 0.5], support=[3, 2, 2, 1])
+    given, again = (PayoffPredictor(weights_with(bias=0.5, prob=1.0), learning_rate=0.5) for _ in range(2))
+    for drafted, accepted in [(4, 1), (3, 3), (4, 0), (2, 2)]:
+        given.update(features, drafted, accepted, "s", given.hazards(features, 4, "s"))
+        again.update(features, drafted, accepted, "s")
+        assert given.survival(features, 4, "s") == pytest.approx(again.survival(features, 4, "s"), abs=1e-12)
+    assert given.survival(features, 4, "s") != pytest.approx(given.survival(features, 4, "other"))
+    # hazards for fewer positions than the outcome labels are computed again
+    short, fresh = (PayoffPredictor(weights_with(bias=0.5, prob=1.0), learning_rate=0.5) for _ in range(2))
+    short.update(features, 4, 3, "s", short.hazards(features, 1, "s"))
+    fresh.update(features, 4, 3, "s")
+    assert short.survival(features, 4, "s") == pytest.approx(fresh.survival(features, 4, "s"), abs=1e-12)
+    assert short.survival(features, 4, "s") != pytest.approx(short.survival(features, 4, "other"))
+
+
 def synthetic_samples(true_w: np.ndarray, n: int, seed: int) -> list[DraftSample]:
     """Drafts whose accepted lengths follow the hazard model with weights ``true_w``."""
     rng = np.random.default_rng(seed)

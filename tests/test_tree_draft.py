@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hvd_agents.drafters import Draft, DraftContext, DraftOutcome, HybridDrafter, SuffixDrafter
 from hvd_agents.drafters.cache.suffix import Alternative
@@ -171,3 +173,84 @@ def test_fork_alternatives_never_taken_lower_their_scale_and_leave_the_candidate
         plan = plan_tree(Draft((1, 2, 3)), survival, alternatives, other, CostModel.linear(0.0), 1.0, 16)
         other.observe(plan.draft, plan.main, (7, 5), (1, 2, 3), plan.forks)
     assert other.fork_scale > 1.1 and other.taken < 0.1
+
+
+def test_a_taken_alternative_cut_short_learns_its_rate_from_the_targets_next_token() -> None:
+    # main 1 2 3; an alternative 7 (8 9 ...) departing at depth 1, cut after its first token: the target's token
+    # after 7 says whether 8, not verified, would have been accepted
+    alternative = Alternative(1, 1.0, (7, 8, 9))
+    plan = plan_tree(Draft((1, 2, 3)), np.array([0.9, 0.5, 0.4]), [alternative], rates(0.4, 0.2),
+                     CostModel.linear(0.0), 1.0, 4)
+    assert plan.draft.token_ids == (1, 2, 3, 7) and plan.draft.parents == (-1, 0, 1, 0)
+    assert plan.beyond == ((3, 8),)
+    went_on = rates(0.5, 0.5)
+    went_on.observe(plan.draft, plan.main, (1, 7, 8), (1, 2, 3), plan.forks, plan.beyond)
+    assert went_on.goes_on > 0.5
+    stopped = rates(0.5, 0.5)
+    stopped.observe(plan.draft, plan.main, (1, 7, 5), (1, 2, 3), plan.forks, plan.beyond)
+    assert stopped.goes_on < 0.5
+    # one observation per taken alternative, however many of its tokens were verified: the same outcome gives the
+    # same rate whether 8 was verified (and rejected) or cut and compared with the target's own token
+    verified = rates(0.5, 0.5)
+    verified.observe(Draft((1, 2, 3, 7, 8), parents=(-1, 0, 1, 0, 3)), 3, (1, 7, 5), (1, 2, 3), (), ((4, 9),))
+    assert verified.goes_on == stopped.goes_on
+
+
+def _unpruned_plan(main: tuple[int, ...], survival: np.ndarray, alternatives: list[Alternative],
+                   learned: AlternativeRates, cost: CostModel, rate: float, k: int) -> tuple:
+    """What the tree planner chooses, every node built: the node values of :func:`plan_tree`'s docstring, taken
+    best first and cut at the best value."""
+    values, parents, tokens = list(survival), list(range(-1, len(main) - 1)), list(main)
+    reach = np.concatenate([[1.0], survival])
+    hazard = survival / reach[:-1]
+    departing: dict[int, float] = {}
+    for a in alternatives:
+        if not a.fork and a.depth < len(main):
+            departing[a.depth] = departing.get(a.depth, 0.0) + (a.share if a.share > 0 else 0.1)
+    for a in alternatives:
+        if a.depth >= len(main):
+            continue
+        left = 1.0 - hazard[a.depth]
+        weight = a.share if a.share > 0 else 0.1
+        alive = (reach[a.depth] * min(a.share * learned.fork_scale, left) if a.fork
+                 else reach[a.depth] * left * learned.taken * weight / departing[a.depth])
+        parent = a.depth - 1
+        for token in a.tokens[: k - a.depth]:
+            values.append(float(alive))
+            parents.append(parent)
+            tokens.append(token)
+            parent = len(values) - 1
+            alive *= learned.goes_on
+    order: list[int] = []
+    frontier = [(-values[i], i) for i in range(len(values)) if parents[i] == -1]
+    while frontier and len(order) < k:
+        frontier.sort()
+        _, node = frontier.pop(0)
+        order.append(node)
+        frontier += [(-values[i], i) for i in range(len(values)) if parents[i] == node]
+    curve = cost.verify_curve(len(order) + 1)
+    gains = np.concatenate([[1.0], 1.0 + np.cumsum([values[i] for i in order])])
+    length = int(np.argmax(gains - rate * curve))
+    return tuple(sorted(tokens[i] for i in order[:length])), length
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_the_plan_is_the_same_as_with_every_node_built(data) -> None:
+    # the planner leaves out nodes that cannot pay (a survival at most the rate times the cheapest node); the
+    # chosen tree is the one chosen with every node built
+    n = data.draw(st.integers(1, 12))
+    hazards = data.draw(st.lists(st.floats(0.05, 1.0), min_size=n, max_size=n))
+    survival = np.cumprod(hazards)
+    main = tuple(range(1, n + 1))
+    alternatives = [Alternative(data.draw(st.integers(0, n - 1)), data.draw(st.floats(0.0, 1.0)),
+                                tuple(range(100 * (j + 1), 100 * (j + 1) + data.draw(st.integers(1, 6)))),
+                                fork=data.draw(st.booleans()))
+                    for j in range(data.draw(st.integers(0, 4)))]
+    learned = AlternativeRates(data.draw(st.floats(0.0, 1.0)), data.draw(st.floats(0.0, 1.0)), ema=0.05)
+    cost = data.draw(st.sampled_from([CostModel.linear(0.0), CostModel.linear(0.02), CostModel.linear(0.3),
+                                      CostModel([(0, 1.0), (1, 1.2), (4, 1.3), (16, 2.5)])]))
+    rate, k = data.draw(st.floats(1.0, 8.0)), data.draw(st.integers(1, 16))
+    plan = plan_tree(Draft(main), survival, alternatives, learned, cost, rate, k)
+    assert (tuple(sorted(plan.draft.token_ids)), plan.choice.length) == _unpruned_plan(
+        main, survival, alternatives, learned, cost, rate, k)

@@ -167,26 +167,35 @@ class PayoffPredictor:
 
     def survival(self, features: CacheDraftFeatures, length: int, session_id: str | None = None) -> np.ndarray:
         """``S_i`` for ``i < length``: the probability that the first ``i + 1`` tokens are accepted."""
+        return np.cumprod(self.hazards(features, length, session_id))  # [L]
+
+    def hazards(self, features: CacheDraftFeatures, length: int, session_id: str | None = None) -> np.ndarray:
+        """``h_i`` for ``i < length``: the probability that token ``i`` is accepted given the ones before it were
+        (``survival`` is their running product)."""
         if length <= 0:
             return np.zeros(0)
-        return np.cumprod(_sigmoid(self._logits(features, length, session_id)))  # [L]
+        return _sigmoid(self._logits(features, length, session_id))  # [L]
 
     def expected_accepted(self, features: CacheDraftFeatures, length: int, session_id: str | None = None) -> float:
         """Expected accepted length of the draft cut to ``length`` tokens."""
         return float(self.survival(features, length, session_id).sum())
 
-    def update(self, features: CacheDraftFeatures, drafted: int, accepted: int, session_id: str | None) -> None:
+    def update(self, features: CacheDraftFeatures, drafted: int, accepted: int, session_id: str | None,
+               hazards: np.ndarray | None = None) -> None:
         """One online step from a verified draft of ``drafted`` tokens with ``accepted`` accepted.
 
         Only the intercepts move (see ``_ONLINE_MASK``): their gradient is the mean
         residual over the labelled positions, applied to the overall intercept and
-        to the draft's provenance-kind intercept.
+        to the draft's provenance-kind intercept. ``hazards`` are the ones :meth:`hazards` gave the draft before it
+        was verified (for at least its labelled positions; None: computed again).
         """
         if session_id is None or self.learning_rate <= 0 or drafted <= 0:
             return
         observed = min(accepted + 1, drafted)  # positions whose outcome is known
         labels = (np.arange(observed) < accepted).astype(np.float64)  # [n]
-        residual = float((labels - _sigmoid(self._logits(features, observed, session_id))).sum()) / observed  # mean
+        if hazards is None or len(hazards) < observed:
+            hazards = self.hazards(features, observed, session_id)
+        residual = float((labels - hazards[:observed]).sum()) / observed  # mean
         offset = self._offsets.pop(session_id, None)
         if offset is None:
             offset = np.zeros(NUM_FEATURES)

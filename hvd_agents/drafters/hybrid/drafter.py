@@ -98,7 +98,10 @@ class StepDecision:
         ask_cost: where a gated model drafter was asked with nothing better to verify, what the ask cost in
             plain steps as priced (its forward and its catch-up); None where it was not asked so.
         survival: the predictor's survivals of the cache proposal, before calibration (empty: no proposal).
+        hazards: the predictor's per-position acceptance probabilities they are the running product of (the
+            online step's predictions).
         forks: the verified tree's fork alternatives, as :attr:`~.tree.TreePlan.forks` (empty: none).
+        beyond: the verified tree's cut alternatives' next tokens, as :attr:`~.tree.TreePlan.beyond` (empty: none).
     """
 
     source: str = "none"
@@ -112,7 +115,9 @@ class StepDecision:
     predicted: float | None = None
     ask_cost: float | None = None
     survival: tuple[float, ...] = ()
+    hazards: tuple[float, ...] = ()
     forks: tuple[tuple[int, float], ...] = ()
+    beyond: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -296,8 +301,10 @@ class HybridDrafter:
         node_survival: tuple[float, ...] = ()
         cache_main = 0
         forks: tuple[tuple[int, float], ...] = ()
+        beyond: tuple[tuple[int, int], ...] = ()
         if cached.token_ids:
-            predicted_survival = self.predictor.survival(features, len(cached), request.session_id)
+            hazards = self.predictor.hazards(features, len(cached), request.session_id)
+            predicted_survival = np.cumprod(hazards)
             survival = predicted_survival
             if self.survival_calibration is not None:
                 survival = self.survival_calibration.apply(predicted_survival)
@@ -309,7 +316,7 @@ class HybridDrafter:
             plan = plan_tree(cached, survival, alternatives, self.alternatives, cost, rate, k)
             if plan.choice.length > 0 and plan.choice.value > best.choice.value:
                 best = _Candidate("cache", plan.choice, plan.draft)
-                node_survival, cache_main, forks = plan.survival, plan.main, plan.forks
+                node_survival, cache_main, forks, beyond = plan.survival, plan.main, plan.forks, plan.beyond
 
         # 3. the model drafter, where it may beat that
         model_cost = (ctx.step_cost.with_drafting(self.pricing.draft_token_cost(timed) / ctx.step_share) if batched
@@ -321,9 +328,11 @@ class HybridDrafter:
         main = cache_main if best.source == "cache" else 0
         predicted = float(survival.sum()) if cached.token_ids else None
         raw = tuple(predicted_survival.tolist()) if cached.token_ids else ()
+        cache_used = best.source == "cache"
         request.decision = StepDecision(best.source, features, main, best.choice.cost, len(best.draft), draft_s,
                                         policy_s, cached.token_ids, predicted, ask_cost, raw,
-                                        forks if best.source == "cache" else ())
+                                        tuple(hazards.tolist()) if cached.token_ids else (),
+                                        forks if cache_used else (), beyond if cache_used else ())
         if best.source != "cache":
             return best.draft
         judged = ChosenDraftFeatures(features, len(cached), best.choice.expected_tokens - 1.0, rate)
@@ -399,7 +408,7 @@ class HybridDrafter:
             self.model.observe(outcome)
         if step.source == "cache" and step.features is not None and outcome.draft.token_ids:
             self.predictor.update(step.features, len(cache_outcome.draft), cache_outcome.num_accepted,
-                                  request.session_id)
+                                  request.session_id, np.asarray(step.hazards))
             if self.survival_calibration is not None and step.main:
                 self.survival_calibration.observe(np.asarray(step.survival[: step.main]), cache_outcome.num_accepted)
         if step.source == "model" and outcome.draft.token_ids:
@@ -420,11 +429,12 @@ class HybridDrafter:
         draft = outcome.draft
         if step.source != "cache" or step.main == 0:
             if step.source == "cache":
-                self.alternatives.observe(draft, 0, outcome.new_token_ids, step.cache_tokens, step.forks)
+                self.alternatives.observe(draft, 0, outcome.new_token_ids, step.cache_tokens, step.forks, step.beyond)
             return DraftOutcome(outcome.req_id, Draft(), 0, outcome.new_token_ids)
         if step.main >= len(draft):
             return outcome
-        self.alternatives.observe(draft, step.main, outcome.new_token_ids, step.cache_tokens, step.forks)
+        self.alternatives.observe(draft, step.main, outcome.new_token_ids, step.cache_tokens, step.forks,
+                                step.beyond)
         main_accepted = sum(1 for node in draft.path(outcome.new_token_ids) if node < step.main)
         main = Draft(draft.token_ids[: step.main], None, draft.score, draft.source, draft.features)
         return DraftOutcome(outcome.req_id, main, main_accepted, outcome.new_token_ids)

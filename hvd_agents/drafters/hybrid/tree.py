@@ -28,7 +28,10 @@ tree down to it. With the main branch's predicted survivals ``S_i``
   the chances their shares gave them), and never more often than it rejects the
   main token there;
 * each later token of an alternative: its parent's survival times ``g``, the
-  rate at which a taken alternative goes on (learned online).
+  rate at which a taken alternative goes on (learned online from every taken
+  alternative: its accepted tokens, then its next one, verified or cut; a cut
+  one is judged by the target's own next token, so ``g`` does not depend on
+  how many of an alternative's tokens the plans chose to verify).
 
 Accepted nodes on different branches are disjoint events, so a tree's expected
 emitted tokens are one plus the sum of its nodes' survivals. Which nodes to
@@ -36,7 +39,9 @@ verify is the selection rule's question (:mod:`hvd_agents.policy.selection`) ove
 a tree: nodes are taken best first (a child never survives more than its
 parent, so every prefix of that order is a tree), and the tree is cut at the
 count ``L`` with the best value ``1 + sum of the first L survivals - R *
-verify(L)``, at most ``k`` nodes. Main tokens and alternatives compete for the
+verify(L)``, at most ``k`` nodes. A node that survives no more than ``R`` times
+the cheapest node's cost can never pay, nor can any node below it: such nodes
+are not built. Main tokens and alternatives compete for the
 same ``k``: a main token deep in a doubtful draft gives way to an alternative
 where the candidates split near the start.
 
@@ -97,11 +102,12 @@ class AlternativeRates:
         return self.fork_taken / self.fork_expected
 
     def observe(self, draft: Draft, main: int, emitted: Sequence[int], proposal: Sequence[int],
-                forks: Sequence[tuple[int, float]] = ()) -> None:
+                forks: Sequence[tuple[int, float]] = (), beyond: Sequence[tuple[int, int]] = ()) -> None:
         """Learn from a verified tree whose first ``main`` tokens are the main branch: ``emitted`` are the
         step's new tokens, ``proposal`` the whole main branch the cache drafter proposed (beyond the cut too),
         ``forks`` the fork alternatives' first nodes and the chance each had, as seen, where the main token
-        before it was rejected (:attr:`TreePlan.forks`)."""
+        before it was rejected (:attr:`TreePlan.forks`), ``beyond`` each cut alternative's last verified node
+        and its next, unverified token (:attr:`TreePlan.beyond`)."""
         if main >= len(draft):
             return  # no alternative was verified
         path = draft.path(emitted)
@@ -123,11 +129,17 @@ class AlternativeRates:
         taken = [node for node in path if node >= main]
         if not taken:
             return
-        # the taken alternative's later tokens: the accepted ones, then the first rejected one when it was verified
+        # the taken alternative's later tokens: the accepted ones, then the next one, whether verified (and
+        # rejected) or cut (the target's own next token tells whether it would have been accepted): every taken
+        # alternative ends in one observation, so the rate does not depend on how many of its tokens were verified
         for _ in taken[1:]:
             self.goes_on += self.ema * (1.0 - self.goes_on)
         if draft.children().get(taken[-1]):
             self.goes_on += self.ema * (0.0 - self.goes_on)
+        elif len(path) < len(emitted):
+            following = dict(beyond).get(taken[-1])
+            if following is not None:
+                self.goes_on += self.ema * (float(emitted[len(path)] == following) - self.goes_on)
 
 
 @dataclass(frozen=True)
@@ -143,6 +155,8 @@ class TreePlan:
         forks: each kept fork alternative's first node (its index in the draft) and its chance, as seen, where
             the main token before it is rejected (``min(s, 1 - h) / (1 - h)``): what :attr:`AlternativeRates.fork_scale`
             is learned against.
+        beyond: for each alternative cut short, its last kept node (its index in the draft) and the alternative's
+            next token: what :attr:`AlternativeRates.goes_on` learns from when the target takes it to that node.
     """
 
     choice: Choice
@@ -150,6 +164,7 @@ class TreePlan:
     main: int
     survival: tuple[float, ...]
     forks: tuple[tuple[int, float], ...] = ()
+    beyond: tuple[tuple[int, int], ...] = ()
 
 
 def plan_tree(
@@ -191,18 +206,27 @@ def plan_tree(
         children.setdefault(parent, []).append(node)
         return node
 
+    # a node that survives no more than the rate times the cheapest node's cost can never pay, nor can any node
+    # below it (a child never survives more than its parent): such nodes are not built
+    curve = cost.verify_curve(k + 1)  # [k + 1]
+    floor = rate * float(np.min(curve[1:] - curve[:-1])) if k > 0 else np.inf
+    floor -= 1e-9 * max(abs(floor), 1.0)  # so that rounding never drops a node that could pay
     for i in range(n):
+        if not survival[i] > floor:
+            break
         add(draft.token_ids[i], float(survival[i]), i - 1, -1)
+    built = len(values)  # main nodes built: an alternative departs below one of them or at the root
     reach = np.concatenate([[1.0], survival[:n]])  # [n + 1]: reach[j] = S_{j-1}
     hazard = np.divide(survival[:n], reach[:-1], out=np.zeros(n), where=reach[:-1] > 0)  # [n]
     departing: dict[int, float] = {}
     fork_chance: dict[int, float] = {}  # a fork alternative's first node: its chance where the main token is rejected
+    following: dict[int, int] = {}  # an alternative's node: the alternative's token after it
     for alternative in alternatives:
         if alternative.depth < n and alternative.tokens and not alternative.fork:
             departing[alternative.depth] = departing.get(alternative.depth, 0.0) + _weight(alternative)
     for owner, alternative in enumerate(alternatives):
         depth = alternative.depth
-        if depth >= n or not alternative.tokens:
+        if depth >= n or depth > built or not alternative.tokens:
             continue
         left = 1.0 - hazard[depth]  # the main token's rejection there
         if alternative.fork:
@@ -211,9 +235,13 @@ def plan_tree(
             alive = reach[depth] * left * rates.taken * _weight(alternative) / departing[depth]
         parent = depth - 1
         for i, token in enumerate(alternative.tokens[: max(k - depth, 0)]):
+            if not alive > floor:
+                break
             parent = add(token, float(alive), parent, owner)
             if i == 0 and alternative.fork and left > 0:
                 fork_chance[parent] = min(alternative.share, left) / left
+            if i + 1 < len(alternative.tokens):
+                following[parent] = alternative.tokens[i + 1]
             alive *= rates.goes_on
 
     # best first: a node becomes a candidate once its parent is taken
@@ -225,7 +253,7 @@ def plan_tree(
         order.append(node)
         for child in children.get(node, []):
             heapq.heappush(frontier, (-values[child], child))
-    curve = cost.verify_curve(len(order) + 1)  # [L + 1]
+    curve = curve[: len(order) + 1]  # [L + 1]
     gains = np.concatenate([[1.0], 1.0 + np.cumsum([values[node] for node in order])])  # [L + 1]
     scores = gains - rate * curve
     length = int(np.argmax(scores))
@@ -240,7 +268,11 @@ def plan_tree(
     # a draft with an alternative keeps its parents even where they form a chain (one departing right after the cut)
     tree = Draft(out_tokens, None, draft.score, draft.source, draft.features, out_parents if main < length else None)
     forks = tuple((position[node], fork_chance[node]) for node in ordered if node in fork_chance)
-    return TreePlan(choice, tree, main, tuple(values[node] for node in ordered), forks)
+    kept_nodes = set(kept)
+    leaves = [node for node in ordered if branch[node] >= 0 and node in following
+              and not any(child in kept_nodes for child in children.get(node, []))]
+    beyond = tuple((position[node], following[node]) for node in leaves)
+    return TreePlan(choice, tree, main, tuple(values[node] for node in ordered), forks, beyond)
 
 
 def _weight(alternative: Alternative) -> float:

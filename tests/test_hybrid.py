@@ -653,6 +653,50 @@ def test_a_gated_drafter_is_asked_only_while_its_measured_ask_pays(monkeypatch, 
     assert drafter.pricing.draft_token_cost() == pytest.approx(seconds / 0.1, rel=0.05)
 
 
+
+class MatchCountingSuffix(SuffixDrafter):
+    """The cache drafter, counting the proposals whose features it computed and those a gate cut short."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.computed = self.cut = 0
+
+    def propose(self, ctx: DraftContext, k: int, min_match: int = 1) -> Draft:
+        draft = super().propose(ctx, k, min_match)
+        self.computed += bool(draft.token_ids)
+        self.cut += not draft.token_ids and draft.score > 0
+        return draft
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_proposals_of_one_token_matches_are_computed_only_while_they_pay(monkeypatch, temperature) -> None:
+    # every step's context ends in a token seen once before, after another token: a one-token match, whose
+    # continuation the (confident) predictor drafts and the target always rejects. Greedy requests stop computing
+    # such proposals; sampled ones (whose drafts must not depend on timings) compute every one
+    from hvd_agents.drafters.hybrid import drafter as hybrid
+
+    monkeypatch.setattr(hybrid, "time", FakeClock())
+    cache = MatchCountingSuffix()
+    drafter = HybridDrafter(cache, constant_predictor(6.0), CostModel.linear(0.05))
+    prompt = list(range(1, 48))
+    drafter.start("r", prompt)
+    context = list(prompt)
+    steps = 40
+    for i in range(steps):  # each new token follows one it never followed before
+        ctx = DraftContext("r", list(context), len(prompt), temperature=temperature)
+        draft = drafter.propose(ctx, 4)
+        token = (7 * (i + 1)) % 47 + 1
+        drafter.observe(DraftOutcome("r", draft, 0, (token,), verify_s=0.01))
+        context.append(token)
+    matched = steps - 1  # the first step's last token (47) was seen nowhere before
+    if temperature > 0:
+        assert (cache.computed, cache.cut) == (matched, 0)
+    else:
+        # a dozen to learn that they do not pay, then one now and then as the running gain drifts back
+        assert cache.computed + cache.cut == matched
+        assert cache.computed <= 20 and cache.cut >= 19
+
+
 def test_an_ask_that_drafts_is_credited_with_what_its_draft_brought() -> None:
     from hvd_agents.drafters.hybrid.ask import AskGain, ask_gain
 

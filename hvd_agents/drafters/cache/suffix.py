@@ -149,11 +149,18 @@ class SuffixDrafter:
         session = structure.session_id if structure is not None else None
         self._requests[req_id] = _RequestState(index, len(prompt_ids), kinds, session)
 
-    def propose(self, ctx: DraftContext, k: int) -> Draft:
+    def propose(self, ctx: DraftContext, k: int, min_match: int = 1) -> Draft:
+        """Up to ``k`` tokens that continued the longest suffix of the context found before, with their features.
+        Where that suffix is shorter than ``min_match`` tokens the draft is empty and its ``score`` is the match's
+        length (nothing else is computed: a caller that gates short matches skips their cost)."""
         state = started(self._requests, ctx.req_id, self.source, "propose")
         if k <= 0:
             return Draft()
         candidates, match_len = self._candidates(state, ctx.token_ids, k)
+        if candidates and match_len < min_match:
+            candidates = []
+            state.candidates, state.k, state.forks, state.successors = candidates, k, [], ()
+            return Draft(score=float(match_len))
         state.candidates, state.k, state.forks, state.successors = candidates, k, [], ()
         if not candidates:
             return Draft()

@@ -51,6 +51,22 @@ class HybridConfig:
     """Weight with which a step that could have asked and did not moves the running gain back towards its prior,
     so a drafter priced out by a bad stretch is asked again after a few dozen such steps."""
 
+    short_match: int = 1
+    """Cache proposals whose longest match is at most this many tokens are gated (:mod:`~hvd_agents.drafters.hybrid.ask`):
+    their features, prediction and tree are computed only while what they bring pays for that work (0: never gated).
+    On free text a one-token match is found at most steps and rarely drafts anything worth its verification."""
+
+    short_gain_prior: float = 0.5
+    """What a gated cache proposal brings, in tokens per step beyond a plain step and before its own host work,
+    before any is seen: optimistic, so they are computed at first and show what they are worth."""
+
+    short_gain_ema: float = 0.1
+    """Weight of the newest gated proposal in that running gain."""
+
+    short_gain_explore: float = 0.01
+    """Weight with which a skipped gated proposal moves the running gain back towards its prior, so the class is
+    computed again now and then and can show it has become worth it."""
+
     branches: int = 8
     """Most alternative continuations a cache draft grows into a tree (0: chains only). Each is kept only
     while its tokens pay, so the limit bounds the policy's work, not the verified tokens."""
@@ -78,10 +94,15 @@ class HybridConfig:
                             "alternative_goes_on_prior": self.alternative_goes_on_prior}.items():
             if not 0.0 <= prior <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {prior}")
+        if self.short_match < 0:
+            raise ValueError(f"short_match must be >= 0, got {self.short_match}")
         emas = {"model_rate_ema": self.model_rate_ema, "alternative_ema": self.alternative_ema,
-                "timing_ema": self.timing_ema, "model_ask_ema": self.model_ask_ema}
+                "timing_ema": self.timing_ema, "model_ask_ema": self.model_ask_ema,
+                "short_gain_ema": self.short_gain_ema}
         for name, weight in emas.items():
             if not 0.0 < weight <= 1.0:
                 raise ValueError(f"{name} must be in (0, 1], got {weight}")
-        if not 0.0 <= self.model_ask_explore <= 1.0:
-            raise ValueError(f"model_ask_explore must be in [0, 1], got {self.model_ask_explore}")
+        for name, explore in {"model_ask_explore": self.model_ask_explore,
+                              "short_gain_explore": self.short_gain_explore}.items():
+            if not 0.0 <= explore <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {explore}")

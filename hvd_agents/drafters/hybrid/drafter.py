@@ -101,6 +101,8 @@ class StepDecision:
         hazards: the predictor's per-position acceptance probabilities they are the running product of (the
             online step's predictions).
         forks: the verified tree's fork alternatives, as :attr:`~.tree.TreePlan.forks` (empty: none).
+        short: the cache proposal was of the gated short-match class (``HybridConfig.short_match``) and was
+            computed: what it brought moves that class's running gain.
         beyond: the verified tree's cut alternatives' next tokens, as :attr:`~.tree.TreePlan.beyond` (empty: none).
     """
 
@@ -118,6 +120,7 @@ class StepDecision:
     hazards: tuple[float, ...] = ()
     forks: tuple[tuple[int, float], ...] = ()
     beyond: tuple[tuple[int, int], ...] = ()
+    short: bool = False
 
 
 @dataclass(frozen=True)
@@ -209,6 +212,9 @@ class HybridDrafter:
         self.survival_calibration = SurvivalCalibration() if self.pricing.calibrate else None
         # what asking a gated model drafter brings, across requests (see .ask)
         self.ask = AskGain(config.model_ask_gain_prior, config.model_ask_ema, config.model_ask_explore)
+        # what a cache proposal of a short match brings (see .ask), and the policy's seconds computing one
+        self.short = AskGain(config.short_gain_prior, config.short_gain_ema, config.short_gain_explore)
+        self.short_seconds = 0.0
         self._requests: dict[str, _HybridRequestState] = {}
 
     # ------------------------------------------------------------------ what the engine and tests read
@@ -293,8 +299,14 @@ class HybridDrafter:
         batched = ctx.step_cost is not None  # priced by the batch's step: rows cost what they add to it
         cost = ctx.step_cost if batched else self.pricing.target_cost(timed)
 
-        # 1. the cache draft and its payoff
-        cached = self.cache.propose(ctx, k)
+        # 1. the cache draft and its payoff; a short match's only while what such proposals bring pays for the
+        # policy's work on them (greedy requests alone: the work is timed)
+        gate = self.config.short_match
+        skip_short = gate > 0 and timed and not batched and not self.short.pays(rate, self._short_cost())
+        cached = self.cache.propose(ctx, k, min_match=gate + 1) if skip_short else self.cache.propose(ctx, k)
+        if skip_short and not cached.token_ids and cached.score > 0:
+            self.short.skipped()
+        short = bool(cached.token_ids) and gate > 0 and cached.score <= gate
         features = cached.features.with_target(request.target) if cached.token_ids else None
         best = _Candidate("none", no_draft(cost, rate))
         survival = np.zeros(0)
@@ -332,7 +344,7 @@ class HybridDrafter:
         request.decision = StepDecision(best.source, features, main, best.choice.cost, len(best.draft), draft_s,
                                         policy_s, cached.token_ids, predicted, ask_cost, raw,
                                         tuple(hazards.tolist()) if cached.token_ids else (),
-                                        forks if cache_used else (), beyond if cache_used else ())
+                                        forks if cache_used else (), beyond if cache_used else (), short)
         if best.source != "cache":
             return best.draft
         judged = ChosenDraftFeatures(features, len(cached), best.choice.expected_tokens - 1.0, rate)
@@ -386,6 +398,11 @@ class HybridDrafter:
         candidate = _Candidate("model", Choice(n, expected, step_cost, expected - rate * step_cost), proposed)
         return candidate, draft_s, ask_cost
 
+    def _short_cost(self) -> float:
+        """The policy's work on a short match's proposal, in plain steps (0 until both are timed)."""
+        step_s = self.pricing.calibration.step_s
+        return self.short_seconds / step_s if step_s > 0 else 0.0
+
     def _model_choice(self, request: _HybridRequestState, k: int, rate: float, model_cost: CostModel) -> Choice | None:
         """The best model draft length by the request's running acceptance (None: no length pays)."""
         choice = best_length(_model_survival(request, k), model_cost, rate)
@@ -417,6 +434,14 @@ class HybridDrafter:
             drafted = step.source == "model" and bool(outcome.draft.token_ids)
             rate = max(self.rate.rate, 1.0)
             self.ask.observe(ask_gain(outcome.num_accepted, step.cost, step.ask_cost, rate) if drafted else 0.0)
+        if step.short:  # what the short match's proposal brought beyond a plain step (nothing unless verified)
+            rate = max(self.rate.rate, 1.0)
+            used = step.source == "cache" and bool(outcome.draft.token_ids)
+            self.short.observe(outcome.num_accepted - rate * (step.cost - 1.0) if used else 0.0)
+            if self.short_seconds:
+                self.short_seconds += self.config.short_gain_ema * (step.policy_s - self.short_seconds)
+            else:
+                self.short_seconds = step.policy_s
         self.rate.observe(len(outcome.new_token_ids), step.cost)
         request.target = _target_signal(outcome)
         request.model_drafted = step.source == "model"

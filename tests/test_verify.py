@@ -8,10 +8,19 @@ from collections import Counter
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hvd_agents.drafters import Draft
 from hvd_agents.engine.sampling import SamplingParams, target_probs
-from hvd_agents.engine.verify import Verification, accept, race, speculative_sampling, verify_step
+from hvd_agents.engine.verify import (
+    Verification,
+    accept,
+    race,
+    speculative_sampling,
+    verify_greedy_on_host,
+    verify_step,
+)
 from tests import verify_reference as reference
 from tests.drafters_for_tests import random_tree
 from tests.test_engine_lossless import chi_square
@@ -269,3 +278,39 @@ def test_kv_keep_selects_positions_and_refuses_bad_offsets() -> None:
     for bad in ([2, 1], [0, 3]):  # not increasing; past the end
         with pytest.raises(ValueError, match="cannot keep"):
             keep(cache, 4, bad)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_a_greedy_step_verified_on_host_integers_equals_the_packed_tensor_path(data) -> None:
+    # random trees (each parent earlier), draft tokens that often are the target's choice at their parent's row,
+    # and logits with ties: the host path's Verification is the packed path's, field for field
+    d = data.draw(st.integers(0, 12))
+    vocab = data.draw(st.sampled_from([3, 5, 50]))
+    seed = data.draw(st.integers(0, 2**16))
+    gen = torch.Generator().manual_seed(seed)
+    ties = data.draw(st.booleans())
+    logits = (torch.randint(0, 4, (d + 1, vocab), generator=gen).float() if ties
+              else torch.randn(d + 1, vocab, generator=gen))
+    choice = logits.argmax(dim=-1).tolist()
+    chain = data.draw(st.booleans())
+    parents: list[int] = []
+    tokens: list[int] = []
+    for i in range(d):
+        parent = i - 1 if chain else data.draw(st.integers(-1, i - 1))
+        taken = {t for p, t in zip(parents, tokens) if p == parent}  # siblings differ
+        right = choice[parent + 1]
+        options = [t for t in range(vocab) if t not in taken]
+        if not options:
+            break
+        token = right if right in options and data.draw(st.booleans()) else data.draw(st.sampled_from(options))
+        parents.append(parent)
+        tokens.append(token)
+    d = len(tokens)
+    logits = logits[: d + 1]
+    ids = torch.tensor(tokens, dtype=torch.long)
+    packed = verify_step(logits, ids, torch.tensor(parents, dtype=torch.long), SamplingParams())
+    expected = Verification.from_packed(packed.tolist())
+    assert verify_greedy_on_host(logits, tokens, parents) == expected
+    if chain:
+        assert verify_greedy_on_host(logits, tokens) == expected

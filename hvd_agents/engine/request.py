@@ -37,7 +37,7 @@ from hvd_agents.engine.prefix_cache import PrefixCache, PrefixMatch
 from hvd_agents.engine.sampling import SamplingParams
 from hvd_agents.engine.stats import RequestStats, TokenEvent, VerifyStepRecord
 from hvd_agents.engine.stops import StopStringMatcher
-from hvd_agents.engine.verify import Verification, verify_step
+from hvd_agents.engine.verify import Verification, verify_greedy_on_host, verify_step
 from hvd_agents.errors import RequestTimeoutError
 from hvd_agents.policy.cost import CostModel
 from hvd_agents.policy.features import feature_record
@@ -302,13 +302,16 @@ class Request:
         device = self.host.runner.device
         d = len(draft)
         tree = draft.is_tree
-        draft_ids = to_device(draft.token_ids, device)  # [d]
-        if tree:
-            parents = to_device(draft.parents, device)  # [d]
+        if self.sampling.greedy and logits.device.type == "cpu":  # host integers: no tensor op per stage
+            result = verify_greedy_on_host(logits, draft.token_ids, draft.parents if tree else None)
         else:
-            parents = torch.arange(-1, d - 1, device=device)  # [d]: a chain
-        packed = verify_step(logits, draft_ids, parents, self.sampling, self.generator, draft.probs)
-        result = Verification.from_packed(packed.tolist())  # the step's one host read
+            draft_ids = to_device(draft.token_ids, device)  # [d]
+            if tree:
+                parents = to_device(draft.parents, device)  # [d]
+            else:
+                parents = torch.arange(-1, d - 1, device=device)  # [d]: a chain
+            packed = verify_step(logits, draft_ids, parents, self.sampling, self.generator, draft.probs)
+            result = Verification.from_packed(packed.tolist())  # the step's one host read
         n = result.num_accepted
         if tree:
             rows = [0, *(1 + node for node in result.path)]  # positions of the accepted path among the new ones

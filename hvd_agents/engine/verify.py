@@ -45,6 +45,12 @@ request's randomness per step. A step's result, with the target's signal at its 
 row (log-probability of the emitted extra token under the untempered logits, and the
 entropy), is ONE small packed tensor (:func:`verify_step`); the engine reads it to
 the host with a single ``.tolist()`` and :meth:`Verification.from_packed` decodes it.
+
+On the CPU, where logits are already on the host and every tensor operation costs a few
+microseconds of dispatch, a greedy step is verified on host integers instead
+(:func:`verify_greedy_on_host`): the rows' argmax, then the same acceptance rule over the
+draft's tokens and parents in Python, then the same target signal. Its result equals the
+packed path's field for field (a property test compares them).
 """
 
 from __future__ import annotations
@@ -126,6 +132,41 @@ def verify_step(
         q = draft_probs.to(device=probs.device, dtype=probs.dtype)
         n, path, tokens = speculative_sampling(probs, draft_ids, q, generator)
     return pack(logits, n, path, tokens)
+
+
+def verify_greedy_on_host(logits: torch.Tensor, draft_ids: Sequence[int],
+                          parents: Sequence[int] | None = None) -> Verification:
+    """A greedy step's :class:`Verification` computed on host integers (logits on the CPU): what
+    ``Verification.from_packed(verify_step(...).tolist())`` gives, without a tensor operation per stage.
+
+    Args:
+        logits: ``[d + 1, vocab]`` target logits.
+        draft_ids: the ``d`` draft tokens.
+        parents: their parents, each -1 or an earlier token (None: a chain).
+    """
+    choice = logits.argmax(dim=-1).tolist()  # [d + 1]
+    d = len(draft_ids)
+    parents = list(range(-1, d - 1)) if parents is None else list(parents)
+    depth = [0] * d
+    ok = [False] * d
+    best, n = -1, 0  # the first deepest accepted token (-1: the root), its depth
+    for i in range(d):  # a token's parent comes before it
+        parent = parents[i]
+        depth[i] = 1 if parent < 0 else depth[parent] + 1
+        ok[i] = int(draft_ids[i]) == choice[parent + 1] and (parent < 0 or ok[parent])
+        if ok[i] and depth[i] > n:
+            best, n = i, depth[i]
+    path: list[int] = []
+    node = best
+    while node >= 0:
+        path.append(node)
+        node = parents[node]
+    path.reverse()  # root first
+    tokens = (choice[0], *(choice[node + 1] for node in path))  # [n + 1]
+    row = 0 if n == 0 else path[-1] + 1
+    logp = torch.log_softmax(logits.index_select(0, torch.tensor([row])).float(), dim=-1)[0]  # [vocab]
+    entropy = -(logp.exp() * logp).sum()
+    return Verification(n, tuple(tokens), tuple(path), float(logp[tokens[n]]), float(entropy))
 
 
 def race(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

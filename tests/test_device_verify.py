@@ -4,6 +4,10 @@ Every way a tensor's values reach the host from Python (``item``, ``tolist``, ``
 ``int()``, ``bool()``, ``__index__``, ``numpy``, ``cpu``) is counted while the engine
 verifies, except inside the runner's forward (the model's own code is the runner's
 business). Each step must make exactly one read, through ``Verification.from_packed``.
+
+The engine here runs on the CPU, where a greedy step is verified on host integers instead
+(:func:`~hvd_agents.engine.request.verifies_on_host`); the read-once test turns that off, so it
+checks the path a GPU takes, greedy steps included.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import pytest
 import torch
 
 from hvd_agents import Engine, GenerationParams
+from hvd_agents.engine import request as request_module
 from hvd_agents.engine.request import Request
 from hvd_agents.engine.sampling import SamplingParams
 from hvd_agents.engine.verify import Verification, verify_step
@@ -99,6 +104,7 @@ def test_one_host_read_per_step(engine: Engine, monkeypatch: pytest.MonkeyPatch,
 
     monkeypatch.setattr(Request, "verify", counted_verify)
     monkeypatch.setattr(Verification, "from_packed", classmethod(counted_from_packed))
+    monkeypatch.setattr(request_module, "verifies_on_host", lambda sampling, logits: False)  # the device path
     params = GenerationParams(max_new_tokens=16, method=method, num_draft_tokens=6, temperature=temperature,
                               seed=5, reuse_prefix=False)
     result = engine.generate(prompt, params)
@@ -145,3 +151,21 @@ def test_verify_step_does_not_synchronise_on_cuda() -> None:
     for packed in packs:
         result = Verification.from_packed(packed.tolist())
         assert len(result.token_ids) == result.num_accepted + 1
+
+
+def test_a_greedy_cpu_step_is_verified_on_host_integers(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    # on the CPU no greedy step goes through the packed tensor; a sampled one does
+    decoded: list[int] = []
+    original_from_packed = Verification.from_packed.__func__
+
+    def counted_from_packed(cls, values):
+        decoded.append(len(values))
+        return original_from_packed(cls, values)
+
+    monkeypatch.setattr(Verification, "from_packed", classmethod(counted_from_packed))
+    prompt = [3, 17, 12, 5, 9, 3, 17]
+    greedy = engine.generate(prompt, GenerationParams(max_new_tokens=8, method="ar", reuse_prefix=False))
+    assert greedy.stats.steps > 0 and decoded == []
+    sampled = engine.generate(prompt, GenerationParams(max_new_tokens=8, method="ar", temperature=0.8, seed=1,
+                                                       reuse_prefix=False))
+    assert len(decoded) == sampled.stats.steps > 0

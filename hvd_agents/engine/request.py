@@ -53,6 +53,12 @@ DEFAULT_PREFILL_CHUNK = 512
 PRIOR_RATE = 0.5  # a request's acceptance rate before it has verified anything
 
 
+def verifies_on_host(sampling: SamplingParams, logits: torch.Tensor) -> bool:
+    """Whether a step is verified on host integers (:func:`~hvd_agents.engine.verify.verify_greedy_on_host`):
+    greedy, with the logits on the CPU (on a device, verification runs there and is read once)."""
+    return sampling.greedy and logits.device.type == "cpu"
+
+
 @dataclass(frozen=True)
 class RequestHost:
     """What a request runs on: the engine's parts it reads (the engine makes one per request).
@@ -302,7 +308,7 @@ class Request:
         device = self.host.runner.device
         d = len(draft)
         tree = draft.is_tree
-        if self.sampling.greedy and logits.device.type == "cpu":  # host integers: no tensor op per stage
+        if verifies_on_host(self.sampling, logits):  # host integers: no tensor op per stage
             result = verify_greedy_on_host(logits, draft.token_ids, draft.parents if tree else None)
         else:
             draft_ids = to_device(draft.token_ids, device)  # [d]

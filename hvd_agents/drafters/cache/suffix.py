@@ -157,11 +157,10 @@ class SuffixDrafter:
         if k <= 0:
             return Draft()
         candidates, match_len = self._candidates(state, ctx.token_ids, k)
-        if candidates and match_len < min_match:
-            candidates = []
-            state.candidates, state.k, state.forks, state.successors = candidates, k, [], ()
+        short = bool(candidates) and match_len < min_match
+        state.candidates, state.k, state.forks, state.successors = [] if short else candidates, k, [], ()
+        if short:
             return Draft(score=float(match_len))
-        state.candidates, state.k, state.forks, state.successors = candidates, k, [], ()
         if not candidates:
             return Draft()
         tokens, probs, support, chosen = _frequent_path(candidates, k)

@@ -430,12 +430,11 @@ class HybridDrafter:
                 self.survival_calibration.observe(np.asarray(step.survival[: step.main]), cache_outcome.num_accepted)
         if step.source == "model" and outcome.draft.token_ids:
             self._learn_model_acceptance(request, outcome)
+        rate = max(self.rate.rate, 1.0)  # as the step was priced
         if step.ask_cost is not None:  # a gated ask: what it brought (nothing when it drafted nothing)
             drafted = step.source == "model" and bool(outcome.draft.token_ids)
-            rate = max(self.rate.rate, 1.0)
             self.ask.observe(ask_gain(outcome.num_accepted, step.cost, step.ask_cost, rate) if drafted else 0.0)
         if step.short:  # what the short match's proposal brought beyond a plain step (nothing unless verified)
-            rate = max(self.rate.rate, 1.0)
             used = step.source == "cache" and bool(outcome.draft.token_ids)
             self.short.observe(outcome.num_accepted - rate * (step.cost - 1.0) if used else 0.0)
             if self.short_seconds:

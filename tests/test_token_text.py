@@ -18,6 +18,7 @@ from hvd_agents.policy.token_text import (
     NUM_CLASSES,
     TEXT_COLUMNS,
     TokenText,
+    decode_each,
     text_columns,
     token_classes,
 )
@@ -77,6 +78,25 @@ def test_from_tokenizer_builds_once_and_needs_a_decoder() -> None:
     assert built is not None and built.vocab_size == len(tokenizer)
     assert TokenText.from_tokenizer(tokenizer) is built
     assert TokenText.from_tokenizer(None) is None and TokenText.from_tokenizer(object()) is None
+
+
+def test_batched_decode_gives_each_ids_own_text(real_engine) -> None:
+    """The classes read through the fast tokenizer's batched decode are those of decoding each id alone."""
+    from tests.helpers import make_byte_tokenizer
+
+    for tokenizer in (real_engine.tokenizer, make_byte_tokenizer()):
+        size = len(tokenizer)
+        one_by_one = TokenText.from_decoder(lambda token, tokenizer=tokenizer: tokenizer.decode([token]), size,
+                                            tokenizer.all_special_ids)
+        built = TokenText.from_tokenizer(tokenizer)
+        assert np.array_equal(built.masks(range(size)), one_by_one.masks(range(size)))
+    assert decode_each(real_engine.tokenizer, 8) == [real_engine.tokenizer.decode([t]) for t in range(8)]
+
+    class CleaningUp:  # a tokenizer whose decode cleans up spaces: its backend's text is not its decode's
+        clean_up_tokenization_spaces = True
+        backend_tokenizer = real_engine.tokenizer.backend_tokenizer
+
+    assert decode_each(CleaningUp(), 8) is None and decode_each(object(), 8) is None
 
 
 def test_features_record_round_trips_the_text() -> None:

@@ -127,7 +127,9 @@ class TokenText:
         except TypeError:
             return None
         special = getattr(tokenizer, "all_special_ids", None) or ()
-        built = cls.from_decoder(lambda token: tokenizer.decode([token]), size, special)
+        texts = decode_each(tokenizer, size)
+        built = (cls.from_decoder(texts.__getitem__, size, special) if texts is not None
+                 else cls.from_decoder(lambda token: tokenizer.decode([token]), size, special))
         try:
             _BUILT[tokenizer] = built
         except TypeError:
@@ -150,6 +152,24 @@ class TokenText:
 
 
 _BUILT: weakref.WeakKeyDictionary[Any, TokenText] = weakref.WeakKeyDictionary()
+
+
+def decode_each(tokenizer: Any, size: int) -> list[str] | None:
+    """Each id's text ``tokenizer.decode([id])`` for ids ``0..size-1`` in one call of a fast tokenizer's backend
+    (``backend_tokenizer.decode_batch``: about a fifth of the time of ``size`` decodes); None where the tokenizer
+    has no such backend, cleans up its decoded text afterwards (``clean_up_tokenization_spaces``: the backend's text
+    would differ) or the backend answers otherwise."""
+    if getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return None
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    decode_batch = getattr(backend, "decode_batch", None)
+    if decode_batch is None:
+        return None
+    try:
+        texts = decode_batch([[token] for token in range(size)], skip_special_tokens=False)
+    except (TypeError, ValueError):  # a backend that takes other arguments: decode one id at a time
+        return None
+    return list(texts) if len(texts) == size and all(isinstance(text, str) for text in texts) else None
 
 
 def text_columns(text: np.ndarray, length: int) -> np.ndarray:

@@ -110,8 +110,8 @@ class SuffixDrafter:
             and ``seen`` features, the forks :meth:`alternatives` branches at); off where nothing reads them
             (the drafter alone, method ``hvd-cache``), which saves their cost at every step.
         text: the tokenizer's token classes (:class:`~hvd_agents.policy.token_text.TokenText`), or a callable
-            that returns them (None: none) on the first proposal: each draft's features then carry the classes of
-            the tokens around it, which the payoff predictor reads (None: not known).
+            that returns them (None: none) when the first request starts: each draft's features then carry the
+            classes of the tokens around it, which the payoff predictor reads (None: not known).
     """
 
     def __init__(
@@ -148,6 +148,7 @@ class SuffixDrafter:
         kinds = _prompt_kinds(len(prompt_ids), structure)
         session = structure.session_id if structure is not None else None
         self._requests[req_id] = _RequestState(index, len(prompt_ids), kinds, session)
+        _ = self.text  # token classes given as a callable are built with the first request, not inside its steps
 
     def propose(self, ctx: DraftContext, k: int, min_match: int = 1) -> Draft:
         """Up to ``k`` tokens that continued the longest suffix of the context found before, with their features.

@@ -497,6 +497,34 @@ def test_model_drafting_is_timed_only_once_the_drafter_is_caught_up(monkeypatch)
     assert drafter.model_cost().verify(4) == pytest.approx(profile.verify(4) + 4 * 0.05, abs=1e-3)
 
 
+def test_the_first_timed_catch_up_prices_the_next_ones(monkeypatch) -> None:
+    # a drafter whose catch-up is dear (a draft head in float32 on a CPU: a tenth of a plain step per ingested
+    # token here) must not be priced at the prior until a running mean catches up: one timed catch-up is enough
+    from hvd_agents.drafters.hybrid import drafter as hybrid
+
+    clock = FakeClock()
+    monkeypatch.setattr(hybrid, "time", clock)
+    asked = []
+    for timed_first in (True, False):
+        model = TimedModelDrafter(clock, [40 * 0.01 + 4 * 0.01, 0.05])  # 40 tokens at 0.01 s, 4 drafted at 0.01 s
+        model.acceptance_prior = 0.9
+        drafter = HybridDrafter(SuffixDrafter(None), constant_predictor(6.0), CostModel.linear(0.02), model=model)
+        for _ in range(3):
+            drafter.calibration.observe(0.1, 0.0)  # the engine's plain steps: 0.1 s
+        if timed_first:
+            ctx = start(drafter, list(range(100, 140)))  # no repeat: no cache draft; 40 tokens to catch up on
+            draft = drafter.propose(ctx, 4)
+            assert draft.source == "model"  # at the prior, 40 tokens cost 0.08 of a step
+            drafter.observe(DraftOutcome("r", draft, 4, (7, 7, 7, 7, 60), verify_s=0.1))
+            # 0.44 s less the 4 drafted tokens at the prior (0.1 of a 0.1 s step each): 0.01 s a token
+            assert drafter.pricing.ingest_cost() == pytest.approx(0.1)
+        drafter.start("r2", list(range(1000, 1300)))  # a new request: 300 tokens to catch up on
+        before = model.proposed
+        drafter.propose(DraftContext("r2", list(range(1000, 1300)), 300), 4)
+        asked.append(model.proposed > before)
+    assert asked == [False, True]  # 30 plain steps of catching up against a prior 0.6
+
+
 class CaughtUpModelDrafter(CountingModelDrafter):
     """Says it has nothing to ingest (a draft head that kept its entries from an earlier request)."""
 

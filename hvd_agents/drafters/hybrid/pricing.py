@@ -22,10 +22,11 @@ is in neither. Every time the model drafter is asked, drafted or not, its second
 are folded in: per drafted token (an ask that drafted nothing ran one forward, so
 it counts as one) when the drafter was caught up (it drafted at the step before,
 or had at most :data:`CAUGHT_UP_TOKENS` context tokens to ingest, which go through
-the same forward as its first token), else as the catch-up, per ingested token,
-once a drafted token's seconds are known (their share is taken out). So a gated
-drafter that is asked at plain steps and mostly declines is still priced at what
-its forwards take.
+the same forward as its first token), else as the catch-up, per ingested token
+(the drafted tokens' share taken out, at the prior until a drafted token is timed;
+the first timed catch-up replaces the prior outright). So a gated drafter that is
+asked at plain steps and mostly declines is still priced at what its forwards take,
+and one whose catch-up is dear is priced so from its first one on.
 
 Sampled requests price from the profile and the priors alone (``timed=False``):
 under sampling the drafts decide which random numbers are drawn, so a seeded
@@ -104,6 +105,7 @@ class StepPricing:
         self._token_cost = token_cost_prior  # a drafted token, in plain steps (timed)
         self._ingest_cost = ingest_cost_prior  # an ingested context token, in plain steps (timed)
         self._draft_token_s = 0.0  # running mean of a drafted token's seconds (0: not timed yet)
+        self._ingest_timed = False  # whether a catch-up has been timed (else the ingest cost is the prior)
         self._calibrated: _Memo[CostModel] = _Memo()  # by alpha: the profile scaled by it
         self._drafting: _Memo[CostModel] = _Memo()  # by (token cost, verification cost): the two together
         self._untimed_drafting: _Memo[CostModel] = _Memo()  # the profile with the prior token cost
@@ -163,11 +165,17 @@ class StepPricing:
             ema = self._draft_token_s
             self._draft_token_s = per_token if not ema else ema + self._timing_ema * (per_token - ema)
             self._update_token_cost()
-        elif pending > 0 and self._draft_token_s:  # a catch-up: its drafted tokens' share taken out
+        elif pending > 0:  # a catch-up: its drafted tokens' share taken out (at the prior until one is timed)
             step_s = self.calibration.step_s
             if step_s > 0 and self._model_cost is None:
-                ingest_s = max(seconds - self._draft_token_s * max(drafted, 1), 0.0)
-                self._ingest_cost += self._timing_ema * (ingest_s / pending / step_s - self._ingest_cost)
+                token_s = self._draft_token_s or self.token_cost_prior * step_s
+                per_token = max(seconds - token_s * max(drafted, 1), 0.0) / pending / step_s
+                # the first timed catch-up replaces the prior: priced at the prior, a drafter whose catch-up costs
+                # several plain steps would be asked again and again before a running mean caught up with it
+                timed = self._ingest_timed
+                self._ingest_cost = per_token if not timed else self._ingest_cost + self._timing_ema * (
+                    per_token - self._ingest_cost)
+                self._ingest_timed = True
 
     def _update_token_cost(self) -> None:
         if self._draft_token_s and self.calibration.step_s > 0 and self._model_cost is None:

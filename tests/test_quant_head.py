@@ -71,6 +71,22 @@ def test_quantized_layers_are_close_to_the_float_ones_and_train_on_them(target) 
     assert set(head.state_dict()) == set(init_weights(DraftHead(head.config)).state_dict())
 
 
+def test_many_rows_run_on_the_kernel_a_call_at_a_time(target, monkeypatch) -> None:
+    # a catch-up over a long context goes through the kernel too, in calls of at most MAX_ROWS rows; a row's
+    # result does not depend on the rows beside it, so it is the row's own product, bit for bit
+    from hvd_agents.runtime import quant_linear
+
+    assert quant_linear.MAX_ROWS == quant_native.module().MAX_ROWS
+    head = quantized_head(target)
+    x = torch.randn(11, 2 * head.config.hidden_size, generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        alone = torch.cat([head.fc(row[None]) for row in x])
+        monkeypatch.setattr(quant_linear, "MAX_ROWS", 4)  # 11 rows: calls of 4, 4 and 3
+        together = head.fc(x)
+    assert torch.equal(together.view(torch.int32), alone.view(torch.int32))
+    assert not torch.equal(together, torch.nn.functional.linear(x, head.fc.weight))  # not the float layer
+
+
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=20),

@@ -98,6 +98,18 @@ class CostModel:
         """``[verify(i + 1) - verify(i) for i < length]``: what the i-th draft token adds."""
         return np.diff(self.verify_curve(length + 1))
 
+    def cheapest(self, length: int) -> float:
+        """The least any of the first ``length`` draft tokens adds (``min(marginal(length))``, ``length >= 1``):
+        the floor under which no draft node pays; read at every step, so computed once per length."""
+        known = self._cheapest.get(length)
+        if known is None:
+            known = self._cheapest[length] = float(self.marginal(length).min())
+        return known
+
+    @cached_property
+    def _cheapest(self) -> dict[int, float]:
+        return {}
+
     def with_drafting(self, per_token: float) -> CostModel:
         """This cost plus ``per_token`` target steps for each drafted token (a model drafter's forwards)."""
         points = tuple((d, c + per_token * d) for d, c in self.points)

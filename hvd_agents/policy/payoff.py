@@ -46,11 +46,10 @@ from hvd_agents.policy.features import (
     POSITION_FEATURES,
     CacheDraftFeatures,
     draft_row,
-    feature_matrix,
     position_columns,
 )
 from hvd_agents.policy.hazard_mlp import HazardMLP, HazardMLPError
-from hvd_agents.policy.token_text import text_columns
+from hvd_agents.policy.token_text import TEXT_COLUMNS, text_columns
 
 logger = logging.getLogger(__name__)
 
@@ -215,14 +214,24 @@ class PayoffPredictor:
         weights = self.weights.weights
         offset = self._offsets.get(session_id) if session_id is not None else None
         mlp = self.weights.mlp
+        row = draft_row(features)  # [F]
         if mlp is not None and len(features.text):
-            rows = np.concatenate([feature_matrix(features, length), text_columns(features.text, length)], axis=1)
-            logits = mlp.logits(rows)  # [L]
-            return logits if offset is None else logits + float(draft_row(features) @ offset)
+            logits = mlp.logits(_network_rows(features, row, length))  # [L]
+            return logits if offset is None else logits + float(row @ offset)
         if offset is not None:
             weights = weights + offset
-        base = float(draft_row(features) @ weights)
+        base = float(row @ weights)
         return base + weights[:NUM_POSITION_FEATURES] @ position_columns(features, length)  # [L]
+
+
+def _network_rows(features: CacheDraftFeatures, row: np.ndarray, length: int) -> np.ndarray:
+    """The hazard network's ``[L, len(MLP_INPUTS)]`` inputs (the rows of :func:`~hvd_agents.policy.features.feature_matrix`, then the text
+    columns), laid out in one array: ``row`` is the draft's :func:`draft_row`."""
+    rows = np.empty((length, NUM_FEATURES + len(TEXT_COLUMNS)))  # [L, D]
+    rows[:, :NUM_FEATURES] = row
+    rows[:, :NUM_POSITION_FEATURES] = position_columns(features, length).T
+    text_columns(features.text, length, out=rows[:, NUM_FEATURES:])
+    return rows
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:

@@ -55,15 +55,15 @@ class SurvivalCalibration:
         n = len(survival)
         if n == 0:
             return
-        labels = (np.arange(n) < accepted).astype(np.float64)
-        bins = np.minimum((np.asarray(survival, dtype=np.float64) * BINS).astype(int), BINS - 1).clip(0)
         decay = FORGET**n
-        self._weight *= decay
-        self._predicted *= decay
-        self._accepted *= decay
-        np.add.at(self._weight, bins, 1.0)
-        np.add.at(self._predicted, bins, survival)
-        np.add.at(self._accepted, bins, labels)
+        # a draft's few positions are folded in one by one on lists: NumPy's overhead would outweigh the work
+        weight, predicted, hits = ((sums * decay).tolist() for sums in (self._weight, self._predicted, self._accepted))
+        for i, alive in enumerate(np.asarray(survival, dtype=np.float64).tolist()):
+            bin_ = max(min(int(alive * BINS), BINS - 1), 0)
+            weight[bin_] += 1.0
+            predicted[bin_] += alive
+            hits[bin_] += 1.0 if i < accepted else 0.0
+        self._weight, self._predicted, self._accepted = np.array(weight), np.array(predicted), np.array(hits)
         self._map = None
 
     def _fitted(self) -> tuple[np.ndarray, np.ndarray]:
@@ -83,4 +83,4 @@ def _isotonic(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
             v2, w2, c2 = blocks.pop()
             v1, w1, c1 = blocks[-1]
             blocks[-1] = [(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, c1 + c2]
-    return np.concatenate([np.full(count, mean) for mean, _, count in blocks])
+    return np.array([mean for mean, _, count in blocks for _ in range(count)])

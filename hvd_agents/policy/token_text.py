@@ -98,6 +98,7 @@ class TokenText:
 
     def __init__(self, masks: np.ndarray) -> None:
         self._masks = np.asarray(masks, dtype=np.int64)  # [V]
+        self._listed = self._masks.tolist()  # [V]: a draft's few ids are read faster off a list than through NumPy
 
     @property
     def vocab_size(self) -> int:
@@ -147,8 +148,9 @@ class TokenText:
         shorter), then of the ``n`` draft tokens: what :class:`~hvd_agents.policy.features.CacheDraftFeatures`
         keeps as ``text``."""
         head = list(context[-BEFORE:]) if BEFORE else []
-        masks = self.masks(head + list(draft))
-        return np.concatenate([np.zeros(BEFORE - len(head), dtype=np.int64), masks])
+        listed, size = self._listed, len(self._listed)
+        masks = [0] * (BEFORE - len(head)) + [listed[token] if 0 <= token < size else 0 for token in head + list(draft)]
+        return np.array(masks, dtype=np.int64)
 
 
 _BUILT: weakref.WeakKeyDictionary[Any, TokenText] = weakref.WeakKeyDictionary()
@@ -172,12 +174,22 @@ def decode_each(tokenizer: Any, size: int) -> list[str] | None:
     return list(texts) if len(texts) == size and all(isinstance(text, str) for text in texts) else None
 
 
-def text_columns(text: np.ndarray, length: int) -> np.ndarray:
+def text_columns(text: np.ndarray, length: int, out: np.ndarray | None = None) -> np.ndarray:
     """The text columns of a draft's first ``length`` positions, ``[L, len(TEXT_COLUMNS)]`` of 0/1, from the
-    ``text`` bitmasks (``[BEFORE + n]``, :meth:`TokenText.around`); positions past ``n`` read as no class."""
+    ``text`` bitmasks (``[BEFORE + n]``, :meth:`TokenText.around`); positions past ``n`` read as no class.
+
+    ``out``: a float ``[L, len(TEXT_COLUMNS)]`` array (a view into a wider one) written in place of a new one,
+    so that a caller that lays the columns beside others builds no intermediate array."""
     padded = np.zeros(BEFORE + length, dtype=np.int64)  # [BEFORE + L]
     known = min(len(text), BEFORE + length)
     padded[:known] = text[:known]
-    bits = (padded[:, None] >> np.arange(NUM_CLASSES)) & 1  # [BEFORE + L, C]
-    positions = np.arange(length) + BEFORE  # [L]: each position's own index in padded
-    return np.concatenate([bits[positions + offset] for offset in TEXT_OFFSETS], axis=1).astype(np.float64)
+    bits = (padded[:, None] >> _CLASS_SHIFTS) & 1  # [BEFORE + L, C]
+    rows = np.arange(BEFORE, BEFORE + length)[:, None] + _OFFSETS  # [L, O]: the tokens each position describes
+    if out is None:
+        out = np.empty((length, len(TEXT_COLUMNS)))
+    out[...] = bits[rows].reshape(length, len(TEXT_COLUMNS))  # [L, O, C] read offset by offset
+    return out
+
+
+_CLASS_SHIFTS = np.arange(NUM_CLASSES)  # [C]
+_OFFSETS = np.array(TEXT_OFFSETS)  # [O]

@@ -5,7 +5,9 @@ updated token by token) and over the cross-request store (spans appended in bulk
 separated so no match crosses a span boundary).
 
 How it works: every position ``p`` is indexed under hashes of the n-grams that END
-at ``p`` for ``n`` in :data:`NGRAM_SIZES`. A lookup takes the largest n whose hash
+at ``p`` for ``n`` in :data:`NGRAM_SIZES`, each hash's positions kept as a machine-integer
+array (``array('q')``: a query reads thousands of them into NumPy at once, which a
+list of Python ints would make element by element). A lookup takes the largest n whose hash
 of the query's last n tokens has entries, then extends each candidate's match
 backwards token by token (vectorised, capped at ``max_match``), comparing real
 tokens, so hash collisions cannot produce a false match. Updates cost O(len(NGRAM_SIZES))
@@ -22,6 +24,7 @@ Worked example::
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -74,6 +77,15 @@ def gram_keys(grams: Sequence[Sequence[int]]) -> list[int]:
     return h.tolist()
 
 
+def _add_hit(table: dict[int, array], key: int, end: int) -> None:
+    """Index position ``end`` under ``key``."""
+    hits = table.get(key)
+    if hits is None:
+        table[key] = array("q", (end,))
+    else:
+        hits.append(end)
+
+
 @dataclass(frozen=True)
 class Match:
     """An earlier occurrence of the query's suffix: tokens ``[end - length + 1, end]``."""
@@ -95,7 +107,7 @@ class NgramIndex:
         self.earliest = earliest
         self._tokens = np.full(1024, SEPARATOR, dtype=np.int64)
         self._len = 0
-        self._maps: dict[int, dict[int, list[int]]] = {n: {} for n in NGRAM_SIZES}  # n -> key -> ends, ascending
+        self._maps: dict[int, dict[int, array]] = {n: {} for n in NGRAM_SIZES}  # n -> key -> ends, ascending
 
     def __len__(self) -> int:
         return self._len
@@ -123,14 +135,19 @@ class NgramIndex:
         self._grow(start + count)
         self._tokens[start : start + count] = tokens
         self._len += count
-        # the new tokens and the few before them that their n-grams reach back to, as Python ints
+        # the new tokens and the few before them that their n-grams reach back to, as the hash reads them
+        # (None: a separator, which no n-gram spans)
         first = max(start - _LONGEST + 1, 0)
-        window = self._tokens[first : start + count].tolist()
+        values = [token + 2 if token != SEPARATOR else None for token in self._tokens[first : start + count].tolist()]
         for n, table in self._maps.items():
             for end in range(max(start, n - 1), start + count):
-                gram = window[end - n + 1 - first : end + 1 - first]
-                if SEPARATOR not in gram:
-                    table.setdefault(ngram_key(gram), []).append(end)
+                key = 0
+                for value in values[end - n + 1 - first : end + 1 - first]:
+                    if value is None:
+                        break
+                    key = key * _PRIME + value  # ngram_key's, reduced mod 2**64 once at the end (the same hash)
+                else:
+                    _add_hit(table, key & _MASK, end)
 
     def extend(self, tokens: Sequence[int], separate: bool = False) -> int:
         """Index many tokens at once; returns the position of the first one.
@@ -149,7 +166,11 @@ class NgramIndex:
                 continue
             keys = _bulk_keys(arr, n).tolist()
             for offset, key in enumerate(keys, start=start + n - 1):
-                table.setdefault(key, []).append(offset)
+                hits = table.get(key)
+                if hits is None:
+                    table[key] = array("q", (offset,))
+                else:
+                    hits.append(offset)
         if separate:
             self._len += 1  # the slot already holds SEPARATOR
         return start
@@ -268,7 +289,7 @@ class NgramIndex:
         table = self._maps.get(len(grams[0])) if g else None
         if table is None:
             return SuccessorTable(g, _EMPTY, _EMPTY, _EMPTY, read)
-        ends: list[int] = []
+        ends = array("q")  # [c]
         sizes: list[int] = []
         last = self._len - 1  # an occurrence ending here has no successor yet
         for key in keys if keys is not None else gram_keys(grams):
@@ -285,7 +306,7 @@ class NgramIndex:
             return SuccessorTable(g, _EMPTY, _EMPTY, _EMPTY, read)
         gram_arr = np.asarray(grams, dtype=np.int64)  # [g, n]
         n = gram_arr.shape[1]
-        end_arr = np.array(ends, dtype=np.int64)  # [c]
+        end_arr = np.frombuffer(ends, dtype=np.int64)  # [c], read-only: a view of ends
         row_arr = np.repeat(np.arange(g), sizes)  # [c]
         # each occurrence's n tokens (an n-gram's entries end at n - 1 or later) against its gram's: the bytes of a
         # row of n booleans read as one integer tell whether all are true

@@ -480,8 +480,7 @@ def _paying_reach(survival: np.ndarray, cost: CostModel, rate: float, k: int) ->
     alternative's first token survives less than that)."""
     if not len(survival):
         return 0
-    curve = cost.verify_curve(k + 1)  # [k + 1]
-    floor = rate * (float((curve[1:] - curve[:-1]).min()) if k > 0 else 0.0)
+    floor = rate * (cost.cheapest(k) if k > 0 else 0.0)
     reach = 1
     for alive in survival.tolist():  # the leading positions whose main branch pays
         if not alive > floor:

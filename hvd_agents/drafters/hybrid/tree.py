@@ -209,7 +209,7 @@ def plan_tree(
     # a node that survives no more than the rate times the cheapest node's cost can never pay, nor can any node
     # below it (a child never survives more than its parent): such nodes are not built
     curve = cost.verify_curve(k + 1)  # [k + 1]
-    floor = rate * float(np.min(curve[1:] - curve[:-1])) if k > 0 else np.inf
+    floor = rate * cost.cheapest(k) if k > 0 else np.inf
     floor -= 1e-9 * max(abs(floor), 1.0)  # so that rounding never drops a node that could pay
     for i in range(n):
         if not survival[i] > floor:

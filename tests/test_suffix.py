@@ -11,6 +11,7 @@ from hvd_agents.drafters import CacheStore, DraftContext, DraftOutcome, PromptLo
 from hvd_agents.drafters.base import Draft
 from hvd_agents.drafters.cache.ngram_index import NgramIndex, _bulk_keys, ngram_key
 from hvd_agents.errors import InvalidRequestError, StoreFormatError
+from hvd_agents.policy.features import feature_record
 from hvd_agents.structure import PromptStructure, SpanKind, TypedSpan
 
 
@@ -351,3 +352,70 @@ def test_a_drafter_that_does_not_count_forks_drafts_the_same_without_their_featu
     assert drafts[0].token_ids == drafts[1].token_ids == (23, 53)
     assert len(drafts[1].features.share) == 0 and len(drafts[0].features.share) == 2
     assert not any(a.fork for a in plain.alternatives("r", drafts[1].token_ids, limit=4))
+
+
+# ------------------------------------------------------------------ a finished request's index, kept
+
+
+def _answers(index: NgramIndex, text: list[int]) -> list:
+    """Everything a drafter reads off an index of ``text``: the longest earlier match of every prefix, and what
+    followed every 1-, 2- and 4-gram of it (how often, and the text after each follower's latest occurrence)."""
+    out: list = [index.tokens.tolist()]
+    for end in range(1, len(text) + 1):
+        out.append([(m.end, m.length) for m in index.lookup(text[:end], exclude_end=end - 1)])
+    for n in (1, 2, 4):
+        grams = [text[i : i + n] for i in range(len(text) - n + 1)]
+        if grams:
+            out.append(index.successors(grams, 4))
+    return out
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    first=st.lists(st.integers(0, 5), min_size=0, max_size=40),
+    reply=st.lists(st.integers(0, 5), min_size=0, max_size=20),
+    data=st.data(),
+)
+def test_an_index_cut_back_and_extended_is_the_index_built_anew(first, reply, data) -> None:
+    index = NgramIndex()
+    index.extend(first)
+    index.append_many(reply)  # a request's prompt, then its reply token by token
+    kept = first + reply
+    cut = data.draw(st.integers(0, len(kept)))
+    rest = data.draw(st.lists(st.integers(0, 5), max_size=30))
+    assert index.agreement(kept[:cut] + [99] + rest) == cut
+    index.truncate(cut)
+    index.append_many(rest)
+    fresh = NgramIndex()
+    fresh.extend(kept[:cut] + rest)
+    assert _answers(index, kept[:cut] + rest) == _answers(fresh, kept[:cut] + rest)
+    with pytest.raises(ValueError, match="cannot truncate"):
+        index.truncate(len(index) + 1)
+
+
+def test_the_next_call_of_a_conversation_takes_the_last_calls_index_and_drafts_the_same() -> None:
+    # each call's prompt is the previous prompt, its reply (its last token re-rendered otherwise) and new text;
+    # drafts, their features and alternatives equal those of a drafter that indexes every prompt anew
+    vocabulary = np.random.default_rng(3).integers(0, 40, size=30).tolist()
+    kept, fresh = SuffixDrafter(None), SuffixDrafter(None)
+    fresh.kept = type(fresh.kept)(kept=0)
+    prompt: list[int] = vocabulary[:20] + vocabulary[:12]
+    for call in range(6):
+        replies = []
+        for drafter in (kept, fresh):
+            req = f"call{call}"
+            drafter.start(req, prompt)
+            context, drafts = list(prompt), []
+            for step in range(8):  # the reply: the draft's first token and a new one, or a new token alone
+                draft = drafter.propose(DraftContext(req, context, len(prompt)), 6)
+                alternatives = drafter.alternatives(req, draft.token_ids, 8) if draft.token_ids else []
+                drafts.append((draft.token_ids, feature_record(draft.features), alternatives))
+                emitted = (draft.token_ids[0], 41 + step) if draft.token_ids else ((7 * step + call) % 40,)
+                drafter.observe(DraftOutcome(req, draft, len(emitted) - 1, emitted))
+                context += emitted
+            drafter.stop(req)
+            replies.append((drafts, context))
+        (drafts_kept, context), (drafts_fresh, _) = replies
+        assert drafts_kept == drafts_fresh
+        prompt = context[:-1] + [90 + call] + vocabulary[call : call + 7]  # the reply's end re-rendered, new text
+    assert kept.kept.reused_tokens > 0 and fresh.kept.reused_tokens == 0

@@ -179,6 +179,36 @@ class NgramIndex:
         """Make tokens ``[start, end)`` unmatchable (their index entries go stale)."""
         self._tokens[start:end] = SEPARATOR
 
+    def agreement(self, tokens: Sequence[int]) -> int:
+        """How many leading ``tokens`` equal the indexed tokens at the same positions."""
+        n = min(len(tokens), self._len)
+        if n == 0:
+            return 0
+        differ = np.flatnonzero(self._tokens[:n] != np.asarray(tokens[:n], dtype=np.int64))
+        return int(differ[0]) if len(differ) else n
+
+    def truncate(self, length: int) -> None:
+        """Forget every token from position ``length`` on, as if only the first ``length`` had been indexed: the
+        entries of the n-grams ending there are removed (each hash keeps its positions in ascending order, so
+        they are its last ones). Costs a few hash computations per forgotten token."""
+        if not 0 <= length <= self._len:
+            raise ValueError(f"cannot truncate an index of {self._len} tokens to {length}")
+        window_start = max(length - _LONGEST + 1, 0)
+        window = self._tokens[window_start : self._len].tolist()
+        for n, table in self._maps.items():
+            for end in range(max(length, n - 1), self._len):
+                gram = window[end - n + 1 - window_start : end + 1 - window_start]
+                if SEPARATOR in gram:
+                    continue
+                key = ngram_key(gram)
+                hits = table.get(key)
+                while hits and hits[-1] >= length:
+                    hits.pop()
+                if hits is not None and not hits:
+                    del table[key]
+        self._tokens[length : self._len] = SEPARATOR
+        self._len = length
+
     def lookup(self, query: Sequence[int], max_match: int = 64, exclude_end: int | None = None) -> list[Match]:
         """Earlier occurrences of the longest suffix of ``query`` found in the index.
 

@@ -38,6 +38,7 @@ import numpy as np
 
 from hvd_agents.drafters.base import Draft, DraftContext, DraftOutcome, common_prefix, started
 from hvd_agents.drafters.cache.history import AcceptanceHistory, KindRates
+from hvd_agents.drafters.cache.kept_indexes import KeptIndexes
 from hvd_agents.drafters.cache.ngram_index import NgramIndex, gram_keys
 from hvd_agents.drafters.cache.store import CacheStore
 from hvd_agents.drafters.cache.successors import SuccessorTable
@@ -134,6 +135,7 @@ class SuffixDrafter:
         self._text = text
         self._requests: dict[str, _RequestState] = {}
         self._kind_rates = KindRates()
+        self.kept = KeptIndexes()  # finished requests' indexes, for the next prompt that continues one
 
     @property
     def text(self) -> TokenText | None:
@@ -143,8 +145,7 @@ class SuffixDrafter:
         return self._text
 
     def start(self, req_id: str, prompt_ids: Sequence[int], structure: PromptStructure | None = None) -> None:
-        index = NgramIndex()
-        index.extend(prompt_ids)
+        index = self.kept.index_for(prompt_ids)  # a finished request's index where this prompt continues it
         kinds = _prompt_kinds(len(prompt_ids), structure)
         session = structure.session_id if structure is not None else None
         self._requests[req_id] = _RequestState(index, len(prompt_ids), kinds, session)
@@ -319,7 +320,10 @@ class SuffixDrafter:
 
     def stop(self, req_id: str) -> None:
         state = self._requests.pop(req_id, None)
-        if state is None or self.store is None or not self.register_outputs:
+        if state is None:
+            return
+        self.kept.keep(state.index)  # its prompt and reply: the next call of the conversation starts with them
+        if self.store is None or not self.register_outputs:
             return
         if 2 <= len(state.output) <= self.store.token_budget:
             self.store.add(state.output, SpanKind.GENERATED, state.session_id)

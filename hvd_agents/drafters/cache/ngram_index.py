@@ -180,7 +180,8 @@ class NgramIndex:
         """Make tokens ``[start, end)`` unmatchable (their index entries go stale)."""
         self._tokens[start:end] = SEPARATOR
 
-    def lookup(self, query: Sequence[int], max_match: int = 64, exclude_end: int | None = None) -> list[Match]:
+    def lookup(self, query: Sequence[int], max_match: int = 64, exclude_end: int | None = None,
+               limit: int | None = None) -> list[Match]:
         """Earlier occurrences of the longest suffix of ``query`` found in the index.
 
         Args:
@@ -189,6 +190,8 @@ class NgramIndex:
             max_match: cap on the reported match length.
             exclude_end: a position never to report (the query's own end when the
                 query is the indexed text itself).
+            limit: most matches reported (the most recent ones; None: all), so that a caller
+                that reads only the first few pays for no others.
 
         Returns:
             Matches of the greatest length found, most recent first; empty if no
@@ -209,7 +212,8 @@ class NgramIndex:
             best = max(lengths)
             if best == 0:
                 continue
-            return [Match(hits[i], best) for i in range(len(hits) - 1, -1, -1) if lengths[i] == best]  # latest first
+            latest = [i for i in range(len(hits) - 1, -1, -1) if lengths[i] == best]  # latest first
+            return [Match(hits[i], best) for i in (latest if limit is None else latest[:limit])]
         return []
 
     def _candidates(self, hits: Sequence[int], exclude_end: int | None) -> Sequence[int]:

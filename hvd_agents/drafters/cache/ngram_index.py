@@ -37,7 +37,8 @@ SUCCESSOR_LIMIT = 64  # most recent occurrences of an n-gram read by successor_c
 SEPARATOR = -1  # never matches a real token; marks span boundaries and evicted tokens
 _MASK = (1 << 64) - 1
 _PRIME = 1_000_003
-_DEPTHS = np.arange(64)  # offsets back from a candidate's end (longer queries make their own)
+_DEPTHS = np.arange(65)  # offsets back from a candidate's end (longer queries make their own)
+_UNMATCHED = -3  # a query "token" past the query's start: equal to no indexed one (tokens >= 0, separators -1)
 _LONGEST = max(NGRAM_SIZES)
 _EMPTY = np.zeros(0, dtype=np.int64)
 _EMPTY.setflags(write=False)
@@ -209,7 +210,8 @@ class NgramIndex:
         self._tokens[length : self._len] = SEPARATOR
         self._len = length
 
-    def lookup(self, query: Sequence[int], max_match: int = 64, exclude_end: int | None = None) -> list[Match]:
+    def lookup(self, query: Sequence[int], max_match: int = 64, exclude_end: int | None = None,
+               limit: int | None = None) -> list[Match]:
         """Earlier occurrences of the longest suffix of ``query`` found in the index.
 
         Args:
@@ -218,6 +220,8 @@ class NgramIndex:
             max_match: cap on the reported match length.
             exclude_end: a position never to report (the query's own end when the
                 query is the indexed text itself).
+            limit: most matches reported (the most recent ones; None: all), so that a caller
+                that reads only the first few pays for no others.
 
         Returns:
             Matches of the greatest length found, most recent first; empty if no
@@ -233,11 +237,13 @@ class NgramIndex:
             hits = self._candidates(hits, exclude_end)
             if not hits:
                 continue
-            lengths = self._match_lengths(hits, np.array(tail[::-1], dtype=np.int64)).tolist()  # [c]
+            reversed_tail = np.array([*tail[::-1], _UNMATCHED], dtype=np.int64)  # [m + 1]
+            lengths = self._match_lengths(hits, reversed_tail).tolist()  # [c]
             best = max(lengths)
             if best == 0:
                 continue
-            return [Match(hits[i], best) for i in range(len(hits) - 1, -1, -1) if lengths[i] == best]  # latest first
+            latest = [i for i in range(len(hits) - 1, -1, -1) if lengths[i] == best]  # latest first
+            return [Match(hits[i], best) for i in (latest if limit is None else latest[:limit])]
         return []
 
     def _candidates(self, hits: Sequence[int], exclude_end: int | None) -> Sequence[int]:
@@ -249,17 +255,17 @@ class NgramIndex:
 
     def _match_lengths(self, hits: Sequence[int], reversed_tail: np.ndarray) -> np.ndarray:
         """``[c]``: how many tokens before and at each of ``hits`` (ascending) equal the end of the query
-        (``reversed_tail``: its last tokens, latest first)."""
+        (``reversed_tail``: its last tokens, latest first, then one :data:`_UNMATCHED`, so that every row
+        has a first mismatch and its index is the match length)."""
         ends = np.array(hits, dtype=np.int64)  # [c]
         m = len(reversed_tail)
         depth = _DEPTHS[:m] if m <= len(_DEPTHS) else np.arange(m)  # [m]
-        if hits[0] >= m - 1:  # every window lies in the index (the common case)
-            equal = self._tokens[ends[:, None] - depth] == reversed_tail  # [c, m]
+        if hits[0] >= m - 2:  # every window of real tokens lies in the index (the common case)
+            differ = self._tokens.take(ends[:, None] - depth, mode="clip") != reversed_tail  # [c, m]
         else:
             positions = ends[:, None] - depth  # [c, m]
-            valid = positions >= 0
-            equal = valid & (self._tokens[np.where(valid, positions, 0)] == reversed_tail)  # [c, m]
-        return np.cumprod(equal, axis=1).sum(axis=1)  # [c]
+            differ = (positions < 0) | (self._tokens.take(np.maximum(positions, 0)) != reversed_tail)  # [c, m]
+        return differ.argmax(axis=1)  # [c]: the first mismatch
 
     def successor_counts(self, gram: Sequence[int], token: int, limit: int = SUCCESSOR_LIMIT) -> tuple[int, int]:
         """How often the ``len(gram)``-gram ``gram`` (``len(gram)`` in :data:`NGRAM_SIZES`) was followed by

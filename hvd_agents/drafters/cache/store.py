@@ -181,7 +181,7 @@ class CacheStore:
         One consistent snapshot: safe while other threads register spans.
         """
         with self._lock:
-            matches = self._index.lookup(query, max_match)
+            matches = self._index.lookup(query, max_match, limit=max(max_candidates, 1))  # one at least: the length
             out = []
             for match in matches[:max_candidates]:
                 span = self.span_at(match.end)

@@ -282,7 +282,7 @@ class SuffixDrafter:
     def _candidates(self, state: _RequestState, context: Sequence[int], k: int) -> tuple[list[_Candidate], int]:
         """Continuations of the longest suffix matches in the context and the store."""
         end = len(context) - 1
-        local = state.index.lookup(context, self.max_match, exclude_end=end)
+        local = state.index.lookup(context, self.max_match, exclude_end=end, limit=max(self.max_candidates, 1))
         shared_len, shared = 0, []
         if self.store is not None:
             shared_len, shared = self.store.continuations(context, k, self.max_match, self.max_candidates)

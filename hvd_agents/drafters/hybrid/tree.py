@@ -211,13 +211,12 @@ def plan_tree(
     curve = cost.verify_curve(k + 1)  # [k + 1]
     floor = rate * cost.cheapest(k) if k > 0 else np.inf
     floor -= 1e-9 * max(abs(floor), 1.0)  # so that rounding never drops a node that could pay
-    for i in range(n):
-        if not survival[i] > floor:
+    main_survival = survival[:n].tolist()  # [n]: read one by one, as floats
+    for i, alive in enumerate(main_survival):
+        if not alive > floor:
             break
-        add(draft.token_ids[i], float(survival[i]), i - 1, -1)
+        add(draft.token_ids[i], alive, i - 1, -1)
     built = len(values)  # main nodes built: an alternative departs below one of them or at the root
-    reach = np.concatenate([[1.0], survival[:n]])  # [n + 1]: reach[j] = S_{j-1}
-    hazard = np.divide(survival[:n], reach[:-1], out=np.zeros(n), where=reach[:-1] > 0)  # [n]
     departing: dict[int, float] = {}
     fork_chance: dict[int, float] = {}  # a fork alternative's first node: its chance where the main token is rejected
     following: dict[int, int] = {}  # an alternative's node: the alternative's token after it
@@ -228,16 +227,17 @@ def plan_tree(
         depth = alternative.depth
         if depth >= n or depth > built or not alternative.tokens:
             continue
-        left = 1.0 - hazard[depth]  # the main token's rejection there
+        reach = main_survival[depth - 1] if depth > 0 else 1.0  # S_{depth-1}: the main branch alive before it
+        left = 1.0 - (main_survival[depth] / reach if reach > 0 else 0.0)  # the main token's rejection there
         if alternative.fork:
-            alive = reach[depth] * min(alternative.share * rates.fork_scale, left)
+            alive = reach * min(alternative.share * rates.fork_scale, left)
         else:
-            alive = reach[depth] * left * rates.taken * _weight(alternative) / departing[depth]
+            alive = reach * left * rates.taken * _weight(alternative) / departing[depth]
         parent = depth - 1
         for i, token in enumerate(alternative.tokens[: max(k - depth, 0)]):
             if not alive > floor:
                 break
-            parent = add(token, float(alive), parent, owner)
+            parent = add(token, alive, parent, owner)
             if i == 0 and alternative.fork and left > 0:
                 fork_chance[parent] = min(alternative.share, left) / left
             if i + 1 < len(alternative.tokens):

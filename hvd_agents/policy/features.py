@@ -454,11 +454,17 @@ def position_columns(features: CacheDraftFeatures, length: int) -> np.ndarray:
     return columns
 
 
-def feature_matrix(features: CacheDraftFeatures, length: int) -> np.ndarray:
-    """The ``[length, NUM_FEATURES]`` rows of a draft's first ``length`` positions."""
-    rows = np.tile(draft_row(features), (length, 1))  # [L, F]
-    rows[:, :_FIRST_DRAFT_COLUMN] = position_columns(features, length).T
-    return rows
+def feature_matrix(features: CacheDraftFeatures, length: int, *, row: np.ndarray | None = None,
+                   out: np.ndarray | None = None) -> np.ndarray:
+    """The ``[length, NUM_FEATURES]`` rows of a draft's first ``length`` positions.
+
+    ``row``: the draft's :func:`draft_row`, when the caller has it; ``out``: a float ``[length, NUM_FEATURES]``
+    array (a view into a wider one) written in place of a new one."""
+    if out is None:
+        out = np.empty((length, NUM_FEATURES))  # [L, F]
+    out[:] = draft_row(features) if row is None else row
+    out[:, :_FIRST_DRAFT_COLUMN] = position_columns(features, length).T
+    return out
 
 
 MAX_POSITIONS = 256  # record names and log-positions precomputed up to here (longer drafts compute them)

@@ -46,6 +46,7 @@ from hvd_agents.policy.features import (
     POSITION_FEATURES,
     CacheDraftFeatures,
     draft_row,
+    feature_matrix,
     position_columns,
 )
 from hvd_agents.policy.hazard_mlp import HazardMLP, HazardMLPError
@@ -228,8 +229,7 @@ def _network_rows(features: CacheDraftFeatures, row: np.ndarray, length: int) ->
     """The hazard network's ``[L, len(MLP_INPUTS)]`` inputs (the rows of :func:`~hvd_agents.policy.features.feature_matrix`, then the text
     columns), laid out in one array: ``row`` is the draft's :func:`draft_row`."""
     rows = np.empty((length, NUM_FEATURES + len(TEXT_COLUMNS)))  # [L, D]
-    rows[:, :NUM_FEATURES] = row
-    rows[:, :NUM_POSITION_FEATURES] = position_columns(features, length).T
+    feature_matrix(features, length, row=row, out=rows[:, :NUM_FEATURES])
     text_columns(features.text, length, out=rows[:, NUM_FEATURES:])
     return rows
 

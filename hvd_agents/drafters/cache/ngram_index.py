@@ -167,11 +167,7 @@ class NgramIndex:
                 continue
             keys = _bulk_keys(arr, n).tolist()
             for offset, key in enumerate(keys, start=start + n - 1):
-                hits = table.get(key)
-                if hits is None:
-                    table[key] = array("q", (offset,))
-                else:
-                    hits.append(offset)
+                _add_hit(table, key, offset)
         if separate:
             self._len += 1  # the slot already holds SEPARATOR
         return start

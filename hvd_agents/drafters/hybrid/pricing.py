@@ -172,10 +172,10 @@ class StepPricing:
                 per_token = max(seconds - token_s * max(drafted, 1), 0.0) / pending / step_s
                 # the first timed catch-up replaces the prior: priced at the prior, a drafter whose catch-up costs
                 # several plain steps would be asked again and again before a running mean caught up with it
-                timed = self._ingest_timed
-                self._ingest_cost = per_token if not timed else self._ingest_cost + self._timing_ema * (
-                    per_token - self._ingest_cost)
-                self._ingest_timed = True
+                if self._ingest_timed:
+                    self._ingest_cost += self._timing_ema * (per_token - self._ingest_cost)
+                else:
+                    self._ingest_cost, self._ingest_timed = per_token, True
 
     def _update_token_cost(self) -> None:
         if self._draft_token_s and self.calibration.step_s > 0 and self._model_cost is None:

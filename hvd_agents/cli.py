@@ -14,7 +14,7 @@ Subcommands:
 * ``bench-gpu``: HF ``generate``, engine ``ar`` and ``hvd`` on the static GPU runner; bandwidth limit, syncs per step.
 * ``bench-agents``: the examples' recorded agent conversations replayed under HF, llama.cpp and engine arms.
 * ``analyze``: replay an agent trace through the drafters; estimated speedup per policy (no model).
-* ``train-payoff``: fit the payoff predictor on ``analyze --steps`` records (no model).
+* ``train-payoff``: fit the payoff predictor on ``analyze --steps`` or ``--proposals`` records (no model).
 * ``train-drafter``: distil the draft head (the model drafter) from the target.
 * ``serve``: an OpenAI-compatible HTTP server (chat completions, completions, models, health, metrics).
 * ``load-test``: a bounded load test of a running server: checked answers, p50/p95 latency.
@@ -249,6 +249,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         tokenizer=args.tokenizer, limit=args.limit, canonical_tools=args.canonical_tools,
         system_template=args.system_template, html_conversation=args.html_conversation, quiet=args.quiet,
         payoff_threshold=args.payoff_threshold, paper_weights=args.paper_weights,
+        payoff_weights=args.payoff_weights, proposals_path=args.proposals,
     ))
     return 0
 
@@ -388,6 +389,11 @@ def _add_analyze_parser(sub: argparse._SubParsersAction) -> None:
     ana.add_argument("--threshold", type=float, default=None, help="suffix-threshold: min match length (default k)")
     ana.add_argument("--json", default=None, metavar="FILE", help="write the figures as JSON")
     ana.add_argument("--steps", default=None, metavar="FILE", help="write one JSON line per step")
+    ana.add_argument("--proposals", default=None, metavar="FILE",
+                     help="write one train-payoff record per step with a cache proposal (suffix, hvd): the whole "
+                          "proposal, verified or not, labelled by the reply")
+    ana.add_argument("--payoff-weights", default=None, metavar="FILE",
+                     help="hvd's predictor weights (train-payoff's output; default: the packaged ones)")
     ana.add_argument("--html", default=None, metavar="FILE", help="write a self-contained HTML report")
     ana.add_argument("--html-conversation", default=None, metavar="ID", help="conversation shown in --html")
     ana.add_argument("--skip-bad", action="store_true", help="skip malformed conversations instead of failing")
@@ -525,8 +531,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_analyze_parser(sub)
     _add_server_parsers(sub)
 
-    train = sub.add_parser("train-payoff", help="fit the payoff predictor on analyze --steps records (no model)")
-    train.add_argument("steps", nargs="+", help="JSONL step records (hvd-agents analyze --policy suffix --steps F)")
+    train = sub.add_parser("train-payoff", help="fit the payoff predictor on analyze --steps or --proposals records (no model)")
+    train.add_argument("steps", nargs="+", help="JSONL step records (hvd-agents analyze --policy suffix --steps F, "
+                                                "or --policy hvd --proposals F)")
     train.add_argument("-o", "--output", required=True, help="where to write the weights (JSON)")
     train.add_argument("--held-out", type=float, default=0.2, help="share of conversations held out for evaluation")
     train.add_argument("--l2", type=float, default=1.0, help="ridge penalty of the fit")

@@ -109,3 +109,59 @@ def test_prompt_template_flags(trace_file, tokenizer_dir, tmp_path) -> None:
     assert code == 0
     meta = json.loads(out_json.read_text())["_meta"]
     assert meta["canonical_tools"] is True and meta["system_template"] == "agent-system"
+
+
+def test_proposals_label_every_cache_proposal_verified_or_not(tmp_path, trace_file, tokenizer_dir, capsys) -> None:
+    """``--proposals`` writes the whole cache proposal of every step that had one, as a train-payoff record
+    labelled by the reply: at a verify cost that makes hvd decline every draft, the proposals are all still there."""
+    from hvd_agents.policy.train import read_samples
+
+    for cost in ("0.02", "50"):
+        steps, proposals, out_json = tmp_path / f"s{cost}.jsonl", tmp_path / f"p{cost}.jsonl", tmp_path / "o.json"
+        assert analyze(trace_file, "--policy", "hvd", "--k", "16", "--verify-cost", cost, "--tokenizer", tokenizer_dir,
+                       "--steps", str(steps), "--proposals", str(proposals), "--json", str(out_json), "--quiet") == 0
+        rows = [json.loads(line) for line in steps.read_text().splitlines()]
+        records = [json.loads(line) for line in proposals.read_text().splitlines()]
+        proposed = [row for row in rows if row["cache_drafted"] > 0]
+        assert len(records) == len(proposed) > 0
+        for row, record in zip(proposed, records):
+            assert (record["conversation"], record["turn"], record["position"]) == (
+                row["conversation"], row["turn"], row["position"])
+            assert (record["drafted"], record["accepted"]) == (row["cache_drafted"], row["cache_accepted"])
+            assert record["features"]["match_len"] >= 1 and "text_0" in record["features"]
+        assert "proposal" not in rows[0]  # --steps lines keep their format
+        samples = read_samples([proposals])
+        assert [s.drafted for s in samples] == [r["drafted"] for r in records]
+        if cost == "50":  # nothing verified, every proposal labelled
+            assert json.loads(out_json.read_text())["hvd"]["drafted_tokens"] == 0
+            assert sum(r["accepted"] for r in records) > 0
+    assert main(["train-payoff", str(tmp_path / "p0.02.jsonl"), "-o", str(tmp_path / "w.json"), "--held-out", "0.3",
+                 "--epochs", "2"]) == 0
+
+
+def test_payoff_weights_set_the_hvd_policys_predictor(tmp_path, trace_file, tokenizer_dir, capsys) -> None:
+    import numpy as np
+
+    from hvd_agents.policy.features import FEATURE_NAMES
+    from hvd_agents.policy.payoff import PayoffWeights
+
+    sure = tmp_path / "sure.json"  # every draft token predicted accepted: every proposal is verified whole
+    PayoffWeights(np.where(np.array(FEATURE_NAMES) == "bias", 30.0, 0.0)).save(sure)
+    whole = {}
+    for name, extra in (("packaged", ()), ("sure", ("--payoff-weights", str(sure)))):
+        steps = tmp_path / f"{name}.jsonl"
+        assert analyze(trace_file, "--policy", "hvd", "--verify-cost", "0.02", "--tokenizer", tokenizer_dir,
+                       "--steps", str(steps), "--quiet", *extra) == 0
+        rows = [json.loads(line) for line in steps.read_text().splitlines()]
+        whole[name] = all(row["drafted"] == row["cache_drafted"] for row in rows if row["cache_drafted"])
+    assert whole == {"packaged": False, "sure": True}
+    capsys.readouterr()
+    assert analyze(trace_file, "--policy", "suffix", "--payoff-weights", str(sure), "--tokenizer", tokenizer_dir) == 2
+    assert "--policy does not include hvd" in capsys.readouterr().err
+    assert analyze(trace_file, "--policy", "hvd", "--payoff-weights", str(tmp_path / "none.json"),
+                   "--tokenizer", tokenizer_dir) == 2
+    err = capsys.readouterr().err
+    assert "cannot read payoff weights" in err and "none.json" in err
+    assert analyze(trace_file, "--policy", "ar,pld", "--proposals", str(tmp_path / "p.jsonl"),
+                   "--tokenizer", tokenizer_dir) == 2
+    assert "--proposals writes the cache proposals of suffix or hvd" in capsys.readouterr().err

@@ -1,15 +1,18 @@
 """Offline training and evaluation of the payoff predictor (``hvd-agents train-payoff``).
 
 Input: step records, one JSON object per line, as ``hvd-agents analyze --steps``
-writes them (``drafted``, ``accepted``, ``features``, ``conversation``, ...); or
-the engine's live :class:`~hvd_agents.engine.stats.VerifyStepRecord` s as dicts. Only
-drafted steps are used. A draft of ``d`` tokens with ``a`` accepted labels
+writes them (``drafted``, ``accepted``, ``features``, ``conversation``, ...), or as
+``analyze --proposals`` writes them (a policy's whole cache proposal at every step, verified
+or not, labelled by the reply); or the engine's live
+:class:`~hvd_agents.engine.stats.VerifyStepRecord` s as dicts. Only drafted steps are used. A draft of ``d`` tokens with ``a`` accepted labels
 positions ``0..a-1`` as accepted and position ``a`` (when ``a < d``) as rejected;
 later positions are unobserved. A record's ``features`` are read by
 :meth:`~hvd_agents.policy.features.CacheDraftFeatures.from_record`: an unknown
 or misspelt name is an error (naming the file and line), never a silent default.
 Train on records of a policy that verifies whole
-drafts (``suffix`` with a large ``--k``), so long drafts are labelled too.
+drafts (``suffix`` with a large ``--k``), so long drafts are labelled too, or on ``hvd``'s own
+``--proposals`` (its features, the acceptance history above all, as ``hvd`` makes them; see
+docs/hvd-policy.md, "The shipped weights").
 
 Fit: L2-regularised logistic regression of the hazard by Newton's method (IRLS)
 over all labelled positions; and, when the records carry the drafts' text classes

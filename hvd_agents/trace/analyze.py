@@ -1,7 +1,7 @@
 """``hvd-agents analyze``: replay an agent trace through the drafters and report the estimated speedup.
 
 :func:`run_analyze` is the whole command: load the tokenizer and the trace,
-resolve the policies, replay (optionally streaming ``--steps``), print the table
+resolve the policies, replay (optionally streaming ``--steps`` and ``--proposals``), print the table
 (and notes) to ``out``, and write ``--json`` / ``--html``. It returns the JSON
 document. Every error a user can cause is an :class:`~hvd_agents.errors.HVDError`.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -19,12 +20,14 @@ from hvd_agents.policy.cost import FALLBACK_VERIFY_COST
 from hvd_agents.policy.paper import PAPER_THRESHOLD
 from hvd_agents.trace.loader import TraceFile, load_trace
 from hvd_agents.trace.replay import ReplayConfig, ReplayResult, prepare_conversation, replay_trace
-from hvd_agents.trace.report import StepWriter, format_table, report_json, write_json
+from hvd_agents.trace.report import ProposalWriter, StepWriter, format_table, report_json, write_json
+from hvd_agents.trace.stats import ReplayStepRecord
 from hvd_agents.trace.strategies import resolve_policy_names
 
 logger = logging.getLogger(__name__)
 
 TIKTOKEN_PREFIX = "tiktoken:"
+PROPOSING = ("suffix", "hvd")  # the policies whose step records carry their cache proposal's features
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,8 @@ class AnalyzeOptions:
     quiet: bool = False
     payoff_threshold: float = PAPER_THRESHOLD
     paper_weights: str | None = None
+    payoff_weights: str | None = None
+    proposals_path: str | None = None
 
 
 def _check(options: AnalyzeOptions) -> None:
@@ -71,6 +76,11 @@ def run_analyze(options: AnalyzeOptions, out: IO[str] | None = None) -> dict[str
     out = out or sys.stdout
     _check(options)
     names, notes = resolve_policy_names(options.policy)
+    if options.payoff_weights and "hvd" not in names:
+        raise InvalidRequestError("--payoff-weights sets the hvd policy's predictor; --policy does not include hvd")
+    if options.proposals_path and not any(name in PROPOSING for name in names):
+        raise InvalidRequestError(f"--proposals writes the cache proposals of {' or '.join(PROPOSING)}; "
+                                  f"--policy includes neither")
     template = None
     if options.system_template:
         from hvd_agents.chat.prompt_templates import load_template
@@ -85,13 +95,18 @@ def run_analyze(options: AnalyzeOptions, out: IO[str] | None = None) -> dict[str
         verify_cost = measured_verify_cost(options.tokenizer, notes)
     config = ReplayConfig(tuple(names), options.k, verify_cost, options.threshold,
                           options.canonical_tools, template, options.html_conversation,
-                          payoff_threshold=options.payoff_threshold, paper_weights=options.paper_weights)
+                          payoff_threshold=options.payoff_threshold, paper_weights=options.paper_weights,
+                          payoff_weights=options.payoff_weights)
     start = time.perf_counter()
-    if options.steps_path:
-        with StepWriter(options.steps_path) as writer:
-            result = replay_trace(tokenizer, trace, config, step_sink=writer, progress=not options.quiet)
-    else:
-        result = replay_trace(tokenizer, trace, config, progress=not options.quiet)
+    with ExitStack() as stack:
+        writers = [stack.enter_context(kind(path)) for kind, path in ((StepWriter, options.steps_path),
+                                                                      (ProposalWriter, options.proposals_path)) if path]
+
+        def sink(step: ReplayStepRecord) -> None:
+            for writer in writers:
+                writer(step)
+
+        result = replay_trace(tokenizer, trace, config, step_sink=sink if writers else None, progress=not options.quiet)
     elapsed = time.perf_counter() - start
     result.notes.extend(notes)
     if trace.skipped:

@@ -37,6 +37,7 @@ from hvd_agents.drafters import Draft, DraftContext, DraftOutcome
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.policy.cost import FALLBACK_VERIFY_COST
 from hvd_agents.policy.paper import PAPER_THRESHOLD, PaperMLP, TokenClasses
+from hvd_agents.policy.payoff import PayoffWeights
 from hvd_agents.policy.token_text import TokenText
 from hvd_agents.structure import PromptStructure
 from hvd_agents.trace.loader import Conversation, TraceFile
@@ -68,6 +69,7 @@ class ReplayConfig:
         payoff_threshold: a cache draft is high-payoff when it keeps at least this many tokens; ``hvd-paper``
             verifies a cache draft predicted to keep more.
         paper_weights: the ``hvd-paper`` MLP's weights file (None: the packaged one).
+        payoff_weights: ``hvd``'s predictor's weights file (``train-payoff``'s output; None: the packaged one).
     """
 
     policies: tuple[str, ...]
@@ -80,6 +82,7 @@ class ReplayConfig:
     highlight_policy: str | None = None
     payoff_threshold: float = PAPER_THRESHOLD
     paper_weights: str | None = None
+    payoff_weights: str | None = None
 
 
 @dataclass(frozen=True)
@@ -207,7 +210,8 @@ def replay_turn(
             flags = classes.flags(context[-1] if context else None, cache[0] if cache else None)
             sink(ReplayStepRecord(policy.name, turn.conversation, turn.turn, turn.message_index, position,
                             draft.source, len(draft), accepted, draft.features, arm, len(cache),
-                            common_prefix(cache, target[position:]), probe.predicted if probe else None, flags))
+                            common_prefix(cache, target[position:]), probe.predicted if probe else None, flags,
+                            probe.features if probe is not None and cache else None))
             context.extend(emitted)
             if highlight is not None:
                 highlight.tokens.extend(emitted)
@@ -245,8 +249,10 @@ def replay_trace(
     classes = TokenClasses.from_tokenizer(tokenizer) if "hvd-paper" in config.policies or step_sink else None
     text = TokenText.from_tokenizer(tokenizer)
     paper = PaperMLP.load(config.paper_weights) if config.paper_weights else None
+    payoff = PayoffWeights.load(config.payoff_weights) if config.payoff_weights else None
     policies = [make_policy(name, threshold=threshold, verify_cost=config.verify_cost,
-                            payoff_threshold=config.payoff_threshold, paper=paper, classes=classes, text=text)
+                            payoff_threshold=config.payoff_threshold, paper=paper, classes=classes, text=text,
+                            payoff=payoff)
                 for name in config.policies]
     result = ReplayResult({p.name: PolicyStats(p.name, payoff_threshold=config.payoff_threshold) for p in policies})
     result.highlight_policy = config.highlight_policy or _default_highlight_policy(config.policies)

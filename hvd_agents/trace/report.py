@@ -8,7 +8,8 @@
 * :func:`report_json` is ``{policy: {figures..., "est_speedup": x,
   "accepted_by_kind": {kind: share}}, "_meta": {file, tokenizer, k, verify_cost,
   conversations, skipped, ...}}``.
-* :class:`StepWriter` writes one JSON object per step (``ReplayStepRecord.to_dict()``).
+* :class:`StepWriter` writes one JSON object per step (``ReplayStepRecord.to_dict()``);
+  :class:`ProposalWriter` one per step with a cache proposal (``ReplayStepRecord.proposal_dict()``).
 """
 
 from __future__ import annotations
@@ -143,6 +144,21 @@ class StepWriter:
             self._fh = None
 
     def __call__(self, step: ReplayStepRecord) -> None:
+        self._write(step.to_dict())
+
+    def _write(self, record: dict[str, Any]) -> None:
         assert self._fh is not None, "StepWriter used outside its with-block"
-        self._fh.write(json.dumps(step.to_dict(), ensure_ascii=False, separators=(",", ":")) + "\n")
+        self._fh.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
         self.count += 1
+
+
+class ProposalWriter(StepWriter):
+    """Writes, for every step with a cache proposal whose features the policy reports (``suffix``, ``hvd``), the
+    whole proposal as a ``train-payoff`` record (``ReplayStepRecord.proposal_dict()``): declined and cut
+    proposals too, labelled by the recorded reply. A predictor fitted on a policy's own proposals sees the
+    features (the acceptance history above all) as that policy makes them."""
+
+    def __call__(self, step: ReplayStepRecord) -> None:
+        record = step.proposal_dict()
+        if record is not None:
+            self._write(record)

@@ -61,6 +61,8 @@ class ReplayStepRecord:
         predicted: the policy's predicted accepted length of that proposal (None: it predicts none).
         flags: punctuation and bracket flags of the last context token and the proposal's first token
             (:data:`~hvd_agents.policy.paper.FLAG_NAMES`; the ``hvd-paper`` predictor's inputs).
+        proposal: the cache proposal's features as the policy saw them, verified or not (None: not known);
+            not part of :meth:`to_dict` (``--steps``): :meth:`proposal_dict` (``--proposals``) writes them.
     """
 
     policy: str
@@ -77,12 +79,24 @@ class ReplayStepRecord:
     cache_accepted: int = 0
     predicted: float | None = None
     flags: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0)
+    proposal: DraftFeatures | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "proposal"}
         out["features"] = {key: float(value) for key, value in feature_record(self.features).items()}
         out["flags"] = dict(zip(FLAG_NAMES, map(float, self.flags)))
         return out
+
+    def proposal_dict(self) -> dict[str, Any] | None:
+        """The step's whole cache proposal as a ``train-payoff`` record: its features, its length as
+        ``drafted`` and what the reply would have accepted of it as ``accepted``, whatever the step verified
+        (None: no proposal, or its features are not known)."""
+        if not self.cache_drafted or self.proposal is None:
+            return None
+        return {"policy": self.policy, "conversation": self.conversation, "turn": self.turn,
+                "message_index": self.message_index, "position": self.position, "drafted": self.cache_drafted,
+                "accepted": self.cache_accepted,
+                "features": {key: float(value) for key, value in feature_record(self.proposal).items()}}
 
 
 StepRecord = ReplayStepRecord  # the earlier name, kept for existing imports

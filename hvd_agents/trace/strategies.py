@@ -69,7 +69,9 @@ from hvd_agents.drafters.base import common_prefix
 from hvd_agents.drafters.hybrid import CacheProbe, CombinedDrafter
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.policy import FALLBACK_VERIFY_COST, CostModel, PayoffPredictor
+from hvd_agents.policy.features import CacheDraftFeatures
 from hvd_agents.policy.paper import PAPER_THRESHOLD, PaperMLP, TokenClasses
+from hvd_agents.policy.payoff import PayoffWeights
 from hvd_agents.policy.token_text import TokenText
 from hvd_agents.structure import PromptStructure
 
@@ -125,7 +127,8 @@ class DrafterPolicy:
         (``used``, default the proposal)."""
         used = proposal if used is None else used
         if isinstance(self.drafter, SuffixDrafter):
-            self.last = CacheProbe(proposal.token_ids, None, "cache" if used.token_ids else "none")
+            features = proposal.features if isinstance(proposal.features, CacheDraftFeatures) else None
+            self.last = CacheProbe(proposal.token_ids, None, "cache" if used.token_ids else "none", features)
         return used
 
     def probe(self, req_id: str) -> CacheProbe | None:
@@ -229,12 +232,14 @@ def resolve_policy_names(spec: str | Sequence[str] | None) -> tuple[list[str], l
 
 def make_policy(name: str, *, threshold: float, verify_cost: float = FALLBACK_VERIFY_COST, store_tokens: int = 1_000_000,
                 payoff_threshold: float = PAPER_THRESHOLD, paper: PaperMLP | None = None,
-                classes: TokenClasses | None = None, text: TokenText | None = None) -> Policy:
+                classes: TokenClasses | None = None, text: TokenText | None = None,
+                payoff: PayoffWeights | None = None) -> Policy:
     """A fresh policy by (resolved) name; store-based policies get a new store of ``store_tokens``.
 
     ``payoff_threshold``, ``paper`` (the MLP; the packaged one when None) and ``classes`` (the tokenizer's
     punctuation and bracket ids) configure ``hvd-paper``; ``text`` (the tokenizer's token classes, None: none)
-    describes the cache drafts of ``suffix`` (so that its step records carry them) and ``hvd``.
+    describes the cache drafts of ``suffix`` (so that its step records carry them) and ``hvd``; ``payoff`` is
+    ``hvd``'s predictor's weights (None: the packaged ones).
     """
     if name == "ar":
         return DrafterPolicy(name, NoDrafter())
@@ -250,7 +255,7 @@ def make_policy(name: str, *, threshold: float, verify_cost: float = FALLBACK_VE
     if name == "suffix-threshold":
         return ThresholdPolicy(name, SuffixDrafter(store), store, threshold=threshold)
     if name == "hvd":
-        return DrafterPolicy(name, HybridDrafter(SuffixDrafter(store, text=text), PayoffPredictor(),
+        return DrafterPolicy(name, HybridDrafter(SuffixDrafter(store, text=text), PayoffPredictor(payoff),
                                                  CostModel.linear(verify_cost)), store)
     if name == "hvd-paper":
         return DrafterPolicy(name, PaperDrafter(SuffixDrafter(store), paper, threshold=payoff_threshold,

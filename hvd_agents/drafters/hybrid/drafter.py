@@ -258,7 +258,7 @@ class HybridDrafter:
         decision = self.decision(req_id)
         if decision is None:
             return None
-        return CacheProbe(decision.cache_tokens, decision.predicted, decision.source)
+        return CacheProbe(decision.cache_tokens, decision.predicted, decision.source, decision.features)
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -20,7 +20,8 @@ def test_freezing_moves_live_objects_out_of_collections_and_can_be_turned_off(mo
     monkeypatch.setenv(heap.GC_FREEZE_ENV, "0")
     more = [[] for _ in range(10_000)]
     frozen = gc.get_freeze_count()
-    assert heap.freeze_loaded_objects() is False and gc.get_freeze_count() == frozen
+    # turned off, nothing more is frozen (the count may fall: a frozen object freed meanwhile leaves it)
+    assert heap.freeze_loaded_objects() is False and gc.get_freeze_count() <= frozen
     assert len(more) == len(kept)
 
 

@@ -83,7 +83,7 @@ class ReplayStepRecord:
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "proposal"}
-        out["features"] = {key: float(value) for key, value in feature_record(self.features).items()}
+        out["features"] = _named(self.features)
         out["flags"] = dict(zip(FLAG_NAMES, map(float, self.flags)))
         return out
 
@@ -96,7 +96,12 @@ class ReplayStepRecord:
         return {"policy": self.policy, "conversation": self.conversation, "turn": self.turn,
                 "message_index": self.message_index, "position": self.position, "drafted": self.cache_drafted,
                 "accepted": self.cache_accepted,
-                "features": {key: float(value) for key, value in feature_record(self.proposal).items()}}
+                "features": _named(self.proposal)}
+
+
+def _named(features: DraftFeatures | Mapping[str, float]) -> dict[str, float]:
+    """A draft's features by name, as floats (what ``train-payoff`` reads back)."""
+    return {key: float(value) for key, value in feature_record(features).items()}
 
 
 StepRecord = ReplayStepRecord  # the earlier name, kept for existing imports

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks in one run, each stage under a share of one deadline:
-#   bash scripts/gpu_run.sh [tests|probe|bench-small|bench-8b ...]   (default: all four, in that order)
+#   bash scripts/gpu_run.sh [tests|probe|probe-small|probe-8b|bench-small|bench-8b ...]
+#   (default: tests probe bench-small bench-8b; probe-small and probe-8b: one configuration each, with
+#   PROBE_MODES_SMALL / PROBE_MODES_8B as its PROBE_MODES, see scripts/gpu_probe.py)
 # Logs go to $OUT (or gpu-logs/). PROMPTS names a JSON list of token-id prompts for bench-gpu.
 set -u
 LOGS=${OUT:-gpu-logs}; mkdir -p "$LOGS"
@@ -24,6 +26,10 @@ for stage in "${stages[@]}"; do
     tests) run "${LIMIT_TESTS:-220}" tests python3 -m pytest -q -rA -s -p no:cacheprovider --timeout 200 \
              tests/test_gpu_runner.py tests/test_device_verify.py ;;
     probe) run "${LIMIT_PROBE:-150}" probe python3 scripts/gpu_probe.py smollm2-135m llama-3.1-8b ;;
+    probe-small) PROBE_MODES=${PROBE_MODES_SMALL:-${PROBE_MODES:-}} run "${LIMIT_PROBE:-150}" probe-small \
+                   python3 scripts/gpu_probe.py smollm2-135m ;;
+    probe-8b) PROBE_MODES=${PROBE_MODES_8B:-${PROBE_MODES:-}} run "${LIMIT_PROBE:-150}" probe-8b \
+                python3 scripts/gpu_probe.py llama-3.1-8b ;;
     bench-small) run "${LIMIT_SMALL:-150}" bench-small python3 -m hvd_agents.cli bench-gpu --model random:smollm2-135m \
                    --max-new-tokens 64 --max-prompts "${SMALL_PROMPTS:-6}" "${prompt_args[@]}" --json "$LOGS/bench-small.json" ;;
     bench-8b) run "${LIMIT_8B:-240}" bench-8b python3 -m hvd_agents.cli bench-gpu --model random:llama-3.1-8b \

@@ -51,6 +51,7 @@ def test_the_self_check_refuses_kernels_that_disagree_with_pytorch() -> None:
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
 def test_the_fused_kernels_in_a_bitwise_runner_under_the_interpreter() -> None:
     script = textwrap.dedent("""
+        from tests.interpreter import patch_index; patch_index()
         import torch
         import hvd_agents.runtime.static.decoder as decoder
         from hvd_agents.runtime.static import StaticRunner, fused_kernels, path_kernels, paths
@@ -85,3 +86,4 @@ def test_the_fused_kernels_in_a_bitwise_runner_under_the_interpreter() -> None:
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600,
                           check=False, cwd=root)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+

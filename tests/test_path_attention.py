@@ -169,6 +169,7 @@ def test_bitwise_runner_speculation_equals_plain_decoding() -> None:
 def test_the_triton_kernel_matches_the_reference_under_the_interpreter() -> None:
     # the interpreter runs the kernel with NumPy; it is chosen when the kernel module is first imported
     script = textwrap.dedent("""
+        from tests.interpreter import patch_index; patch_index()
         import torch
         from tests.test_path_attention import _alone, _inputs, _random_attention, PARENTS
         from hvd_agents.runtime.static import path_kernels
@@ -198,6 +199,7 @@ def test_the_one_chunk_kernel_is_the_two_kernels_bit_for_bit_under_the_interpret
     # bits (float32 and bfloat16, padding rows included); a runner's short KV bucket (one chunk) gives the logits
     # of the same steps run through two kernels; and the comparison catches a finish that is not _combine's
     script = textwrap.dedent("""
+        from tests.interpreter import patch_index; patch_index()
         import importlib.util, inspect, sys, tempfile, torch
         import hvd_agents.runtime.static.decoder as decoder
         from tests.test_path_attention import _inputs, _random_attention, PARENTS

@@ -136,6 +136,28 @@ def test_static_forward_equals_the_models_own_forward(make) -> None:
     assert s.length == h.length
 
 
+def test_stacked_projections_hold_the_weights_once_and_give_the_models_forward() -> None:
+    model = make_tiny_llama(VOCAB, seed=8)
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    before = [w.detach().clone() for w in (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight,
+                                           mlp.gate_proj.weight, mlp.up_proj.weight)]
+    ids = torch.randint(0, VOCAB, (1, 30), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = model(ids).logits[0]
+    stacked = StaticRunner(model, buckets=BUCKETS, stack_projections=True)
+    after = (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, mlp.gate_proj.weight, mlp.up_proj.weight)
+    assert all(torch.equal(a, b) for a, b in zip(after, before))  # the same values, now views of the stacks
+    layer = stacked.decoder.layers[0]
+    assert attn.q_proj.weight.untyped_storage().data_ptr() == layer.qkv.untyped_storage().data_ptr()
+    assert mlp.up_proj.weight.untyped_storage().data_ptr() == layer.gate_up.untyped_storage().data_ptr()
+    again = StaticRunner(model, buckets=BUCKETS, stack_projections=True)  # over stacks already: no new copy
+    assert again.decoder.layers[0].qkv.data_ptr() == layer.qkv.data_ptr()
+    kv = stacked.new_kv()
+    torch.testing.assert_close(stacked.forward(kv, ids[0].tolist()), want, rtol=0, atol=1e-10)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits[0], want, rtol=0, atol=0)  # the model itself unchanged
+
+
 def test_supported_models_and_the_runner_choice(model) -> None:
     assert supports(model) is None
     gemma_like = make_tiny_llama(VOCAB)

@@ -137,6 +137,7 @@ def test_a_kernel_that_fails_its_check_is_replaced_by_pytorch(caplog) -> None:
 @needs_triton
 def test_the_kernel_gives_pytorchs_values_under_the_interpreter() -> None:
     _interpreted("""
+        from tests.interpreter import patch_index; patch_index()
         import dataclasses, torch
         from hvd_agents.runtime.static import input_kernel
         from hvd_agents.runtime.static.step_inputs import self_check
@@ -167,6 +168,7 @@ def test_the_kernel_gives_pytorchs_values_under_the_interpreter() -> None:
 def test_runners_with_the_kernel_give_pytorchs_logits_under_the_interpreter() -> None:
     # the kernel wired into bitwise and per-bucket runners, as on CUDA: chains, a tree, padding rows
     _interpreted("""
+        from tests.interpreter import patch_index; patch_index()
         import torch
         from hvd_agents.runtime.static import Buckets, StaticRunner, input_kernel
         from tests.tiny import make_tiny_llama

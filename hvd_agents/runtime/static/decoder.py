@@ -61,12 +61,11 @@ def supports(model: torch.nn.Module) -> str | None:
     return None
 
 
-FUSE_PROJECTIONS_BYTES = 2**31  # below this many bytes of weights, q/k/v and gate/up run as one product each
-
-
 class _Layer:
-    """One block's weights; with ``fuse``, copies of q/k/v and of gate/up stacked into one matrix each (one
-    matrix product instead of three and two: what matters when a step is bound by its kernel count)."""
+    """One block's weights; with ``fuse``, q/k/v and gate/up stacked into one matrix each (one matrix product
+    instead of three and two: fewer kernels, and larger products that read the weights at a higher bandwidth).
+    Stacked in place: the model's own q/k/v and gate/up weights become views of the stacked matrices, so the
+    weights are held once."""
 
     def __init__(self, layer: torch.nn.Module, fuse: bool) -> None:
         attn, mlp = layer.self_attn, layer.mlp
@@ -79,11 +78,33 @@ class _Layer:
         self.qkv = self.qkvb = self.gate_up = None
         if fuse:
             with torch.no_grad():
-                self.qkv = torch.cat([self.q, self.k, self.v])
                 pairs = ((self.qb, self.q), (self.kb, self.k), (self.vb, self.v))
                 if any(b is not None for b, _ in pairs):
                     self.qkvb = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for b, w in pairs])
-                self.gate_up = torch.cat([self.gate, self.up])
+                self.qkv = _stack_in_place(self.q, self.k, self.v)
+                self.gate_up = _stack_in_place(self.gate, self.up)
+
+
+def _stack_in_place(*weights: torch.nn.Parameter) -> torch.Tensor:
+    """``weights`` (a module's parameters, same columns) stacked by rows into one tensor, each parameter's data
+    replaced by its view of it: the same values, held once. Weights that already lie one after another in one
+    storage (stacked by an earlier decoder over the same model) are viewed as the stack, not copied again."""
+    first = weights[0].data
+    rows = sum(w.shape[0] for w in weights)
+    storage, offset = first.untyped_storage(), first.storage_offset()
+    consecutive = all(w.data.is_contiguous() for w in weights)
+    for w in weights:
+        consecutive = consecutive and w.data.untyped_storage().data_ptr() == storage.data_ptr()
+        consecutive = consecutive and w.data.storage_offset() == offset
+        offset += w.numel()
+    if consecutive:
+        return first.new_empty(0).set_(storage, first.storage_offset(), (rows, first.shape[1]), first.stride())
+    stacked = torch.cat([w.data for w in weights])
+    start = 0
+    for w in weights:
+        w.data = stacked[start : start + w.shape[0]]
+        start += w.shape[0]
+    return stacked
 
 
 class StaticDecoder:
@@ -93,9 +114,9 @@ class StaticDecoder:
         model: the HF model (its weights are used in place).
         capacity: positions per KV slot (rotary tables are built for these).
         lm_head_fp32: compute logits with a float32 copy of the LM head.
-        stack_projections: q/k/v and gate/up as one matrix product each, from stacked copies of the weights
-            (default: on CUDA, for models under :data:`FUSE_PROJECTIONS_BYTES` of layer weights, whose steps are
-            bound by their kernel count rather than by reading the weights).
+        stack_projections: q/k/v and gate/up as one matrix product each, the model's weights stacked in place
+            (default: on CUDA, where fewer and larger products are faster; off on the CPU, whose native runner
+            keeps its own layout).
     """
 
     def __init__(self, model: torch.nn.Module, capacity: int, *, lm_head_fp32: bool = False,
@@ -110,8 +131,7 @@ class StaticDecoder:
         self.group = self.heads // self.kv_heads
         self.eps = float(config.rms_norm_eps)
         if stack_projections is None:
-            weights = sum(p.numel() * p.element_size() for p in model.model.layers.parameters())
-            stack_projections = model.get_output_embeddings().weight.is_cuda and weights < FUSE_PROJECTIONS_BYTES
+            stack_projections = model.get_output_embeddings().weight.is_cuda
         self.layers = [_Layer(layer, fuse=stack_projections) for layer in model.model.layers]
         self.embed = model.get_input_embeddings().weight
         self.norm = model.model.norm.weight
@@ -142,6 +162,12 @@ class StaticDecoder:
         scores = scores.view(nkv, g, rows, length).to(self.softmax_dtype).masked_fill(~mask, float("-inf"))
         probs = scores.softmax(dim=-1).to(q.dtype).view(nkv, g * rows, length)
         return torch.matmul(probs, values).view(nh, rows, hd).transpose(0, 1).reshape(rows, nh * hd)
+
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, attend: torch.Tensor | PathInputs
+                ) -> torch.Tensor:
+        if isinstance(attend, PathInputs):
+            return path_attention(q, keys, values, attend, self.scaling)
+        return self._dense(q, keys, values, attend)
 
     def decode_inputs(self, parents: torch.Tensor, past: torch.Tensor, length: int, count: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | PathInputs]:
@@ -180,11 +206,7 @@ class StaticDecoder:
             else:
                 q, k, v = F.linear(h, w.q, w.qb), F.linear(h, w.k, w.kb), F.linear(h, w.v, w.vb)
             q = ops.rope_store(q, k, v, self.cos, self.sin, positions, write, keys, values, nh, nkv)  # [nh, R, hd]
-            if isinstance(attend, PathInputs):
-                out = path_attention(q, keys, values, attend, self.scaling)
-            else:
-                out = self._dense(q, keys, values, attend)
-            x, h = ops.add_rms(x, F.linear(out, w.o, w.ob), w.ln2, eps)
+            x, h = ops.add_rms(x, F.linear(self._attend(q, keys, values, attend), w.o, w.ob), w.ln2, eps)
             if w.gate_up is not None:
                 gate, up = F.linear(h, w.gate_up).split(w.gate.shape[0], dim=1)
             else:

@@ -28,6 +28,8 @@ import triton
 import triton.language as tl
 
 GROUP_ROWS = 16  # query heads of one KV head, padded to the tensor cores' smallest M
+WARPS = 4  # warps per program of _partial
+STAGES = 3  # software-pipelining depth of _partial's tile loop (its K, V and path-table loads)
 
 
 @triton.jit
@@ -53,32 +55,33 @@ def _partial(q_ptr, k_ptr, v_ptr, past_ptr, count_ptr, table_ptr, depth_ptr, m_p
         m = tl.full([GP], float("-inf"), tl.float32)
         s_sum = tl.zeros([GP], tl.float32)
         acc = tl.zeros([GP, HDP], tl.float32)
-        for i in range(CHUNK // TILE):  # a fixed trip count; tiles at or past the row's end are skipped
+        # the row's tiles in this chunk, a trip count known at run time so that the compiler pipelines the
+        # loads (tiles at or past the row's end never run): the same tiles and order as a fixed count would
+        for i in range((end - start + TILE - 1) // TILE):
             t = start + i * TILE
-            if t < end:
-                cols = t + tl.arange(0, TILE)
-                valid = cols < end
-                above = cols >= past
-                path = tl.load(table_ptr + r * rows + (cols - past), mask=valid & above, other=0)
-                slot = tl.where(above, past + path, cols)
-                offsets = h * stride_kh + slot[:, None] * stride_kc + d[None, :]
-                k = tl.load(k_ptr + offsets, mask=valid[:, None] & dim[None, :], other=0.0)
-                if IEEE:
-                    s = tl.dot(q, tl.trans(k), input_precision="ieee")
-                else:
-                    s = tl.dot(q, tl.trans(k))
-                s = tl.where(valid[None, :], s * scaling, float("-inf"))
-                m_new = tl.maximum(m, tl.max(s, axis=1))
-                alpha = tl.exp(m - m_new)
-                p = tl.exp(s - m_new[:, None])
-                s_sum = s_sum * alpha + tl.sum(p, axis=1)
-                v = tl.load(v_ptr + offsets, mask=valid[:, None] & dim[None, :], other=0.0)
-                if IEEE:
-                    pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
-                else:
-                    pv = tl.dot(p.to(v.dtype), v)
-                acc = acc * alpha[:, None] + pv
-                m = m_new
+            cols = t + tl.arange(0, TILE)
+            valid = cols < end
+            above = cols >= past
+            path = tl.load(table_ptr + r * rows + (cols - past), mask=valid & above, other=0)
+            slot = tl.where(above, past + path, cols)
+            offsets = h * stride_kh + slot[:, None] * stride_kc + d[None, :]
+            k = tl.load(k_ptr + offsets, mask=valid[:, None] & dim[None, :], other=0.0)
+            if IEEE:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k))
+            s = tl.where(valid[None, :], s * scaling, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            alpha = tl.exp(m - m_new)
+            p = tl.exp(s - m_new[:, None])
+            s_sum = s_sum * alpha + tl.sum(p, axis=1)
+            v = tl.load(v_ptr + offsets, mask=valid[:, None] & dim[None, :], other=0.0)
+            if IEEE:
+                pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + pv
+            m = m_new
         keep = g < G
         if SINGLE:  # the row's one chunk, finished as _combine finishes it, each operation the same
             top = tl.maximum(tl.full([GP], float("-inf"), tl.float32), m)
@@ -124,18 +127,16 @@ def _combine(m_ptr, l_ptr, acc_ptr, out_ptr, past_ptr, count_ptr, depth_ptr, row
         used = (length + CHUNK - 1) // CHUNK
         base = (heads * rows + r) * CHUNKS  # [GP]
         top = tl.full([GP], float("-inf"), tl.float32)
-        for c in range(CHUNKS):
-            if c < used:
-                top = tl.maximum(top, tl.load(m_ptr + base + c, mask=keep, other=0.0))
+        for c in range(used):  # bounded at run time, pipelined: the chunks the row reaches
+            top = tl.maximum(top, tl.load(m_ptr + base + c, mask=keep, other=0.0))
         s_sum = tl.zeros([GP], tl.float32)
         acc = tl.zeros([GP, HDP], tl.float32)
-        for c in range(CHUNKS):  # in chunk order: the sums' grouping never changes
-            if c < used:
-                w = tl.exp(tl.load(m_ptr + base + c, mask=keep, other=0.0) - top)
-                s_sum += tl.load(l_ptr + base + c, mask=keep, other=0.0) * w
-                part = tl.load(acc_ptr + (base + c)[:, None] * HD + d[None, :], mask=keep[:, None] & dim[None, :],
-                               other=0.0)
-                acc += part * w[:, None]
+        for c in range(used):  # in chunk order: the sums' grouping never changes
+            w = tl.exp(tl.load(m_ptr + base + c, mask=keep, other=0.0) - top)
+            s_sum += tl.load(l_ptr + base + c, mask=keep, other=0.0) * w
+            part = tl.load(acc_ptr + (base + c)[:, None] * HD + d[None, :], mask=keep[:, None] & dim[None, :],
+                           other=0.0)
+            acc += part * w[:, None]
         out = acc / tl.where(keep, s_sum, 1.0)[:, None]
         tl.store(out_ptr + at, out.to(out_ptr.dtype.element_ty), mask=keep[:, None] & dim[None, :])
 
@@ -162,7 +163,8 @@ def path_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pa
         _partial[(kv_heads, rows, 1)](
             q, keys, values, past, count, table, depth, out, out, out, out,
             keys.stride(0), keys.stride(1), rows, 1, scaling,
-            G=group, GP=GROUP_ROWS, HD=hd, HDP=padded, TILE=tile, CHUNK=chunk, IEEE=ieee, SINGLE=True)
+            G=group, GP=GROUP_ROWS, HD=hd, HDP=padded, TILE=tile, CHUNK=chunk, IEEE=ieee, SINGLE=True,
+            num_warps=WARPS, num_stages=STAGES)
         return out
     m = torch.empty(heads, rows, chunks, dtype=torch.float32, device=q.device)
     s_sum = torch.empty_like(m)
@@ -170,7 +172,8 @@ def path_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pa
     _partial[(kv_heads, rows, chunks)](
         q, keys, values, past, count, table, depth, m, s_sum, acc, out,
         keys.stride(0), keys.stride(1), rows, chunks, scaling,
-        G=group, GP=GROUP_ROWS, HD=hd, HDP=padded, TILE=tile, CHUNK=chunk, IEEE=ieee, SINGLE=False)
+        G=group, GP=GROUP_ROWS, HD=hd, HDP=padded, TILE=tile, CHUNK=chunk, IEEE=ieee, SINGLE=False,
+        num_warps=WARPS, num_stages=STAGES)
     _combine[(kv_heads, rows)](m, s_sum, acc, out, past, count, depth, rows,
                                CHUNKS=chunks, G=group, GP=GROUP_ROWS, HD=hd, HDP=padded, CHUNK=chunk)
     return out

@@ -112,17 +112,38 @@ def test_the_runner_is_bitwise_by_default_and_rejects_several_row_buckets() -> N
         StaticRunner(model, buckets=Buckets((1, 5), (64, 256)), bitwise=True)
 
 
-def test_without_triton_cuda_falls_back_to_the_per_bucket_mode_or_refuses_bitwise(monkeypatch, caplog) -> None:
+def test_without_path_kernels_cuda_falls_back_to_the_per_bucket_mode_or_refuses_bitwise(monkeypatch, caplog) -> None:
     from hvd_agents.runtime.static import paths
     from hvd_agents.runtime.static.runner import bitwise_mode
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert bitwise_mode(None, None, cpu) and not bitwise_mode(None, Buckets((1, 5), (64, 256)), cpu)
-    monkeypatch.setattr(paths, "_kernels", lambda: None)  # CUDA without Triton
+    monkeypatch.setattr(paths, "_checked", lambda device: None)  # CUDA without Triton, or kernels that failed
     assert paths.kernels_available(cpu) and not paths.kernels_available(cuda)
     assert not bitwise_mode(None, None, cuda) and "per-bucket mode" in caplog.text
-    with pytest.raises(ValueError, match="needs Triton on CUDA"):
+    with pytest.raises(ValueError, match="needs path attention's Triton kernels on CUDA"):
         bitwise_mode(True, None, cuda)
+
+
+def test_the_path_kernels_self_check_refuses_kernels_that_disagree_with_pytorch() -> None:
+    from types import SimpleNamespace
+
+    from hvd_agents.runtime.static import paths
+
+    def like_the_kernels(q, keys, values, past, count, table, depth, scaling, tile, chunk, length=None):
+        return paths.tiled_attention(q, keys, values, paths.PathInputs(past, count, table, depth, length), scaling)
+
+    cpu = torch.device("cpu")
+    paths.self_check(SimpleNamespace(path_attention=like_the_kernels), cpu)  # PyTorch against itself
+    def padding_row_not_zeroed(q, k, v, past, count, *rest):
+        return like_the_kernels(q, k, v, past, count + 1, *rest)
+
+    def second_chunk_dropped(q, k, v, past, count, table, depth, scaling, tile, chunk, length=None):
+        return like_the_kernels(q, k, v, past.clamp(max=chunk - 8), count, table, depth, scaling, tile, chunk)
+
+    for kernel in (padding_row_not_zeroed, second_chunk_dropped):
+        with pytest.raises(AssertionError, match="differ from PyTorch"):
+            paths.self_check(SimpleNamespace(path_attention=kernel), cpu)
 
 
 def _teacher_forced(runner, ids, prefill, parents=None):
@@ -173,7 +194,8 @@ def test_the_triton_kernel_matches_the_reference_under_the_interpreter() -> None
         import torch
         from tests.test_path_attention import _alone, _inputs, _random_attention, PARENTS
         from hvd_agents.runtime.static import path_kernels
-        from hvd_agents.runtime.static.paths import tiled_attention
+        from hvd_agents.runtime.static.paths import self_check, tiled_attention
+        self_check(path_kernels, torch.device("cpu"))  # what CUDA checks before the kernels' first use
         for past, hd in ((0, 16), (70, 16), (150, 16), (70, 8), (150, 24)):  # head_dim padded to a power of two
             q, keys, values = _random_attention(torch.float32, seed=past, hd=hd)
             paths = _inputs(PARENTS, past, count=7)

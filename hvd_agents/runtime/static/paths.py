@@ -36,6 +36,8 @@ from functools import cache
 
 import torch
 
+from hvd_agents.runtime.tree_mask import ancestors, tree_visibility
+
 logger = logging.getLogger(__name__)
 
 TILE = 64  # virtual positions per reduction tile (a multiple of 16, for the tensor cores)
@@ -93,26 +95,58 @@ def path_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pa
     """Attention of ``q`` ``[heads, R, hd]`` over a slot's ``keys``/``values`` ``[kv_heads, capacity, hd]``,
     each row along its path (see the module docstring); returns ``[R, heads * hd]`` in ``q``'s dtype."""
     if q.device.type == "cuda":
-        kernels = _kernels()
+        kernels = _kernels(q.device)
         if kernels is not None:
             return kernels.path_attention(q, keys, values, *paths.tensors(), scaling, TILE, CHUNK, paths.bound)
-        raise RuntimeError("path attention on CUDA needs Triton, which is not importable here")
+        raise RuntimeError("path attention on CUDA needs its Triton kernels, which are unavailable here "
+                           "(see the warning logged when they were checked)")
     return tiled_attention(q, keys, values, paths, scaling)
 
 
 def kernels_available(device: torch.device) -> bool:
-    """Whether path attention can run on ``device``: anywhere but CUDA in PyTorch, on CUDA with Triton."""
-    return device.type != "cuda" or _kernels() is not None
+    """Whether path attention can run on ``device``: anywhere but CUDA in PyTorch; on CUDA where its Triton
+    kernels import, compile and agree with :func:`tiled_attention` (checked once per device)."""
+    return device.type != "cuda" or _kernels(device) is not None
+
+
+def _kernels(device: torch.device):
+    if device.index is None and torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _checked(device)
 
 
 @cache
-def _kernels():
+def _checked(device: torch.device):
     try:
         from hvd_agents.runtime.static import path_kernels
-    except Exception as exc:  # noqa: BLE001 - no Triton (or a broken one): the caller decides
-        logger.info("Triton kernels are unavailable: %s", exc)
+
+        self_check(path_kernels, device)
+    except Exception as exc:  # noqa: BLE001 - no Triton, a compiler error or a wrong result: the caller decides
+        logger.warning("path attention's kernels are unavailable on %s (%s)", device, exc)
         return None
     return path_kernels
+
+
+def self_check(kernels, device: torch.device) -> None:
+    """Raise unless ``kernels.path_attention`` gives :func:`tiled_attention`'s values to rounding, in float32
+    on random inputs: a tree of 5 rows (one of them padding) after 3 cached positions, as one kernel (a KV
+    length of one chunk) and as two, and after :data:`CHUNK` + 40, where its rows reach into a second chunk."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    heads, kv_heads, hd, capacity = 4, 2, 24, CHUNK + 64
+    parents = torch.tensor([-1, 0, 0, 2], dtype=torch.long, device=device)
+    visible = tree_visibility(ancestors(parents))
+    rows = visible.shape[0]
+    q = torch.randn(heads, rows, hd, generator=gen, device=device)
+    keys = torch.randn(kv_heads, capacity, hd, generator=gen, device=device)
+    values = torch.randn(kv_heads, capacity, hd, generator=gen, device=device)
+    for past, bound in ((3, CHUNK), (3, None), (CHUNK + 40, None)):
+        paths = path_inputs(visible, torch.tensor([past], device=device), torch.tensor([rows - 1], device=device),
+                            bound=bound)
+        got = kernels.path_attention(q, keys, values, *paths.tensors(), 0.2, TILE, CHUNK, paths.bound)
+        want = tiled_attention(q, keys, values, paths, 0.2)
+        if not torch.allclose(got, want, rtol=1e-4, atol=1e-4):
+            raise AssertionError(f"path attention's kernels differ from PyTorch's by {(got - want).abs().max():.3g} "
+                                 f"after {past} cached positions (KV length {bound or capacity})")
 
 
 def virtual_slots(paths: PathInputs, length: int) -> torch.Tensor:

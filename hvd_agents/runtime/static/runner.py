@@ -64,24 +64,27 @@ PREFILL_CHUNK = 512
 def bitwise_mode(bitwise: bool | None, buckets: Buckets | None, device: torch.device) -> bool:
     """Whether a runner asked for ``bitwise`` (None: the default) with ``buckets`` runs in the bitwise mode.
 
-    By default it does unless buckets are given, or on CUDA without Triton (path attention's kernels): then the
-    per-bucket mode, with a warning that speculative output equals plain decoding only to rounding there.
+    By default it does unless buckets are given, or on CUDA where path attention's Triton kernels are unavailable
+    (no Triton, or kernels that fail to build or disagree with PyTorch's): then the per-bucket mode, with a warning
+    that speculative output equals plain decoding only to rounding there.
 
     Raises:
-        ValueError: ``bitwise=True`` with several row buckets, or on CUDA without Triton.
+        ValueError: ``bitwise=True`` with several row buckets, or on CUDA without path attention's kernels.
     """
     if bitwise is None:
         if buckets is not None:
             return False
         if not kernels_available(device):
-            logger.warning("Triton is not importable: the static runner runs in the per-bucket mode, where "
-                           "speculative output equals plain greedy decoding only to rounding (install triton)")
+            logger.warning("path attention's Triton kernels are unavailable (see the warning before): the static "
+                           "runner runs in the per-bucket mode, where speculative output equals plain greedy "
+                           "decoding only to rounding")
             return False
         return True
     if bitwise and buckets is not None and len(buckets.rows) != 1:
         raise ValueError(f"the bitwise mode runs every decode forward in one row bucket, not {buckets.rows}")
     if bitwise and not kernels_available(device):
-        raise ValueError("the bitwise mode needs Triton on CUDA (path attention's kernels): install triton")
+        raise ValueError("the bitwise mode needs path attention's Triton kernels on CUDA, which are unavailable "
+                         "here (see the warning logged when they were checked; install triton if it is missing)")
     return bitwise
 
 

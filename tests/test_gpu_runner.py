@@ -142,7 +142,10 @@ def test_the_bitwise_runner_gives_every_row_the_logits_of_a_one_row_step_chains_
 
 def test_the_path_kernel_is_attention_and_a_tree_row_is_its_position_alone_on_cuda() -> None:
     from hvd_agents.runtime.static import path_kernels
-    from hvd_agents.runtime.static.paths import tiled_attention
+    from hvd_agents.runtime.static.paths import kernels_available, self_check, tiled_attention
+
+    self_check(path_kernels, torch.device("cuda"))  # what the runner checks before choosing the bitwise mode
+    assert kernels_available(torch.device("cuda"))
     from tests.test_path_attention import PARENTS, _alone, _dense_reference, _inputs, _random_attention
 
     for dtype, tol in ((torch.float32, 2e-6), (torch.bfloat16, 2e-2)):

@@ -57,7 +57,7 @@ def _partial(q_ptr, k_ptr, v_ptr, past_ptr, count_ptr, table_ptr, depth_ptr, m_p
         acc = tl.zeros([GP, HDP], tl.float32)
         # the row's tiles in this chunk, a trip count known at run time so that the compiler pipelines the
         # loads (tiles at or past the row's end never run): the same tiles and order as a fixed count would
-        for i in range((end - start + TILE - 1) // TILE):
+        for i in range(((end - start + TILE - 1) // TILE).to(tl.int32)):
             t = start + i * TILE
             cols = t + tl.arange(0, TILE)
             valid = cols < end
@@ -124,7 +124,7 @@ def _combine(m_ptr, l_ptr, acc_ptr, out_ptr, past_ptr, count_ptr, depth_ptr, row
         tl.store(out_ptr + at, zeros, mask=keep[:, None] & dim[None, :])
     else:
         length = tl.load(past_ptr) + tl.load(depth_ptr + r) + 1
-        used = (length + CHUNK - 1) // CHUNK
+        used = ((length + CHUNK - 1) // CHUNK).to(tl.int32)
         base = (heads * rows + r) * CHUNKS  # [GP]
         top = tl.full([GP], float("-inf"), tl.float32)
         for c in range(used):  # bounded at run time, pipelined: the chunks the row reaches

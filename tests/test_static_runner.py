@@ -139,6 +139,8 @@ def test_static_forward_equals_the_models_own_forward(make) -> None:
 def test_stacked_projections_hold_the_weights_once_and_give_the_models_forward() -> None:
     model = make_tiny_llama(VOCAB, seed=8)
     attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    unstacked = StaticRunner(model, buckets=BUCKETS, stack_projections=False)
+    read = unstacked.decoder.layers[0].q.data_ptr()
     before = [w.detach().clone() for w in (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight,
                                            mlp.gate_proj.weight, mlp.up_proj.weight)]
     ids = torch.randint(0, VOCAB, (1, 30), generator=torch.Generator().manual_seed(1))
@@ -156,6 +158,9 @@ def test_stacked_projections_hold_the_weights_once_and_give_the_models_forward()
     torch.testing.assert_close(stacked.forward(kv, ids[0].tolist()), want, rtol=0, atol=1e-10)
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits[0], want, rtol=0, atol=0)  # the model itself unchanged
+    # a decoder made before reads the tensors it was given (what graphs it captured read), not the stacks
+    assert unstacked.decoder.layers[0].q.data_ptr() == read != attn.q_proj.weight.data_ptr()
+    torch.testing.assert_close(unstacked.forward(unstacked.new_kv(), ids[0].tolist()), want, rtol=0, atol=1e-10)
 
 
 def test_supported_models_and_the_runner_choice(model) -> None:

@@ -69,20 +69,30 @@ class _Layer:
 
     def __init__(self, layer: torch.nn.Module, fuse: bool) -> None:
         attn, mlp = layer.self_attn, layer.mlp
-        self.ln1, self.ln2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
-        self.q, self.qb = attn.q_proj.weight, attn.q_proj.bias
-        self.k, self.kb = attn.k_proj.weight, attn.k_proj.bias
-        self.v, self.vb = attn.v_proj.weight, attn.v_proj.bias
-        self.o, self.ob = attn.o_proj.weight, attn.o_proj.bias
-        self.gate, self.up, self.down = mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight
         self.qkv = self.qkvb = self.gate_up = None
         if fuse:
             with torch.no_grad():
-                pairs = ((self.qb, self.q), (self.kb, self.k), (self.vb, self.v))
+                self.qkv = _stack_in_place(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
+                self.gate_up = _stack_in_place(mlp.gate_proj.weight, mlp.up_proj.weight)
+                pairs = ((attn.q_proj.bias, attn.q_proj.weight), (attn.k_proj.bias, attn.k_proj.weight),
+                         (attn.v_proj.bias, attn.v_proj.weight))
                 if any(b is not None for b, _ in pairs):
                     self.qkvb = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for b, w in pairs])
-                self.qkv = _stack_in_place(self.q, self.k, self.v)
-                self.gate_up = _stack_in_place(self.gate, self.up)
+        # the tensors themselves, not the parameters: a later decoder that stacks the model's weights in place
+        # re-points the parameters, never what this decoder reads (nor what its captured graphs read)
+        self.ln1, self.ln2 = _tensor(layer.input_layernorm.weight), _tensor(layer.post_attention_layernorm.weight)
+        self.q, self.qb = _tensor(attn.q_proj.weight), _tensor(attn.q_proj.bias)
+        self.k, self.kb = _tensor(attn.k_proj.weight), _tensor(attn.k_proj.bias)
+        self.v, self.vb = _tensor(attn.v_proj.weight), _tensor(attn.v_proj.bias)
+        self.o, self.ob = _tensor(attn.o_proj.weight), _tensor(attn.o_proj.bias)
+        self.gate, self.up, self.down = (_tensor(mlp.gate_proj.weight), _tensor(mlp.up_proj.weight),
+                                         _tensor(mlp.down_proj.weight))
+
+
+def _tensor(parameter: torch.nn.Parameter | None) -> torch.Tensor | None:
+    """The parameter's tensor as it is now (None for None): what a decoder reads, whatever the parameter is
+    re-pointed to later."""
+    return None if parameter is None else parameter.detach()
 
 
 def _stack_in_place(*weights: torch.nn.Parameter) -> torch.Tensor:

@@ -120,7 +120,8 @@ def _checked(device: torch.device):
     try:
         from hvd_agents.runtime.static import path_kernels
 
-        self_check(path_kernels, device)
+        with torch.cuda.device(device):  # Triton launches on the current device
+            self_check(path_kernels, device)
     except Exception as exc:  # noqa: BLE001 - no Triton, a compiler error or a wrong result: the caller decides
         logger.warning("path attention's kernels are unavailable on %s (%s)", device, exc)
         return None

@@ -149,8 +149,9 @@ def probe(name: str) -> None:
     for context in CONTEXTS:
         for mode, _ in MODES:
             print(f"| {context} | {mode} | " + " | ".join(f"{results[mode, context, r]:.3f}" for r in ROWS) + " |")
-        ratio = " | ".join(f"{results['bitwise', context, r] / results['buckets', context, r]:.2f}x" for r in ROWS)
-        print(f"| {context} | bitwise / buckets | {ratio} |")
+        if ("bitwise", context, 1) in results and ("buckets", context, 1) in results:
+            ratio = " | ".join(f"{results['bitwise', context, r] / results['buckets', context, r]:.2f}x" for r in ROWS)
+            print(f"| {context} | bitwise / buckets | {ratio} |")
         print(f"| {context} | bandwidth floor (1 row) | {results['floor', context, 1]:.3f} |" + " |" * (len(ROWS) - 1))
     del model
     torch.cuda.empty_cache()

@@ -30,9 +30,10 @@ case ${1:-} in
     echo "$(cat .gpu/gguf.sha256)  $STASH/model.gguf" | sha256sum -c -
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/whl/*.whl
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-    for n in 4 12; do
-      timeout "${LIMIT_S:-240}" python3 -m hvd_agents.cli bench-gpu --model "$STASH/model.gguf" ${DEVICE:+--device $DEVICE} \
-        --max-new-tokens "${MAX_NEW:-128}" --max-prompts "$n" --json "$LOGS/bench-real-$n.json" 2>&1 | tee "$LOGS/bench-real-$n.log"
+    for n in ${PROMPT_SETS:-4 12}; do
+      timeout "${LIMIT_S:-240}" python3 -m hvd_agents.cli -v bench-gpu --model "$STASH/model.gguf" ${DEVICE:+--device $DEVICE} \
+        --max-new-tokens "${MAX_NEW:-128}" --max-prompts "$n" --json "$LOGS/bench-real-$n.json" 2>&1 | tee "$LOGS/bench-real-$n.log" || true
+      grep -q '"partial": true' "$LOGS/bench-real-$n.json" 2>/dev/null && head -c 3000 "$LOGS/bench-real-$n.json"
     done ;;
   *) echo "usage: $0 split|stash|run" >&2; exit 2 ;;
 esac

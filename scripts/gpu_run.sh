@@ -30,9 +30,9 @@ for stage in "${stages[@]}"; do
                    python3 scripts/gpu_probe.py smollm2-135m ;;
     probe-8b) PROBE_MODES=${PROBE_MODES_8B:-${PROBE_MODES:-}} run "${LIMIT_PROBE:-150}" probe-8b \
                 python3 scripts/gpu_probe.py llama-3.1-8b ;;
-    bench-small) run "${LIMIT_SMALL:-150}" bench-small python3 -m hvd_agents.cli bench-gpu --model random:smollm2-135m \
+    bench-small) run "${LIMIT_SMALL:-150}" bench-small python3 -m hvd_agents.cli -v bench-gpu --model random:smollm2-135m \
                    --max-new-tokens 64 --max-prompts "${SMALL_PROMPTS:-6}" "${prompt_args[@]}" --json "$LOGS/bench-small.json" ;;
-    bench-8b) run "${LIMIT_8B:-240}" bench-8b python3 -m hvd_agents.cli bench-gpu --model random:llama-3.1-8b \
+    bench-8b) run "${LIMIT_8B:-240}" bench-8b python3 -m hvd_agents.cli -v bench-gpu --model random:llama-3.1-8b \
                 --max-new-tokens 64 --max-prompts "${LARGE_PROMPTS:-6}" "${prompt_args[@]}" --json "$LOGS/bench-8b.json" ;;
     *) echo "unknown stage $stage" ;;
   esac

@@ -32,6 +32,31 @@ def test_bench_gpu_runs_every_arm_on_the_cpu(tmp_path, capsys) -> None:
     assert "| engine-hvd (static) |" in capsys.readouterr().out
 
 
+def test_a_run_stopped_part_way_leaves_the_figures_of_the_prompts_it_finished(tmp_path, monkeypatch) -> None:
+    # a run on a lent GPU can be stopped at its time limit: the JSON holds the arms of every finished prompt
+    from hvd_agents.bench import gpu
+
+    real, calls = gpu._engine_arm, []
+
+    def arm(engine, params):
+        run = real(engine, params)
+
+        def stopping(ids):
+            calls.append(ids)
+            if len(calls) > 5 + 5:  # the warm-up, then the first prompt: 5 engine arms each (HF generate aside)
+                raise KeyboardInterrupt("stopped")
+            return run(ids)
+        return stopping
+
+    monkeypatch.setattr(gpu, "_engine_arm", arm)
+    with pytest.raises(KeyboardInterrupt):
+        run_gpu_benchmark("random:tiny", device="cpu", max_new_tokens=4, synthetic_prompts=3,
+                          json_path=str(tmp_path / "gpu.json"))
+    partial = json.loads((tmp_path / "gpu.json").read_text())
+    assert partial["partial"] is True and partial["prompts_done"] == 1
+    assert partial["arms"]["engine-ar (static)"]["tokens"] == 4 and partial["arms"]["hf-generate"]["tokens"] == 4
+
+
 def test_random_models_have_the_named_configurations() -> None:
     model = random_model("tiny", torch.device("cpu"), torch.float32)
     assert model.config.hidden_size == RANDOM_CONFIGS["tiny"]["hidden_size"]

@@ -306,3 +306,12 @@ def test_warm_up_runs_every_row_bucket_at_the_named_kv_lengths_and_keeps_live_ca
     fresh = runner.new_kv()
     runner.forward(fresh, ids[:40])
     assert torch.equal(runner.forward(live, ids[40:45]), runner.forward(fresh, ids[40:45]))
+
+
+def test_a_model_without_its_tensors_is_refused_with_the_way_to_load_it() -> None:
+    # a GGUF file loaded for the native CPU forward alone keeps transformers' module on the meta device
+    model = make_tiny_llama(64, dtype=torch.float32)
+    rotary = model.model.rotary_emb
+    rotary.register_buffer("inv_freq", torch.empty_like(rotary.inv_freq, device="meta"), persistent=False)
+    with pytest.raises(ValueError, match=r"model.rotary_emb.inv_freq.*cpu_weights='none'"):
+        StaticRunner(model, slots=1)

@@ -271,6 +271,7 @@ def run_gpu_benchmark(model: str | None = None, *, device: str | None = None, ma
                       prompts_path: str | None = None, max_prompts: int | None = None) -> GpuReport:
     """Run the benchmark (see the module docstring), print its table and return the figures."""
     dev, dtype = resolve_device(device)
+    began = time.perf_counter()
     if model is not None and model.startswith("random:"):
         target, tokenizer, label = random_model(model.removeprefix("random:"), dev, dtype), None, model
         try:
@@ -280,11 +281,12 @@ def run_gpu_benchmark(model: str | None = None, *, device: str | None = None, ma
         except Exception as exc:  # noqa: BLE001 - the embedded tokenizer is optional here
             logger.info("no tokenizer for %s (%s): synthetic prompts", model, exc)
     else:
-        loaded = load_model(model, device=str(dev))
+        loaded = load_model(model, device=str(dev), cpu_weights="none")  # the arms run the model's own forward
         target, tokenizer, label = loaded.model, loaded.tokenizer, loaded.name
     vocab = int(target.get_output_embeddings().weight.shape[0])
     prompts = _load_prompts(prompts_path, vocab) if prompts_path else _prompt_ids(tokenizer, vocab, synthetic_prompts)
     prompts = prompts[:max_prompts] if max_prompts else prompts
+    logger.info("bench-gpu: %s loaded in %.1f s, %d prompts", label, time.perf_counter() - began, len(prompts))
     static = StaticRunner(target)  # bitwise: one row bucket, path attention
     engine = Engine(target, tokenizer, eos_token_ids=(), draft_head=None, runner=static)
     bucketed = Engine(target, tokenizer, eos_token_ids=(), draft_head=None, runner=StaticRunner(target, bitwise=False))
@@ -298,13 +300,17 @@ def run_gpu_benchmark(model: str | None = None, *, device: str | None = None, ma
         "engine-ar (static, buckets)": _engine_arm(bucketed, replace(params, method="ar")),
         "engine-hvd (static, buckets)": _engine_arm(bucketed, replace(params, method="hvd")),
     }
+    began = time.perf_counter()
     engine.cost_model()  # measured before the timed runs
     bucketed.cost_model()
+    logger.info("bench-gpu: cost profiles measured in %.1f s", time.perf_counter() - began)
     arms = {name: Arm(name) for name in runs}
-    for run in runs.values():  # warm-up: graphs, kernels, allocator
+    for name, run in runs.items():  # warm-up: graphs, kernels, allocator
+        began = time.perf_counter()
         run(prompts[0])
+        logger.info("bench-gpu: %s warmed up in %.1f s", name, time.perf_counter() - began)
     for r in range(rounds):
-        for ids in prompts:
+        for i, ids in enumerate(prompts):
             for name in (list(runs) if r % 2 == 0 else list(reversed(runs))):
                 _sync(dev)
                 start = time.perf_counter()
@@ -316,6 +322,12 @@ def run_gpu_benchmark(model: str | None = None, *, device: str | None = None, ma
                 arm.decode_s += decode_s
                 arm.steps += steps
                 arm.outputs.append(tokens)
+                logger.info("bench-gpu: %s, prompt %d of %d (%d tokens): %d tokens in %.2f s", name, i + 1,
+                            len(prompts), len(ids), len(tokens), time.perf_counter() - start)
+            if json_path:  # the arms so far, so that a run stopped at a time limit leaves its figures
+                _write_json(json_path, {"partial": True, "model": label, "prompts_done": i + 1,
+                                        "arms": {n: _arm_figures(a) for n, a in arms.items()}})
+    began = time.perf_counter()
     ar = arms["engine-ar (static)"]
     ar_step = ar.decode_s / ar.steps if ar.steps else float("nan")
     context = sum(len(p) for p in prompts) // len(prompts) + max_new_tokens // 2
@@ -324,8 +336,7 @@ def run_gpu_benchmark(model: str | None = None, *, device: str | None = None, ma
     report = GpuReport(
         device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev),
         model=label, dtype=str(dtype), prompts=len(prompts),
-        arms={n: {"tokens": a.tokens, "seconds": a.seconds, "tokens_per_s": a.tokens_per_s,
-                  "decode_tokens_per_s": a.decode_tokens_per_s, "steps": a.steps,
+        arms={n: {**_arm_figures(a),
                   "same_as_engine_ar": sum(x == y for x, y in zip(a.outputs, ar.outputs)),
                   "same_as_its_ar": sum(x == y for x, y in zip(a.outputs, arms[_its_ar(n)].outputs))}
               for n, a in arms.items()},
@@ -338,11 +349,21 @@ def run_gpu_benchmark(model: str | None = None, *, device: str | None = None, ma
         graphs_captured=static.graphs.captured,
         buckets_cost_profile=bucketed.cost_model().source,
     )
+    logger.info("bench-gpu: checks in %.1f s", time.perf_counter() - began)
     print_report(report, len(prompts) * rounds)
     if json_path:
-        with open(json_path, "w", encoding="utf-8") as fh:
-            json.dump(asdict(report), fh, indent=2)
+        _write_json(json_path, asdict(report))
     return report
+
+
+def _arm_figures(arm: Arm) -> dict:
+    return {"tokens": arm.tokens, "seconds": arm.seconds, "tokens_per_s": arm.tokens_per_s,
+            "decode_tokens_per_s": arm.decode_tokens_per_s, "steps": arm.steps}
+
+
+def _write_json(path: str, figures: dict) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(figures, fh, indent=2)
 
 
 TEACHER_FORCED_STEPS = 16

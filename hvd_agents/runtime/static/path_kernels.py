@@ -6,8 +6,10 @@
 * ``_partial``: one program per (KV head, row, chunk of :data:`~.paths.CHUNK` virtual
   positions); it loops over the chunk's tiles with an online softmax and writes the chunk's
   running maximum, sum and weighted values for the KV head's query heads (stacked as the
-  rows of one tensor-core product, padded to 16). Programs of padding rows and of chunks
-  past a row's length return at once.
+  rows of one tensor-core product, padded to 16). Tiles wholly below the cache's length read
+  slot = virtual position, with no path-table load before their keys and values (so the
+  compiler prefetches them); the tiles above read through the row's path. Programs of
+  padding rows and of chunks past a row's length return at once.
 * ``_combine``: one program per (KV head, row); it merges the row's chunks in chunk order
   (a padding row's output is zeros).
 
@@ -33,6 +35,25 @@ STAGES = 3  # software-pipelining depth of _partial's tile loop (its K, V and pa
 
 
 @triton.jit
+def _tile(q, k, v, valid, m, s_sum, acc, scaling, IEEE: tl.constexpr):
+    """One tile of the online softmax: the running maximum, sum and weighted values after it."""
+    if IEEE:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    s = tl.where(valid[None, :], s * scaling, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    alpha = tl.exp(m - m_new)
+    p = tl.exp(s - m_new[:, None])
+    s_sum = s_sum * alpha + tl.sum(p, axis=1)
+    if IEEE:
+        pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)
+    return m_new, s_sum, acc * alpha[:, None] + pv
+
+
+@triton.jit
 def _partial(q_ptr, k_ptr, v_ptr, past_ptr, count_ptr, table_ptr, depth_ptr, m_ptr, l_ptr, acc_ptr, out_ptr,
              stride_kh, stride_kc, rows, chunks, scaling,
              G: tl.constexpr, GP: tl.constexpr, HD: tl.constexpr, HDP: tl.constexpr, TILE: tl.constexpr,
@@ -40,48 +61,46 @@ def _partial(q_ptr, k_ptr, v_ptr, past_ptr, count_ptr, table_ptr, depth_ptr, m_p
     h = tl.program_id(0)
     r = tl.program_id(1)
     c = tl.program_id(2)
+    g = tl.arange(0, GP)
+    d = tl.arange(0, HDP)  # head_dim padded to a power of two; lanes at or past HD read zeros
+    dim = d < HD
+    heads = h * G + g
+    # every load that does not depend on another is issued here, before the first wait: the row count, the
+    # cache's length, the row's depth and its query (which a padding row never uses)
     count = tl.load(count_ptr)
     past = tl.load(past_ptr)
-    length = past + tl.load(depth_ptr + r) + 1  # the row's virtual positions
+    depth = tl.load(depth_ptr + r)
+    q = tl.load(q_ptr + (heads[:, None] * rows + r) * HD + d[None, :], mask=(g[:, None] < G) & dim[None, :],
+                other=0.0)
+    length = past + depth + 1  # the row's virtual positions
     start = c * CHUNK
     if (r < count) & (start < length):
         end = tl.minimum(start + CHUNK, length)
-        g = tl.arange(0, GP)
-        d = tl.arange(0, HDP)  # head_dim padded to a power of two; lanes at or past HD read zeros
-        dim = d < HD
-        heads = h * G + g
-        q = tl.load(q_ptr + (heads[:, None] * rows + r) * HD + d[None, :], mask=(g[:, None] < G) & dim[None, :],
-                    other=0.0)
         m = tl.full([GP], float("-inf"), tl.float32)
         s_sum = tl.zeros([GP], tl.float32)
         acc = tl.zeros([GP, HDP], tl.float32)
-        # the row's tiles in this chunk, a trip count known at run time so that the compiler pipelines the
-        # loads (tiles at or past the row's end never run): the same tiles and order as a fixed count would
-        for i in range(((end - start + TILE - 1) // TILE).to(tl.int32)):
-            t = start + i * TILE
-            cols = t + tl.arange(0, TILE)
+        # the row's tiles in this chunk, trip counts known at run time (tiles at or past the row's end never
+        # run). First the tiles wholly below ``past``: virtual position = slot, so their loads need no path
+        # table and the compiler prefetches them; then the rest through the row's path. The same tiles in the
+        # same order, each by the same arithmetic (_tile), wherever the split falls.
+        tiles = ((end - start + TILE - 1) // TILE).to(tl.int32)
+        cached = tl.minimum(tl.maximum(past - start, 0) // TILE, tiles).to(tl.int32)
+        for i in range(cached):
+            cols = start + i * TILE + tl.arange(0, TILE)
+            offsets = h * stride_kh + cols[:, None] * stride_kc + d[None, :]
+            k = tl.load(k_ptr + offsets, mask=dim[None, :], other=0.0)
+            v = tl.load(v_ptr + offsets, mask=dim[None, :], other=0.0)
+            m, s_sum, acc = _tile(q, k, v, cols < end, m, s_sum, acc, scaling, IEEE)
+        for i in range(cached, tiles):
+            cols = start + i * TILE + tl.arange(0, TILE)
             valid = cols < end
             above = cols >= past
             path = tl.load(table_ptr + r * rows + (cols - past), mask=valid & above, other=0)
             slot = tl.where(above, past + path, cols)
             offsets = h * stride_kh + slot[:, None] * stride_kc + d[None, :]
             k = tl.load(k_ptr + offsets, mask=valid[:, None] & dim[None, :], other=0.0)
-            if IEEE:
-                s = tl.dot(q, tl.trans(k), input_precision="ieee")
-            else:
-                s = tl.dot(q, tl.trans(k))
-            s = tl.where(valid[None, :], s * scaling, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, axis=1))
-            alpha = tl.exp(m - m_new)
-            p = tl.exp(s - m_new[:, None])
-            s_sum = s_sum * alpha + tl.sum(p, axis=1)
             v = tl.load(v_ptr + offsets, mask=valid[:, None] & dim[None, :], other=0.0)
-            if IEEE:
-                pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
-            else:
-                pv = tl.dot(p.to(v.dtype), v)
-            acc = acc * alpha[:, None] + pv
-            m = m_new
+            m, s_sum, acc = _tile(q, k, v, valid, m, s_sum, acc, scaling, IEEE)
         keep = g < G
         if SINGLE:  # the row's one chunk, finished as _combine finishes it, each operation the same
             top = tl.maximum(tl.full([GP], float("-inf"), tl.float32), m)
@@ -112,7 +131,9 @@ def _combine(m_ptr, l_ptr, acc_ptr, out_ptr, past_ptr, count_ptr, depth_ptr, row
              CHUNK: tl.constexpr):
     h = tl.program_id(0)
     r = tl.program_id(1)
-    count = tl.load(count_ptr)
+    count = tl.load(count_ptr)  # the three loads at once, before the first wait
+    past = tl.load(past_ptr)
+    depth = tl.load(depth_ptr + r)
     g = tl.arange(0, GP)
     d = tl.arange(0, HDP)
     dim = d < HD
@@ -123,7 +144,7 @@ def _combine(m_ptr, l_ptr, acc_ptr, out_ptr, past_ptr, count_ptr, depth_ptr, row
         zeros = tl.zeros([GP, HDP], tl.float32).to(out_ptr.dtype.element_ty)
         tl.store(out_ptr + at, zeros, mask=keep[:, None] & dim[None, :])
     else:
-        length = tl.load(past_ptr) + tl.load(depth_ptr + r) + 1
+        length = past + depth + 1
         used = ((length + CHUNK - 1) // CHUNK).to(tl.int32)
         base = (heads * rows + r) * CHUNKS  # [GP]
         top = tl.full([GP], float("-inf"), tl.float32)

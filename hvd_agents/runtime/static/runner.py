@@ -117,6 +117,11 @@ class StaticRunner:
                  stack_projections: bool | None = None) -> None:
         config = model.config
         device = next(model.parameters()).device
+        unloaded = [name for name, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
+        if unloaded:
+            raise ValueError(f"the static runner needs the model's own tensors, and {len(unloaded)} of them hold no "
+                             f"data (first: {unloaded[0]}): a GGUF file loaded for the native CPU forward alone; "
+                             "load it with cpu_weights='none' (HVD_AGENTS_CPU_WEIGHTS=none)")
         bitwise = bitwise_mode(bitwise, buckets, device)
         if buckets is None:
             window = int(context_window or min(config.max_position_embeddings, max_context))

@@ -11,7 +11,7 @@ device's measured copy bandwidth, and per mode the device kernels of one step an
 with their device time by kernel (PyTorch's profiler over the step's eager forward: the kernels
 its graph holds). Needs CUDA. ``HVD_AGENTS_STEP_INPUT_KERNEL=0`` runs every mode with the step's inputs built by PyTorch's
 operations; ``PROBE_MODES`` names the modes, ``;``-separated (see :func:`configure`: ``bitwise,
-CHUNK=128``, ``buckets, PW=2``). Each mode also reports its teacher-forced rows that are
+CHUNK=128``, ``bitwise, FOLD=0``, ``buckets, PW=2``). Each mode also reports its teacher-forced rows that are
 bitwise a one-row step's, chains and trees.
 """
 
@@ -92,12 +92,14 @@ def kernels_per_step(runner: StaticRunner, kv) -> str:
 
 def configure(mode: str) -> None:
     """Set the kernels a mode names: ``unfused`` (PyTorch's small operations, not the fused Triton kernels),
-    ``CHUNK=n`` (path attention's chunk of virtual positions), ``PW=n`` / ``PS=n`` (path attention's warps per
-    program and pipelining stages)."""
+    ``CHUNK=n`` (path attention's chunk of virtual positions), ``FOLD=0`` (path attention's chunks combined by a
+    second kernel, not by each row's last chunk), ``PW=n`` / ``PS=n`` (path attention's warps per program and
+    pipelining stages)."""
     words = [w.strip() for w in mode.split(",")[1:]]
     os.environ["HVD_AGENTS_FUSED_KERNELS"] = "0" if "unfused" in words else "1"
     values = dict(w.split("=") for w in words if "=" in w)
     paths.CHUNK = runner_module.CHUNK = int(values.get("CHUNK", DEFAULTS["CHUNK"]))
+    paths.FOLD = values.get("FOLD", "1") != "0"
     path_kernels.WARPS = int(values.get("PW", DEFAULTS["PW"]))
     path_kernels.STAGES = int(values.get("PS", DEFAULTS["PS"]))
 
@@ -127,7 +129,8 @@ def probe(name: str) -> None:
         runner = StaticRunner(model, bitwise=bitwise, slots=1, max_context=8192)
         build = "input_kernel" if isinstance(runner.decoder.build_inputs, CheckedKernel) else "step_inputs"
         print(f"{mode}: small operations from {runner.decoder.ops.__name__}, step inputs from {build}, "
-              f"path attention chunk {paths.CHUNK} ({path_kernels.WARPS} warps, "
+              f"path attention chunk {paths.CHUNK} ({'combined by the last chunk' if paths.FOLD else 'two kernels'}, "
+              f"{path_kernels.WARPS} warps, "
               f"{path_kernels.STAGES} stages); bitwise rows: "
               f"{bitwise_rows(runner, ids)}")
         kv = runner.new_kv()

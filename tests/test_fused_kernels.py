@@ -59,7 +59,7 @@ def test_the_fused_kernels_in_a_bitwise_runner_under_the_interpreter() -> None:
         from tests.tiny import make_tiny_llama
 
         self_check(fused_kernels, torch.device("cpu"))
-        decoder.path_attention = lambda q, k, v, p, s: path_kernels.path_attention(
+        decoder.path_attention = lambda q, k, v, p, s, arrivals: path_kernels.path_attention(
             q, k, v, *p.tensors(), s, paths.TILE, 128)
         model = make_tiny_llama(64, seed=11, dtype=torch.float32)
         ids = torch.randint(0, 64, (80,), generator=torch.Generator().manual_seed(2)).tolist()

@@ -165,6 +165,39 @@ def test_the_path_kernel_is_attention_and_a_tree_row_is_its_position_alone_on_cu
                 assert torch.equal(single[0], got[row]), (dtype, past, row)
 
 
+def test_the_folded_path_kernel_is_the_two_kernels_bit_for_bit_on_cuda_replay_after_replay() -> None:
+    # the row's last chunk to finish combines the chunks (arrival counts, one kernel): the two kernels' bits, the
+    # counts back at zero after each call, and the same bits in a captured graph replayed many times (a program
+    # that combined before another's chunk was visible would differ now and then)
+    from hvd_agents.runtime.static import path_kernels
+    from tests.test_path_attention import PARENTS, _inputs, _random_attention
+
+    counts = torch.zeros(3 * len(PARENTS), dtype=torch.int32, device="cuda")
+    for dtype, bits in ((torch.float32, torch.int32), (torch.bfloat16, torch.int16)):
+        for past in (503, 600, 1030, 3000):
+            q, keys, values = (t.cuda() for t in _random_attention(dtype, seed=past, heads=9, kv_heads=3, hd=64,
+                                                                    capacity=4096))
+            for count in (9, 5):
+                paths = _inputs(PARENTS, past, count=count, device="cuda")
+                two = path_kernels.path_attention(q, keys, values, *paths.tensors(), 0.125, 64, 512)
+                one = path_kernels.path_attention(q, keys, values, *paths.tensors(), 0.125, 64, 512, None, counts)
+                assert torch.equal(one.view(bits), two.view(bits)), (dtype, past, count)
+                assert not counts.any(), (dtype, past, count)
+    paths = _inputs(PARENTS, 3000, count=9, device="cuda")
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        path_kernels.path_attention(q, keys, values, *paths.tensors(), 0.125, 64, 128, None, counts)  # compiled
+        with torch.cuda.graph(graph, stream=stream):
+            out = path_kernels.path_attention(q, keys, values, *paths.tensors(), 0.125, 64, 128, None, counts)
+    torch.cuda.current_stream().wait_stream(stream)
+    want = path_kernels.path_attention(q, keys, values, *paths.tensors(), 0.125, 64, 128)  # 24 chunks, two kernels
+    for _ in range(200):
+        graph.replay()
+        assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+    assert not counts.any()
+
+
 def test_the_one_chunk_path_kernel_is_the_two_kernels_bit_for_bit_on_cuda(smollm2) -> None:
     from hvd_agents.runtime.static import path_kernels
     from tests.test_path_attention import PARENTS, _inputs, _random_attention

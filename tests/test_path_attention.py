@@ -130,7 +130,8 @@ def test_the_path_kernels_self_check_refuses_kernels_that_disagree_with_pytorch(
 
     from hvd_agents.runtime.static import paths
 
-    def like_the_kernels(q, keys, values, past, count, table, depth, scaling, tile, chunk, length=None):
+    def like_the_kernels(q, keys, values, past, count, table, depth, scaling, tile, chunk, length=None,
+                         arrivals=None):
         return paths.tiled_attention(q, keys, values, paths.PathInputs(past, count, table, depth, length), scaling)
 
     cpu = torch.device("cpu")
@@ -138,12 +139,24 @@ def test_the_path_kernels_self_check_refuses_kernels_that_disagree_with_pytorch(
     def padding_row_not_zeroed(q, k, v, past, count, *rest):
         return like_the_kernels(q, k, v, past, count + 1, *rest)
 
-    def second_chunk_dropped(q, k, v, past, count, table, depth, scaling, tile, chunk, length=None):
+    def second_chunk_dropped(q, k, v, past, count, table, depth, scaling, tile, chunk, length=None, arrivals=None):
         return like_the_kernels(q, k, v, past.clamp(max=chunk - 8), count, table, depth, scaling, tile, chunk)
 
-    for kernel in (padding_row_not_zeroed, second_chunk_dropped):
+    def wrong_only_when_folded(q, k, v, past, count, table, depth, scaling, tile, chunk, length=None, arrivals=None):
+        out = like_the_kernels(q, k, v, past, count, table, depth, scaling, tile, chunk, length)
+        return out if arrivals is None else out * 1.01
+
+    def counts_left_behind(*args):
+        out = like_the_kernels(*args)
+        if args[-1] is not None:
+            args[-1][0] += 1  # a count never reset: the next forward's last chunk would never combine
+        return out
+
+    for kernel in (padding_row_not_zeroed, second_chunk_dropped, wrong_only_when_folded):
         with pytest.raises(AssertionError, match="differ from PyTorch"):
             paths.self_check(SimpleNamespace(path_attention=kernel), cpu)
+    with pytest.raises(AssertionError, match="arrival counts non-zero"):
+        paths.self_check(SimpleNamespace(path_attention=counts_left_behind), cpu)
 
 
 def _teacher_forced(runner, ids, prefill, parents=None):
@@ -239,6 +252,14 @@ def test_the_one_chunk_kernel_is_the_two_kernels_bit_for_bit_under_the_interpret
             one = kernels.path_attention(q, keys, values, *p.tensors(), 0.25, 64, chunk, past + len(PARENTS) + 1)
             return one, two
 
+        def folded(kernels, dtype, past, hd, count, chunk):  # the row's last chunk combines: one kernel
+            q, keys, values = _random_attention(dtype, seed=past, hd=hd, capacity=4 * chunk)
+            p = _inputs(PARENTS, past, count=count)
+            counts = torch.zeros(keys.shape[0] * len(PARENTS), dtype=torch.int32)
+            got = kernels.path_attention(q, keys, values, *p.tensors(), 0.25, 64, chunk, None, counts)
+            assert not counts.any(), counts  # left at zero for the next forward
+            return got
+
         dtypes = (torch.float32, torch.bfloat16)
         cases = [(128, dtype, 16, 9, past) for dtype in dtypes for past in (0, 37, 63, 64, 65, 119)]
         cases += [(128, dtype, 24, 7, past) for dtype in dtypes for past in (1, 100)]
@@ -247,6 +268,10 @@ def test_the_one_chunk_kernel_is_the_two_kernels_bit_for_bit_under_the_interpret
             one, two = one_and_two(path_kernels, dtype, past, hd, count, chunk)
             assert same_bits(one, two), (chunk, dtype, hd, past)
             assert not one[count:].any() and one[:count].abs().sum() > 0
+            assert same_bits(folded(path_kernels, dtype, past, hd, count, chunk), two), (chunk, dtype, hd, past)
+        for past in (130, 250, 300):  # rows across two and three chunks, combined in one kernel
+            _, two = one_and_two(path_kernels, torch.float32, past, 16, 9, 128)
+            assert same_bits(folded(path_kernels, torch.float32, past, 16, 9, 128), two), past
 
         # the check has teeth: a finish that multiplies by the reciprocal instead of dividing differs somewhere
         source = inspect.getsource(path_kernels)
@@ -261,8 +286,9 @@ def test_the_one_chunk_kernel_is_the_two_kernels_bit_for_bit_under_the_interpret
         assert not all(same_bits(*one_and_two(mutated, torch.float32, past, 16, 9, 128)) for past in (0, 37, 100))
 
         # the runner: a short KV bucket of one chunk against one KV length (two kernels everywhere)
-        decoder.path_attention = lambda q, k, v, p, s: path_kernels.path_attention(
-            q, k, v, *p.tensors(), s, paths.TILE, 128, p.bound)
+        counts = torch.zeros(2 * 33, dtype=torch.int32)  # the tiny model's 2 KV heads, 33 rows
+        decoder.path_attention = lambda q, k, v, p, s, arrivals: path_kernels.path_attention(
+            q, k, v, *p.tensors(), s, paths.TILE, 128, p.bound, counts)
         model = make_tiny_llama(64, seed=11, dtype=torch.float32)
         ids = torch.randint(0, 64, (120,), generator=torch.Generator().manual_seed(5)).tolist()
         runs = []

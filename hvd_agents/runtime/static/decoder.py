@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from hvd_agents.runtime.static import step_inputs, step_ops
 from hvd_agents.runtime.static.fused import load_fused_kernels
-from hvd_agents.runtime.static.paths import PathInputs, path_attention
+from hvd_agents.runtime.static.paths import PathInputs, arrivals, path_attention
 from hvd_agents.runtime.static.step_inputs import load_input_kernel
 
 SUPPORTED_TYPES = frozenset({"llama", "mistral", "qwen2"})
@@ -162,6 +162,8 @@ class StaticDecoder:
         self.ops = fused if fused is not None else step_ops  # add_rms, rope_store, silu_mul
         # the step's positions, write slots and attention inputs: one Triton kernel (CUDA), else PyTorch's operations
         self.build_inputs = load_input_kernel(self.device) or step_inputs.decode_inputs
+        # path attention's arrival counts (CUDA): its forwards run one after another, so the layers share them
+        self.arrivals = arrivals(self.kv_heads, capacity, self.device)
 
     def _dense(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Masked attention of ``q`` ``[heads, R, hd]`` over the first ``L`` slots; ``[R, heads * hd]``."""
@@ -176,7 +178,7 @@ class StaticDecoder:
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, attend: torch.Tensor | PathInputs
                 ) -> torch.Tensor:
         if isinstance(attend, PathInputs):
-            return path_attention(q, keys, values, attend, self.scaling)
+            return path_attention(q, keys, values, attend, self.scaling, self.arrivals)
         return self._dense(q, keys, values, attend)
 
     def decode_inputs(self, parents: torch.Tensor, past: torch.Tensor, length: int, count: torch.Tensor | None = None

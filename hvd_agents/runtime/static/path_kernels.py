@@ -13,6 +13,13 @@
 * ``_combine``: one program per (KV head, row); it merges the row's chunks in chunk order
   (a padding row's output is zeros).
 
+Given arrival counts (int32 zeros, one per KV head and row, that every launch leaves zero),
+``_partial`` does ``_combine``'s work itself: each program of a row stores its chunk, waits
+for its own threads, and counts itself in (an atomic add, acquire-release at device scope);
+the program that arrives last, whichever chunk it holds, merges the row's chunks in chunk
+order with ``_combine``'s arithmetic (reading them from the device-wide cache) and sets the
+count back to zero. The same bits as two kernels, in one launch.
+
 When no row of the forward can reach past the first chunk (a ``length`` of at most
 :data:`~.paths.CHUNK` virtual positions, which the runner knows on the host), ``_partial``
 alone runs, one chunk per row, and finishes each row itself with ``_combine``'s arithmetic over
@@ -55,9 +62,9 @@ def _tile(q, k, v, valid, m, s_sum, acc, scaling, IEEE: tl.constexpr):
 
 @triton.jit
 def _partial(q_ptr, k_ptr, v_ptr, past_ptr, count_ptr, table_ptr, depth_ptr, m_ptr, l_ptr, acc_ptr, out_ptr,
-             stride_kh, stride_kc, rows, chunks, scaling,
+             arrivals_ptr, stride_kh, stride_kc, rows, chunks, scaling,
              G: tl.constexpr, GP: tl.constexpr, HD: tl.constexpr, HDP: tl.constexpr, TILE: tl.constexpr,
-             CHUNK: tl.constexpr, IEEE: tl.constexpr, SINGLE: tl.constexpr):
+             CHUNK: tl.constexpr, IEEE: tl.constexpr, SINGLE: tl.constexpr, FOLD: tl.constexpr):
     h = tl.program_id(0)
     r = tl.program_id(1)
     c = tl.program_id(2)
@@ -115,14 +122,52 @@ def _partial(q_ptr, k_ptr, v_ptr, past_ptr, count_ptr, table_ptr, depth_ptr, m_p
             tl.store(m_ptr + at, m, mask=keep)
             tl.store(l_ptr + at, s_sum, mask=keep)
             tl.store(acc_ptr + at[:, None] * HD + d[None, :], acc, mask=keep[:, None] & dim[None, :])
-    if SINGLE:  # noqa: SIM102 - a compile-time branch around a run-time one
-        if r >= count:  # a padding row: zeros, as _combine writes them
+            if FOLD:  # the row's last chunk to finish combines them all, as _combine does
+                tl.debug_barrier()  # every thread's stores are issued before the program counts itself in
+                used = ((length + CHUNK - 1) // CHUNK).to(tl.int32)  # the row's chunks: its programs that count
+                seen = tl.atomic_add(arrivals_ptr + h * rows + r, 1, sem="acq_rel", scope="gpu")
+                if seen == used - 1:
+                    merged = _finish(m_ptr, l_ptr, acc_ptr, (heads * rows + r) * chunks, used, keep, d, dim, HD, GP,
+                                     HDP, True)
+                    where = (r * (tl.num_programs(0) * G) + heads)[:, None] * HD + d[None, :]
+                    tl.store(out_ptr + where, merged.to(out_ptr.dtype.element_ty), mask=keep[:, None] & dim[None, :])
+                    tl.store(arrivals_ptr + h * rows + r, 0)  # counted from zero again by the next forward
+    if SINGLE or FOLD:  # noqa: SIM102 - a compile-time branch around a run-time one
+        if (r >= count) & (c == 0):  # a padding row: zeros, as _combine writes them
             g = tl.arange(0, GP)
             d = tl.arange(0, HDP)
             keep = g < G
             at = (r * (tl.num_programs(0) * G) + h * G + g)[:, None] * HD + d[None, :]
             zeros = tl.zeros([GP, HDP], tl.float32).to(out_ptr.dtype.element_ty)
             tl.store(out_ptr + at, zeros, mask=keep[:, None] & (d < HD)[None, :])
+
+
+@triton.jit
+def _finish(m_ptr, l_ptr, acc_ptr, base, used, keep, d, dim, HD: tl.constexpr, GP: tl.constexpr,
+            HDP: tl.constexpr, SHARED: tl.constexpr):
+    """A row's output from its ``used`` chunks' maxima, sums and weighted values, merged in chunk order.
+    ``SHARED``: the chunks were written by other programs of the same launch, so they are read from the
+    device-wide cache (L2), never from this processor's own."""
+    top = tl.full([GP], float("-inf"), tl.float32)
+    for c in range(used):  # bounded at run time, pipelined: the chunks the row reaches
+        if SHARED:
+            top = tl.maximum(top, tl.load(m_ptr + base + c, mask=keep, other=0.0, cache_modifier=".cg"))
+        else:
+            top = tl.maximum(top, tl.load(m_ptr + base + c, mask=keep, other=0.0))
+    s_sum = tl.zeros([GP], tl.float32)
+    acc = tl.zeros([GP, HDP], tl.float32)
+    for c in range(used):  # in chunk order: the sums' grouping never changes
+        offsets = (base + c)[:, None] * HD + d[None, :]
+        if SHARED:
+            w = tl.exp(tl.load(m_ptr + base + c, mask=keep, other=0.0, cache_modifier=".cg") - top)
+            s_sum += tl.load(l_ptr + base + c, mask=keep, other=0.0, cache_modifier=".cg") * w
+            part = tl.load(acc_ptr + offsets, mask=keep[:, None] & dim[None, :], other=0.0, cache_modifier=".cg")
+        else:
+            w = tl.exp(tl.load(m_ptr + base + c, mask=keep, other=0.0) - top)
+            s_sum += tl.load(l_ptr + base + c, mask=keep, other=0.0) * w
+            part = tl.load(acc_ptr + offsets, mask=keep[:, None] & dim[None, :], other=0.0)
+        acc += part * w[:, None]
+    return acc / tl.where(keep, s_sum, 1.0)[:, None]
 
 
 @triton.jit
@@ -146,29 +191,19 @@ def _combine(m_ptr, l_ptr, acc_ptr, out_ptr, past_ptr, count_ptr, depth_ptr, row
     else:
         length = past + depth + 1
         used = ((length + CHUNK - 1) // CHUNK).to(tl.int32)
-        base = (heads * rows + r) * CHUNKS  # [GP]
-        top = tl.full([GP], float("-inf"), tl.float32)
-        for c in range(used):  # bounded at run time, pipelined: the chunks the row reaches
-            top = tl.maximum(top, tl.load(m_ptr + base + c, mask=keep, other=0.0))
-        s_sum = tl.zeros([GP], tl.float32)
-        acc = tl.zeros([GP, HDP], tl.float32)
-        for c in range(used):  # in chunk order: the sums' grouping never changes
-            w = tl.exp(tl.load(m_ptr + base + c, mask=keep, other=0.0) - top)
-            s_sum += tl.load(l_ptr + base + c, mask=keep, other=0.0) * w
-            part = tl.load(acc_ptr + (base + c)[:, None] * HD + d[None, :], mask=keep[:, None] & dim[None, :],
-                           other=0.0)
-            acc += part * w[:, None]
-        out = acc / tl.where(keep, s_sum, 1.0)[:, None]
+        out = _finish(m_ptr, l_ptr, acc_ptr, (heads * rows + r) * CHUNKS, used, keep, d, dim, HD, GP, HDP, False)
         tl.store(out_ptr + at, out.to(out_ptr.dtype.element_ty), mask=keep[:, None] & dim[None, :])
 
 
 def path_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: torch.Tensor,
                    count: torch.Tensor, table: torch.Tensor, depth: torch.Tensor, scaling: float, tile: int,
-                   chunk: int, length: int | None = None) -> torch.Tensor:
+                   chunk: int, length: int | None = None, arrivals: torch.Tensor | None = None) -> torch.Tensor:
     """``[R, heads * hd]``: see :func:`~.paths.path_attention` (``q`` ``[heads, R, hd]``, ``keys``/``values``
     ``[kv_heads, capacity, hd]`` with unit stride in ``hd``; ``past``, ``count``, ``table``, ``depth``: the
     fields of :class:`~.paths.PathInputs`; ``length``: at least every real row's virtual positions, ``past +
-    depth + 1``, known on the host (default: the capacity). At most ``chunk``: one kernel, else two)."""
+    depth + 1``, known on the host (default: the capacity). At most ``chunk``: one kernel, else two, or one
+    with ``arrivals``: int32 zeros, at least ``kv_heads * R``, that every launch leaves zero again (the
+    row's last chunk to finish combines the row's chunks in place of the second kernel, bit for bit))."""
     heads, rows, hd = q.shape
     kv_heads, capacity = keys.shape[0], keys.shape[1]
     group = heads // kv_heads
@@ -182,19 +217,22 @@ def path_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pa
     ieee = q.dtype == torch.float32
     if chunks == 1:  # _partial finishes each row: one launch
         _partial[(kv_heads, rows, 1)](
-            q, keys, values, past, count, table, depth, out, out, out, out,
+            q, keys, values, past, count, table, depth, out, out, out, out, count,
             keys.stride(0), keys.stride(1), rows, 1, scaling,
-            G=group, GP=GROUP_ROWS, HD=hd, HDP=padded, TILE=tile, CHUNK=chunk, IEEE=ieee, SINGLE=True,
+            G=group, GP=GROUP_ROWS, HD=hd, HDP=padded, TILE=tile, CHUNK=chunk, IEEE=ieee, SINGLE=True, FOLD=False,
             num_warps=WARPS, num_stages=STAGES)
         return out
+    fold = arrivals is not None and arrivals.dtype == torch.int32 and arrivals.numel() >= kv_heads * rows
     m = torch.empty(heads, rows, chunks, dtype=torch.float32, device=q.device)
     s_sum = torch.empty_like(m)
     acc = torch.empty(heads, rows, chunks, hd, dtype=torch.float32, device=q.device)
     _partial[(kv_heads, rows, chunks)](
-        q, keys, values, past, count, table, depth, m, s_sum, acc, out,
+        q, keys, values, past, count, table, depth, m, s_sum, acc, out, arrivals if fold else count,
         keys.stride(0), keys.stride(1), rows, chunks, scaling,
-        G=group, GP=GROUP_ROWS, HD=hd, HDP=padded, TILE=tile, CHUNK=chunk, IEEE=ieee, SINGLE=False,
+        G=group, GP=GROUP_ROWS, HD=hd, HDP=padded, TILE=tile, CHUNK=chunk, IEEE=ieee, SINGLE=False, FOLD=fold,
         num_warps=WARPS, num_stages=STAGES)
+    if fold:
+        return out
     _combine[(kv_heads, rows)](m, s_sum, acc, out, past, count, depth, rows,
                                CHUNKS=chunks, G=group, GP=GROUP_ROWS, HD=hd, HDP=padded, CHUNK=chunk)
     return out

@@ -18,8 +18,9 @@ numbers in the same tile places, whatever the draft, the tree or the other rows.
 row's own length a tile is masked to exact zeros, so tiles beyond it change nothing.
 
 On CUDA the tiles run in a Triton kernel (:mod:`.path_kernels`) split over fixed chunks of
-:data:`CHUNK` virtual positions, combined in chunk order (by a second kernel, unless the forward's
-KV length says no row reaches past the first chunk). Elsewhere (and as the reference)
+:data:`CHUNK` virtual positions, combined in chunk order (by each row's last chunk to finish, by a
+second kernel where the caller has no arrival counts, or not at all where the forward's KV length
+says no row reaches past the first chunk). Elsewhere (and as the reference)
 :func:`tiled_attention` runs the same tiling with PyTorch operations. Together with a
 forward padded to one row count (so every matrix product runs one shape), a row's logits
 are bitwise those of the same position decoded alone.
@@ -42,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 TILE = 64  # virtual positions per reduction tile (a multiple of 16, for the tensor cores)
 CHUNK = 512  # virtual positions per parallel chunk on CUDA (a multiple of TILE)
+FOLD = True  # on CUDA, a row's last chunk combines its chunks (one kernel) where the caller gives arrival counts
 
 
 @dataclass(frozen=True)
@@ -91,16 +93,26 @@ def path_inputs(visible: torch.Tensor, past: torch.Tensor, count: torch.Tensor, 
 
 
 def path_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, paths: PathInputs,
-                   scaling: float) -> torch.Tensor:
+                   scaling: float, arrivals: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of ``q`` ``[heads, R, hd]`` over a slot's ``keys``/``values`` ``[kv_heads, capacity, hd]``,
-    each row along its path (see the module docstring); returns ``[R, heads * hd]`` in ``q``'s dtype."""
+    each row along its path (see the module docstring); returns ``[R, heads * hd]`` in ``q``'s dtype.
+    ``arrivals``: on CUDA, int32 zeros of at least ``kv_heads * R`` that each call leaves zero (:func:`arrivals`),
+    so that a forward past one chunk runs one kernel instead of two (the same values; see :data:`FOLD`)."""
     if q.device.type == "cuda":
         kernels = _kernels(q.device)
         if kernels is not None:
-            return kernels.path_attention(q, keys, values, *paths.tensors(), scaling, TILE, CHUNK, paths.bound)
+            return kernels.path_attention(q, keys, values, *paths.tensors(), scaling, TILE, CHUNK, paths.bound,
+                                          arrivals if FOLD else None)
         raise RuntimeError("path attention on CUDA needs its Triton kernels, which are unavailable here "
                            "(see the warning logged when they were checked)")
     return tiled_attention(q, keys, values, paths, scaling)
+
+
+def arrivals(kv_heads: int, rows: int, device: torch.device) -> torch.Tensor | None:
+    """The arrival counts :func:`path_attention` takes for forwards of up to ``rows`` rows on ``device`` (CUDA;
+    None elsewhere): one int32 zero per (KV head, row), counted up and reset by every call, never shared by two
+    forwards that may run at once."""
+    return torch.zeros(kv_heads * rows, dtype=torch.int32, device=device) if device.type == "cuda" else None
 
 
 def kernels_available(device: torch.device) -> bool:
@@ -131,7 +143,9 @@ def _checked(device: torch.device):
 def self_check(kernels, device: torch.device) -> None:
     """Raise unless ``kernels.path_attention`` gives :func:`tiled_attention`'s values to rounding, in float32
     on random inputs: a tree of 5 rows (one of them padding) after 3 cached positions, as one kernel (a KV
-    length of one chunk) and as two, and after :data:`CHUNK` + 40, where its rows reach into a second chunk."""
+    length of one chunk) and as two, and after :data:`CHUNK` + 40, where its rows reach into a second chunk;
+    with arrival counts too (the chunks combined by the last to finish: twice, so the counts must return to
+    zero), which must be left at zero."""
     gen = torch.Generator(device=device).manual_seed(0)
     heads, kv_heads, hd, capacity = 4, 2, 24, CHUNK + 64
     parents = torch.tensor([-1, 0, 0, 2], dtype=torch.long, device=device)
@@ -140,14 +154,20 @@ def self_check(kernels, device: torch.device) -> None:
     q = torch.randn(heads, rows, hd, generator=gen, device=device)
     keys = torch.randn(kv_heads, capacity, hd, generator=gen, device=device)
     values = torch.randn(kv_heads, capacity, hd, generator=gen, device=device)
-    for past, bound in ((3, CHUNK), (3, None), (CHUNK + 40, None)):
+    counts = torch.zeros(kv_heads * rows, dtype=torch.int32, device=device)
+    for past, bound, folded in ((3, CHUNK, None), (3, None, None), (CHUNK + 40, None, None), (3, None, counts),
+                                (CHUNK + 40, None, counts), (CHUNK + 40, None, counts)):
         paths = path_inputs(visible, torch.tensor([past], device=device), torch.tensor([rows - 1], device=device),
                             bound=bound)
-        got = kernels.path_attention(q, keys, values, *paths.tensors(), 0.2, TILE, CHUNK, paths.bound)
+        got = kernels.path_attention(q, keys, values, *paths.tensors(), 0.2, TILE, CHUNK, paths.bound, folded)
         want = tiled_attention(q, keys, values, paths, 0.2)
+        how = "one kernel combining" if folded is not None else "as given"
         if not torch.allclose(got, want, rtol=1e-4, atol=1e-4):
-            raise AssertionError(f"path attention's kernels differ from PyTorch's by {(got - want).abs().max():.3g} "
-                                 f"after {past} cached positions (KV length {bound or capacity})")
+            raise AssertionError(f"path attention's kernels ({how}) differ from PyTorch's by "
+                                 f"{(got - want).abs().max():.3g} after {past} cached positions (KV length "
+                                 f"{bound or capacity})")
+        if folded is not None and folded.any():
+            raise AssertionError("path attention's kernel left its arrival counts non-zero")
 
 
 def virtual_slots(paths: PathInputs, length: int) -> torch.Tensor:

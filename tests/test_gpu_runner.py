@@ -145,6 +145,7 @@ def test_the_path_kernel_is_attention_and_a_tree_row_is_its_position_alone_on_cu
     from hvd_agents.runtime.static.paths import kernels_available, self_check, tiled_attention
 
     self_check(path_kernels, torch.device("cuda"))  # what the runner checks before choosing the bitwise mode
+    self_check(path_kernels, torch.device("cuda"), folded=True)  # and before merging chunks in one kernel
     assert kernels_available(torch.device("cuda"))
     from tests.test_path_attention import PARENTS, _alone, _dense_reference, _inputs, _random_attention
 

@@ -11,6 +11,7 @@ Triton's interpreter where Triton is installed; on CUDA it runs in tests/test_gp
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import subprocess
@@ -152,11 +153,38 @@ def test_the_path_kernels_self_check_refuses_kernels_that_disagree_with_pytorch(
             args[-1][0] += 1  # a count never reset: the next forward's last chunk would never combine
         return out
 
-    for kernel in (padding_row_not_zeroed, second_chunk_dropped, wrong_only_when_folded):
-        with pytest.raises(AssertionError, match="differ from PyTorch"):
-            paths.self_check(SimpleNamespace(path_attention=kernel), cpu)
+    paths.self_check(SimpleNamespace(path_attention=like_the_kernels), cpu, folded=True)
+    for kernel in (padding_row_not_zeroed, second_chunk_dropped):
+        for folded in (False, True):
+            with pytest.raises(AssertionError, match="differ from PyTorch"):
+                paths.self_check(SimpleNamespace(path_attention=kernel), cpu, folded=folded)
+    paths.self_check(SimpleNamespace(path_attention=wrong_only_when_folded), cpu)  # the rest stays usable
+    with pytest.raises(AssertionError, match="differ from PyTorch.*merged by the last"):
+        paths.self_check(SimpleNamespace(path_attention=wrong_only_when_folded), cpu, folded=True)
     with pytest.raises(AssertionError, match="arrival counts non-zero"):
-        paths.self_check(SimpleNamespace(path_attention=counts_left_behind), cpu)
+        paths.self_check(SimpleNamespace(path_attention=counts_left_behind), cpu, folded=True)
+
+
+def test_a_failed_merge_check_keeps_path_attentions_second_kernel(monkeypatch, caplog) -> None:
+    # the fold's own check failing (a compiler without the atomics, a wrong merge) costs a launch, not the bitwise mode
+    from types import SimpleNamespace
+
+    from hvd_agents.runtime.static import paths
+
+    calls = []
+
+    def kernel(q, keys, values, past, count, table, depth, scaling, tile, chunk, length=None, arrivals=None):
+        calls.append(arrivals)
+        out = paths.tiled_attention(q, keys, values, paths.PathInputs(past, count, table, depth, length), scaling)
+        return out if arrivals is None else out + 1
+
+    device = torch.device("cpu")
+    monkeypatch.setattr(paths, "_checked", lambda _: SimpleNamespace(path_attention=kernel))
+    monkeypatch.setattr(paths, "_fold_checked", paths._fold_checked.__wrapped__)
+    monkeypatch.setattr(torch.cuda, "device", lambda _: contextlib.nullcontext())
+    with caplog.at_level("WARNING"):
+        assert paths._fold_checked(device) is False
+    assert "merges its chunks with a second kernel" in caplog.text and any(a is not None for a in calls)
 
 
 def _teacher_forced(runner, ids, prefill, parents=None):
@@ -209,6 +237,7 @@ def test_the_triton_kernel_matches_the_reference_under_the_interpreter() -> None
         from hvd_agents.runtime.static import path_kernels
         from hvd_agents.runtime.static.paths import self_check, tiled_attention
         self_check(path_kernels, torch.device("cpu"))  # what CUDA checks before the kernels' first use
+        self_check(path_kernels, torch.device("cpu"), folded=True)
         for past, hd in ((0, 16), (70, 16), (150, 16), (70, 8), (150, 24)):  # head_dim padded to a power of two
             q, keys, values = _random_attention(torch.float32, seed=past, hd=hd)
             paths = _inputs(PARENTS, past, count=7)

@@ -40,7 +40,7 @@ MODES = [(mode, not mode.startswith("buckets")) for mode in (
     os.environ.get("PROBE_MODES") or "bitwise;buckets;bitwise, unfused").split(";")]
 CONTEXTS = (256, 512, 4096)  # 256: the bitwise mode's one-chunk KV bucket (path attention as one kernel)
 REPEATS = 20
-DEFAULTS = {"CHUNK": paths.CHUNK, "PW": path_kernels.WARPS, "PS": path_kernels.STAGES}
+DEFAULTS = {"CHUNK": paths.CHUNK, "TILE": paths.TILE, "PW": path_kernels.WARPS, "PS": path_kernels.STAGES}
 
 
 def step_ms(runner: StaticRunner, kv, ids: list[int], context: int, rows: int) -> float:
@@ -92,14 +92,15 @@ def kernels_per_step(runner: StaticRunner, kv) -> str:
 
 def configure(mode: str) -> None:
     """Set the kernels a mode names: ``unfused`` (PyTorch's small operations, not the fused Triton kernels),
-    ``CHUNK=n`` (path attention's chunk of virtual positions), ``FOLD=0`` (path attention's chunks combined by a
-    second kernel, not by each row's last chunk), ``PW=n`` / ``PS=n`` (path attention's warps per program and
-    pipelining stages)."""
+    ``CHUNK=n`` (path attention's chunk of virtual positions), ``TILE=n`` (its reduction tile), ``FOLD=0``
+    (path attention's chunks combined by a second kernel, not by each row's last chunk), ``PW=n`` / ``PS=n``
+    (path attention's warps per program and pipelining stages)."""
     words = [w.strip() for w in mode.split(",")[1:]]
     os.environ["HVD_AGENTS_FUSED_KERNELS"] = "0" if "unfused" in words else "1"
     values = dict(w.split("=") for w in words if "=" in w)
     paths.CHUNK = runner_module.CHUNK = int(values.get("CHUNK", DEFAULTS["CHUNK"]))
     paths.FOLD = values.get("FOLD", "1") != "0"
+    paths.TILE = int(values.get("TILE", DEFAULTS["TILE"]))
     path_kernels.WARPS = int(values.get("PW", DEFAULTS["PW"]))
     path_kernels.STAGES = int(values.get("PS", DEFAULTS["PS"]))
 
@@ -129,7 +130,7 @@ def probe(name: str) -> None:
         runner = StaticRunner(model, bitwise=bitwise, slots=1, max_context=8192)
         build = "input_kernel" if isinstance(runner.decoder.build_inputs, CheckedKernel) else "step_inputs"
         print(f"{mode}: small operations from {runner.decoder.ops.__name__}, step inputs from {build}, "
-              f"path attention chunk {paths.CHUNK} ({'combined by the last chunk' if paths.FOLD else 'two kernels'}, "
+              f"path attention tile {paths.TILE}, chunk {paths.CHUNK} ({'combined by the last chunk' if paths.FOLD else 'two kernels'}, "
               f"{path_kernels.WARPS} warps, "
               f"{path_kernels.STAGES} stages); bitwise rows: "
               f"{bitwise_rows(runner, ids)}")

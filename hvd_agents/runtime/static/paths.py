@@ -198,11 +198,12 @@ def virtual_slots(paths: PathInputs, length: int) -> torch.Tensor:
 
 
 def tiled_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, paths: PathInputs,
-                    scaling: float, tile: int = TILE) -> torch.Tensor:
+                    scaling: float, tile: int | None = None) -> torch.Tensor:
     """Path attention with PyTorch operations, tile by tile (online softmax), every tile one fixed shape.
 
     Reads ``past`` on the host, so it is for eager forwards (the CPU), not captured graphs.
     """
+    tile = TILE if tile is None else tile
     heads, rows, hd = q.shape
     kv_heads = keys.shape[0]
     group = heads // kv_heads

@@ -9,8 +9,9 @@ forward on that machine's host (``h``: ``hvd``'s milliseconds per step minus ``t
 the policy included; random weights draft more than real ones, so ``h`` is generous). Random
 weights cannot say how often drafts are accepted. This script runs the embedded SmolLM2-135M
 (the real weights) on this CPU, ``ar`` and ``hvd`` on the benchmark's agent prompts, with the
-GPU's profile as the cost model and prices taken from it alone (so ``hvd`` plans the drafts it
-would plan on that GPU, capped at its 32-token verification), and projects:
+GPU's profile as the cost model and prices taken from it alone, its own work weighed against the GPU's
+plain step (so ``hvd`` plans the drafts it would plan on that GPU, capped at its 32-token
+verification), and projects:
 
     ar  = tokens * t              hvd = sum over steps of (t * verify(d) + h)
 
@@ -52,6 +53,15 @@ def gpu_cost_model(report: dict) -> CostModel:
     return CostModel(tuple(points), source="the GPU's bitwise runner profile")
 
 
+def gpu_step(seconds: float) -> None:
+    """Let the policy compare its own timed work with the GPU's plain step (``seconds``), not this CPU's: whether
+    planning a cache proposal pays for itself (:meth:`~hvd_agents.drafters.HybridDrafter.propose`) depends on
+    that ratio."""
+    from hvd_agents.policy.calibration import StepCalibration
+
+    StepCalibration.step_s = property(lambda self: seconds)
+
+
 def untimed_pricing() -> None:
     """Price every draft from the profile alone, as the GPU's timings would price it (not this CPU's)."""
     def untimed(method):
@@ -79,6 +89,7 @@ def main() -> int:
     h = max(0.0, ms_per_step("engine-hvd (static)") - t)
     cost = gpu_cost_model(report)
     untimed_pricing()
+    gpu_step(t / 1e3)
     loaded = load_model(None)
     engine = Engine.from_loaded(loaded, cost_model=cost, draft_head=None, prefix_cache_bytes=0)
     prompts = chat_prompts() if args.chat else agent_prompts()

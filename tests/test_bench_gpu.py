@@ -18,7 +18,8 @@ def test_bench_gpu_runs_every_arm_on_the_cpu(tmp_path, capsys) -> None:
     report = run_gpu_benchmark("random:tiny", device="cpu", max_new_tokens=8, synthetic_prompts=1,
                                json_path=str(tmp_path / "gpu.json"))
     assert set(report.arms) == {"hf-generate", "engine-ar (HF runner)", "engine-ar (static)", "engine-hvd (static)",
-                                "engine-ar (static, buckets)", "engine-hvd (static, buckets)"}
+                                "engine-hvd-cache (static)", "engine-ar (static, buckets)",
+                                "engine-hvd (static, buckets)"}
     for arm in report.arms.values():
         assert arm["tokens"] == 8 and arm["same_as_engine_ar"] == 1  # greedy: every arm, the same tokens
     assert report.single_bucket_bitwise
@@ -43,7 +44,7 @@ def test_a_run_stopped_part_way_leaves_the_figures_of_the_prompts_it_finished(tm
 
         def stopping(ids):
             calls.append(ids)
-            if len(calls) > 5 + 5:  # the warm-up, then the first prompt: 5 engine arms each (HF generate aside)
+            if len(calls) > 6 + 6:  # the warm-up, then the first prompt: 6 engine arms each (HF generate aside)
                 raise KeyboardInterrupt("stopped")
             return run(ids)
         return stopping

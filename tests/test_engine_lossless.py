@@ -98,6 +98,13 @@ def test_tree_drafts_are_verified_as_trees(engine: Engine) -> None:
     assert drafter.trees > 0 and result.stats.steps < 30  # planted branches were accepted
 
 
+class WholeHybrid(HybridDrafter):
+    """``hvd`` taking every cache proposal whole, as where planning costs more than verifying it (a GPU)."""
+
+    def _whole_pays(self, cost: CostModel, k: int) -> bool:
+        return True
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     prompt=st.lists(st.integers(0, 7), min_size=1, max_size=30),
@@ -106,17 +113,20 @@ def test_tree_drafts_are_verified_as_trees(engine: Engine) -> None:
     seed=st.integers(0, 10_000),
     hazard_logit=st.floats(-6.0, 6.0),
     verify_cost=st.sampled_from([0.0, 0.02, 0.3, 2.0]),
+    whole=st.booleans(),
 )
 def test_hvd_greedy_equality_with_adversarial_model_drafts(
-    engine: Engine, prompt, max_new, k, seed, hazard_logit, verify_cost
+    engine: Engine, prompt, max_new, k, seed, hazard_logit, verify_cost, whole
 ) -> None:
     # the hybrid picks between real cache drafts and adversarial "model" drafts under any
-    # predictor (constant hazard from always-reject to always-accept) and any cost model
+    # predictor (constant hazard from always-reject to always-accept) and any cost model, planning its cache
+    # proposals or (where planning would cost more than verifying them whole) taking them as they are
     reference = engine.generate(prompt, GenerationParams(max_new_tokens=max_new, method="ar"))
     weights = np.zeros(NUM_FEATURES)
     weights[FEATURE_NAMES.index("bias")] = hazard_logit
-    hybrid = HybridDrafter(SuffixDrafter(engine.cache_store), PayoffPredictor(PayoffWeights(weights)),
-                           CostModel.linear(verify_cost), model=ScriptedDrafter(reference.token_ids, VOCAB, seed))
+    kind = WholeHybrid if whole else HybridDrafter
+    hybrid = kind(SuffixDrafter(engine.cache_store), PayoffPredictor(PayoffWeights(weights)),
+                  CostModel.linear(verify_cost), model=ScriptedDrafter(reference.token_ids, VOCAB, seed))
     engine.add_drafter("hvd-adversarial", hybrid)
     params = GenerationParams(max_new_tokens=max_new, method="hvd-adversarial", num_draft_tokens=k)
     assert engine.generate(prompt, params).token_ids == reference.token_ids

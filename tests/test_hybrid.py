@@ -689,8 +689,8 @@ class MatchCountingSuffix(SuffixDrafter):
         super().__init__(None)
         self.computed = self.cut = 0
 
-    def propose(self, ctx: DraftContext, k: int, min_match: int = 1) -> Draft:
-        draft = super().propose(ctx, k, min_match)
+    def propose(self, ctx: DraftContext, k: int, min_match: int = 1, *, described: bool = True) -> Draft:
+        draft = super().propose(ctx, k, min_match, described=described)
         self.computed += bool(draft.token_ids)
         self.cut += not draft.token_ids and draft.score > 0
         return draft
@@ -757,3 +757,51 @@ def test_a_given_cost_model_keeps_the_predictor_as_it_is() -> None:
     given = HybridDrafter(SuffixDrafter(None), constant_predictor(6.0), CostModel.linear(0.02))
     measured = HybridDrafter(SuffixDrafter(None), constant_predictor(6.0), lambda: CostModel.linear(0.02))
     assert given.survival_calibration is None and measured.survival_calibration is not None
+
+
+class SlowPredictor(PayoffPredictor):
+    """A confident predictor whose every prediction takes ``seconds`` of the fake clock."""
+
+    def __init__(self, clock: FakeClock, seconds: float) -> None:
+        constant = constant_predictor(2.0)
+        super().__init__(constant.weights, learning_rate=0.0)
+        self.clock, self.seconds, self.calls = clock, seconds, 0
+
+    def hazards(self, *args, **kwargs):
+        self.calls += 1
+        self.clock.now += self.seconds
+        return super().hazards(*args, **kwargs)
+
+
+@pytest.mark.parametrize(("profile", "temperature", "whole"), [
+    (CostModel(((0, 1.0), (1, 1.01), (32, 1.05))), 0.0, True),  # a GPU's flat profile: planning cannot pay
+    (CostModel.linear(0.2), 0.0, False),  # a CPU's: a cut saves far more than the planning costs
+    (CostModel(((0, 1.0), (1, 1.01), (32, 1.05))), 0.8, False),  # sampled requests never decide from timings
+])
+def test_a_proposal_is_verified_whole_where_planning_it_costs_more_than_verifying_it(monkeypatch, profile,
+                                                                                     temperature, whole) -> None:
+    # a repeating cycle the cache drafter proposes at every step; each prediction takes 0.5 ms, a step 1 ms
+    from hvd_agents.drafters.hybrid import drafter as hybrid
+
+    clock = FakeClock()
+    monkeypatch.setattr(hybrid, "time", clock)
+    predictor = SlowPredictor(clock, 0.0005)
+    drafter = HybridDrafter(SuffixDrafter(None), predictor, lambda: profile, branches=0)
+    cycle = list(range(1, 9))
+    ctx = start(drafter, cycle * 3)
+    ctx = DraftContext("r", ctx.token_ids, ctx.num_prompt_tokens, temperature=temperature)
+    plans = []
+    for _ in range(30):
+        draft = drafter.propose(ctx, 8)
+        decision = drafter.decision("r")
+        plans.append(decision.plan)
+        assert draft.token_ids  # the cycle is always proposed
+        emitted = draft.token_ids[:3] + (cycle[(ctx.token_ids.index(draft.token_ids[0]) + 3) % 8],)
+        drafter.observe(DraftOutcome("r", draft, 3, emitted, verify_s=0.001))
+        ctx.token_ids.extend(emitted)
+    if whole:
+        assert plans[0] == "planned" and set(plans[2:]) == {"whole"}  # timed once, then taken whole
+        assert predictor.calls == 1 and drafter.plan_seconds == pytest.approx(0.0005)
+        assert len(draft) == 8 and drafter.decision("r") is None  # the proposal as it is, observed
+    else:
+        assert "whole" not in plans and predictor.calls == 30

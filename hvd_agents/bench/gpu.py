@@ -3,8 +3,10 @@
 ``hvd-agents bench-gpu`` answers, on the machine it runs on:
 
 * decode speed: tokens per second of HF ``generate`` (the model's own eager forward, what
-  a transformers user gets), engine ``ar`` on the HF runner, engine ``ar`` and ``hvd`` on
-  the static runner (:mod:`hvd_agents.runtime.static`), same prompts, greedy;
+  a transformers user gets), engine ``ar`` on the HF runner, engine ``ar``, ``hvd`` and
+  ``hvd-cache`` (the cache drafter alone: ``hvd``'s host work is what sets them apart where
+  verification is nearly free) on the static runner (:mod:`hvd_agents.runtime.static`), same
+  prompts, greedy;
 * how close ``ar`` is to the memory-bandwidth limit: bytes a step must read (weights, and
   the KV at the measured context) over the device's copy bandwidth measured in the same
   run, against the measured step time;
@@ -297,6 +299,7 @@ def run_gpu_benchmark(model: str | None = None, *, device: str | None = None, ma
         "engine-ar (HF runner)": _engine_arm(hf_engine, replace(params, method="ar")),
         "engine-ar (static)": _engine_arm(engine, replace(params, method="ar")),
         "engine-hvd (static)": _engine_arm(engine, replace(params, method="hvd")),
+        "engine-hvd-cache (static)": _engine_arm(engine, replace(params, method="hvd-cache")),
         "engine-ar (static, buckets)": _engine_arm(bucketed, replace(params, method="ar")),
         "engine-hvd (static, buckets)": _engine_arm(bucketed, replace(params, method="hvd")),
     }
@@ -491,6 +494,7 @@ def print_report(report: GpuReport, runs: int) -> None:
         if other and ar:
             print(f"engine-ar (static) / {name}: {ar / other:.2f}x")
     for name, base in (("engine-hvd (static)", "engine-ar (static)"),
+                       ("engine-hvd-cache (static)", "engine-ar (static)"),
                        ("engine-hvd (static, buckets)", "engine-ar (static, buckets)")):
         other, under = report.arms[name]["tokens_per_s"], report.arms[base]["tokens_per_s"]
         if other and under:

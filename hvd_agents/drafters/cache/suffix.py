@@ -151,10 +151,12 @@ class SuffixDrafter:
         self._requests[req_id] = _RequestState(index, len(prompt_ids), kinds, session)
         _ = self.text  # token classes given as a callable are built with the first request, not inside its steps
 
-    def propose(self, ctx: DraftContext, k: int, min_match: int = 1) -> Draft:
+    def propose(self, ctx: DraftContext, k: int, min_match: int = 1, *, described: bool = True) -> Draft:
         """Up to ``k`` tokens that continued the longest suffix of the context found before, with their features.
         Where that suffix is shorter than ``min_match`` tokens the draft is empty and its ``score`` is the match's
-        length (nothing else is computed: a caller that gates short matches skips their cost)."""
+        length (nothing else is computed: a caller that gates short matches skips their cost). ``described``
+        False: the features a predictor reads about the text and its forks (``share``, ``seen``, ``text``) are not
+        computed, for a caller that verifies the proposal as it is."""
         state = started(self._requests, ctx.req_id, self.source, "propose")
         if k <= 0:
             return Draft()
@@ -183,8 +185,8 @@ class SuffixDrafter:
             history=state.history.features(),
             probs=probs,
             support=support,
-            **(self._context_counts(state, ctx.token_ids, tokens) if self.count_forks else {}),
-            **({"text": text.around(ctx.token_ids, tokens)} if text is not None else {}),
+            **(self._context_counts(state, ctx.token_ids, tokens) if self.count_forks and described else {}),
+            **({"text": text.around(ctx.token_ids, tokens)} if text is not None and described else {}),
         )
         return Draft(tuple(tokens), None, float(match_len), f"{self.source}:{chosen.kind.value}", features)
 

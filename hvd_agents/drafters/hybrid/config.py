@@ -67,6 +67,11 @@ class HybridConfig:
     """Weight with which a skipped gated proposal moves the running gain back towards its prior, so the class is
     computed again now and then and can show it has become worth it."""
 
+    plan_ema: float = 0.1
+    """Weight of the newest step in the running seconds of the policy's work on a cache proposal, planned
+    (predictor, tree, cut) and taken whole: where verifying the whole proposal costs less beyond a plain step
+    than planning it costs, the proposal is verified as it is (:meth:`HybridDrafter.propose`)."""
+
     branches: int = 8
     """Most alternative continuations a cache draft grows into a tree (0: chains only). Each is kept only
     while its tokens pay, so the limit bounds the policy's work, not the verified tokens."""

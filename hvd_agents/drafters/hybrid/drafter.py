@@ -1,6 +1,8 @@
 """The HVD drafter (method ``hvd``): payoff-guided choice between a cache draft, a model draft or none.
 
-Each ``propose`` is four phases (:meth:`HybridDrafter.propose`):
+Each ``propose`` is four phases (:meth:`HybridDrafter.propose`), unless planning cannot pay: where
+verifying all ``k`` tokens costs, beyond a plain step, no more than the policy's own timed work on a
+planned proposal (a GPU's nearly flat profile), the cache drafter's proposal is verified as it is.
 
 1. **the cache draft and its payoff**: the cache drafter
    (:class:`~hvd_agents.drafters.cache.suffix.SuffixDrafter`) proposes up to ``k``
@@ -104,6 +106,8 @@ class StepDecision:
         short: the cache proposal was of the gated short-match class (``HybridConfig.short_match``) and was
             computed: what it brought moves that class's running gain.
         beyond: the verified tree's cut alternatives' next tokens, as :attr:`~.tree.TreePlan.beyond` (empty: none).
+        plan: how the cache proposal was handled: ``"planned"`` (predictor, tree, cut), ``"whole"`` (verified as
+            it is, where planning could not pay for itself), ``""`` (no proposal, or not timed).
     """
 
     source: str = "none"
@@ -121,6 +125,7 @@ class StepDecision:
     forks: tuple[tuple[int, float], ...] = ()
     beyond: tuple[tuple[int, int], ...] = ()
     short: bool = False
+    plan: str = ""
 
 
 @dataclass(frozen=True)
@@ -215,6 +220,9 @@ class HybridDrafter:
         # what a cache proposal of a short match brings (see .ask), and the policy's seconds computing one
         self.short = AskGain(config.short_gain_prior, config.short_gain_ema, config.short_gain_explore)
         self.short_seconds = 0.0
+        # the policy's running seconds on a cache proposal, planned and taken whole (see _whole_pays)
+        self.plan_seconds = 0.0
+        self.whole_seconds = 0.0
         self._requests: dict[str, _HybridRequestState] = {}
 
     # ------------------------------------------------------------------ what the engine and tests read
@@ -299,6 +307,17 @@ class HybridDrafter:
         batched = ctx.step_cost is not None  # priced by the batch's step: rows cost what they add to it
         cost = ctx.step_cost if batched else self.pricing.target_cost(timed)
 
+        # 0. where verifying the whole proposal costs less beyond a plain step than planning it would, it is
+        # verified as it is (a GPU's flat profile); greedy requests alone: the work is timed
+        if timed and not batched and self._whole_pays(cost, k):
+            whole = self.cache.propose(ctx, k, described=False)
+            if whole.token_ids:
+                n = len(whole)
+                choice = Choice(n, 1.0 + n, float(cost.verify(n)), 1.0 + n - rate * float(cost.verify(n)))
+                request.decision = StepDecision("cache", None, n, choice.cost, n, 0.0, time.perf_counter() - begun,
+                                                whole.token_ids, plan="whole")
+                return whole
+
         # 1. the cache draft and its payoff; a short match's only while what such proposals bring pays for the
         # policy's work on them (greedy requests alone: the work is timed)
         gate = self.config.short_match
@@ -344,7 +363,8 @@ class HybridDrafter:
         request.decision = StepDecision(best.source, features, main, best.choice.cost, len(best.draft), draft_s,
                                         policy_s, cached.token_ids, predicted, ask_cost, raw,
                                         tuple(hazards.tolist()) if cached.token_ids else (),
-                                        forks if cache_used else (), beyond if cache_used else (), short)
+                                        forks if cache_used else (), beyond if cache_used else (), short,
+                                        "planned" if cached.token_ids and timed and not batched else "")
         if best.source != "cache":
             return best.draft
         judged = ChosenDraftFeatures(features, len(cached), best.choice.expected_tokens - 1.0, rate)
@@ -398,6 +418,17 @@ class HybridDrafter:
         candidate = _Candidate("model", Choice(n, expected, step_cost, expected - rate * step_cost), proposed)
         return candidate, draft_s, ask_cost
 
+    def _whole_pays(self, cost: CostModel, k: int) -> bool:
+        """Whether a cache proposal is better verified whole than planned: verifying all ``k`` tokens costs, beyond
+        a plain step, no more than the policy's planning (its timed seconds on a planned proposal less those on
+        one taken whole), both in plain steps. A plan can save at most that verification (and its trees did not
+        make up for the planning on a GPU's profile); until both are timed, proposals are planned."""
+        step_s = self.pricing.calibration.step_s
+        if self.plan_seconds <= 0.0 or step_s <= 0.0:
+            return False
+        planning = max(self.plan_seconds - self.whole_seconds, 0.0) / step_s
+        return float(cost.verify(k)) - 1.0 <= planning
+
     def _short_cost(self) -> float:
         """The policy's work on a short match's proposal, in plain steps (0 until both are timed)."""
         step_s = self.pricing.calibration.step_s
@@ -441,6 +472,13 @@ class HybridDrafter:
                 self.short_seconds += self.config.short_gain_ema * (step.policy_s - self.short_seconds)
             else:
                 self.short_seconds = step.policy_s
+        if step.plan:  # the policy's seconds on the proposal, planned or whole
+            seconds = step.policy_s
+            ema = self.config.plan_ema
+            if step.plan == "planned":
+                self.plan_seconds += ema * (seconds - self.plan_seconds) if self.plan_seconds else seconds
+            else:
+                self.whole_seconds += ema * (seconds - self.whole_seconds) if self.whole_seconds else seconds
         self.rate.observe(len(outcome.new_token_ids), step.cost)
         request.target = _target_signal(outcome)
         request.model_drafted = step.source == "model"

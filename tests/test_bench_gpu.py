@@ -58,6 +58,23 @@ def test_a_run_stopped_part_way_leaves_the_figures_of_the_prompts_it_finished(tm
     assert partial["arms"]["engine-ar (static)"]["tokens"] == 4 and partial["arms"]["hf-generate"]["tokens"] == 4
 
 
+def test_a_drafting_arm_never_finds_the_prompts_earlier_output_in_its_store(tmp_path) -> None:
+    # the warm-up and the other arms decode the same prompt first: a shared cross-request store would hand the cache
+    # drafter the whole reply. Each run of a drafting arm starts with an empty store, so hvd-cache (whose drafts do
+    # not depend on timings) takes exactly the steps of a new engine's first request
+    from hvd_agents import Engine, GenerationParams
+
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12] * 6 + [5, 6]
+    (tmp_path / "prompts.json").write_text(json.dumps([prompt]))
+    report = run_gpu_benchmark("random:tiny", device="cpu", max_new_tokens=24, prompts_path=str(tmp_path / "prompts.json"))
+    model = random_model("tiny", torch.device("cpu"), torch.float32)
+    engine = Engine(model, None, eos_token_ids=(), draft_head=None, runner=StaticRunner(model))
+    params = GenerationParams(max_new_tokens=24, reuse_prefix=False, stop_token_ids=(), method="hvd-cache")
+    first = engine.generate(prompt, params)
+    again = engine.generate(prompt, params)  # what a shared store gives: the first reply, copied
+    assert report.arms["engine-hvd-cache (static)"]["steps"] == first.stats.steps > again.stats.steps
+
+
 def test_random_models_have_the_named_configurations() -> None:
     model = random_model("tiny", torch.device("cpu"), torch.float32)
     assert model.config.hidden_size == RANDOM_CONFIGS["tiny"]["hidden_size"]

@@ -141,9 +141,12 @@ def _prompt_ids(tokenizer, vocab: int, synthetic: int) -> list[list[int]]:
     return prompts
 
 
-def _engine_arm(engine: Engine, params: GenerationParams) -> Callable[[list[int]], tuple]:
+def _engine_arm(engine: Engine | Callable[[], Engine], params: GenerationParams) -> Callable[[list[int]], tuple]:
+    """An arm decoding with ``engine``, or with a new engine per run (``engine`` a callable): a drafting arm's
+    cache drafter must not find the same prompt's output from an earlier run (the warm-up's, another arm's) in
+    its cross-request store, which would copy it whole."""
     def run(ids: list[int]) -> tuple:
-        result = engine.generate(ids, params)
+        result = (engine() if callable(engine) else engine).generate(ids, params)
         return result.token_ids, result.stats.decode_s, result.stats.steps
 
     return run
@@ -294,14 +297,18 @@ def run_gpu_benchmark(model: str | None = None, *, device: str | None = None, ma
     bucketed = Engine(target, tokenizer, eos_token_ids=(), draft_head=None, runner=StaticRunner(target, bitwise=False))
     hf_engine = Engine(target, tokenizer, eos_token_ids=(), draft_head=None, runner=HFRunner(target))
     params = GenerationParams(max_new_tokens=max_new_tokens, reuse_prefix=False, stop_token_ids=())
+
+    def fresh(like: Engine) -> Callable[[], Engine]:  # the same runner, an empty cross-request store
+        return lambda: Engine(target, tokenizer, eos_token_ids=(), draft_head=None, runner=like.runner)
+
     runs: dict[str, Callable] = {
         "hf-generate": _hf_arm(target, max_new_tokens),
         "engine-ar (HF runner)": _engine_arm(hf_engine, replace(params, method="ar")),
         "engine-ar (static)": _engine_arm(engine, replace(params, method="ar")),
-        "engine-hvd (static)": _engine_arm(engine, replace(params, method="hvd")),
-        "engine-hvd-cache (static)": _engine_arm(engine, replace(params, method="hvd-cache")),
+        "engine-hvd (static)": _engine_arm(fresh(engine), replace(params, method="hvd")),
+        "engine-hvd-cache (static)": _engine_arm(fresh(engine), replace(params, method="hvd-cache")),
         "engine-ar (static, buckets)": _engine_arm(bucketed, replace(params, method="ar")),
-        "engine-hvd (static, buckets)": _engine_arm(bucketed, replace(params, method="hvd")),
+        "engine-hvd (static, buckets)": _engine_arm(fresh(bucketed), replace(params, method="hvd")),
     }
     began = time.perf_counter()
     engine.cost_model()  # measured before the timed runs

@@ -419,3 +419,15 @@ def test_the_next_call_of_a_conversation_takes_the_last_calls_index_and_drafts_t
         assert drafts_kept == drafts_fresh
         prompt = context[:-1] + [90 + call] + vocabulary[call : call + 7]  # the reply's end re-rendered, new text
     assert kept.kept.reused_tokens > 0 and fresh.kept.reused_tokens == 0
+
+
+def test_a_proposal_verified_as_it_is_has_the_same_tokens_and_no_features() -> None:
+    # hvd's whole proposals skip the features only a predictor reads; the tokens are the drafter's all the same
+    prompt = [7, 1, 2, 3, 4, 5, 9, 1, 2, 3, 8, 1, 2, 3, 4, 5, 6, 1, 2]
+    described, bare = SuffixDrafter(None), SuffixDrafter(None)
+    for drafter in (described, bare):
+        drafter.start("r", prompt)
+    full = described.propose(DraftContext("r", prompt, len(prompt)), 8)
+    plain = bare.propose(DraftContext("r", prompt, len(prompt)), 8, described=False)
+    assert full.token_ids and plain.token_ids == full.token_ids and plain.source == full.source
+    assert feature_record(full.features) and not feature_record(plain.features)

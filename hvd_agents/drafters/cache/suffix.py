@@ -155,8 +155,8 @@ class SuffixDrafter:
         """Up to ``k`` tokens that continued the longest suffix of the context found before, with their features.
         Where that suffix is shorter than ``min_match`` tokens the draft is empty and its ``score`` is the match's
         length (nothing else is computed: a caller that gates short matches skips their cost). ``described``
-        False: the features a predictor reads about the text and its forks (``share``, ``seen``, ``text``) are not
-        computed, for a caller that verifies the proposal as it is."""
+        False: no features (the predictor's reading of the match, the text and its forks), for a caller that
+        verifies the proposal as it is."""
         state = started(self._requests, ctx.req_id, self.source, "propose")
         if k <= 0:
             return Draft()
@@ -172,6 +172,8 @@ class SuffixDrafter:
             return Draft()
         state.last_span = chosen.span_id
         state.last_kind = chosen.kind
+        if not described:  # verified as it is: nothing reads its features
+            return Draft(tuple(tokens), None, float(match_len), f"{self.source}:{chosen.kind.value}")
         text = self.text
         features = CacheDraftFeatures(
             match_len=match_len,
@@ -185,8 +187,8 @@ class SuffixDrafter:
             history=state.history.features(),
             probs=probs,
             support=support,
-            **(self._context_counts(state, ctx.token_ids, tokens) if self.count_forks and described else {}),
-            **({"text": text.around(ctx.token_ids, tokens)} if text is not None and described else {}),
+            **(self._context_counts(state, ctx.token_ids, tokens) if self.count_forks else {}),
+            **({"text": text.around(ctx.token_ids, tokens)} if text is not None else {}),
         )
         return Draft(tuple(tokens), None, float(match_len), f"{self.source}:{chosen.kind.value}", features)
 

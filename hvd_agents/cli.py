@@ -204,7 +204,7 @@ def cmd_bench_gpu(args: argparse.Namespace) -> int:
         return 0
 
     run_gpu_benchmark(args.model, device=args.device, max_new_tokens=args.max_new_tokens, rounds=args.rounds,
-                      json_path=args.json, prompts_path=args.prompts, max_prompts=args.max_prompts)
+                      json_path=args.json, prompts_path=args.prompts, max_prompts=args.max_prompts, arms=args.arms)
     return 0
 
 
@@ -524,6 +524,8 @@ def build_parser() -> argparse.ArgumentParser:
     gpu.add_argument("--json", default=None, help="write the figures to this file")
     gpu.add_argument("--prompts", default=None, help="a JSON list of token-id lists to run instead of the built-in prompts")
     gpu.add_argument("--max-prompts", type=int, default=None, help="run only the first N prompts")
+    gpu.add_argument("--arms", default=None, help="comma-separated, from hf, hf-runner, ar, hvd, hvd-cache, ar-buckets, "
+                     "hvd-buckets (default: all; ar always runs, and each arm's ar)")
     gpu.add_argument("--write-prompts", default=None, metavar="FILE",
                      help="write the benchmark's prompts as the embedded tokenizer's ids (for --prompts) and exit")
     gpu.set_defaults(func=cmd_bench_gpu)

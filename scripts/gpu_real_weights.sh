@@ -6,7 +6,8 @@
 #   call 2:  bash scripts/gpu_real_weights.sh run     # carry .gpu/gguf-b .gpu/gguf.sha256 .gpu/whl, before the
 #                                                     # machine goes back (it stays warm only seconds after a call)
 # `run` joins and checks the halves, installs the gguf reader, and runs bench-gpu on the agent prompts
-# (the first 4 of the benchmark's prompts), then on all 12; logs and JSON under $OUT (or gpu-logs/).
+# (the first 4 of the benchmark's prompts), then on all 12 (PROMPT_SETS), the arms in ARMS (default
+# ar,hvd,hvd-cache: HF's eager arms take most of a short lease); logs and JSON under $OUT (or gpu-logs/).
 set -euo pipefail
 STASH=/tmp/hvd-gguf
 LOGS=${OUT:-gpu-logs}
@@ -32,7 +33,7 @@ case ${1:-} in
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
     for n in ${PROMPT_SETS:-4 12}; do
       timeout "${LIMIT_S:-240}" python3 -m hvd_agents.cli -v bench-gpu --model "$STASH/model.gguf" ${DEVICE:+--device $DEVICE} \
-        --max-new-tokens "${MAX_NEW:-128}" --max-prompts "$n" --json "$LOGS/bench-real-$n.json" 2>&1 | tee "$LOGS/bench-real-$n.log" || true
+        --max-new-tokens "${MAX_NEW:-128}" --max-prompts "$n" --arms "${ARMS:-ar,hvd,hvd-cache}" --json "$LOGS/bench-real-$n.json" 2>&1 | tee "$LOGS/bench-real-$n.log" || true
       grep -q '"partial": true' "$LOGS/bench-real-$n.json" 2>/dev/null && head -c 3000 "$LOGS/bench-real-$n.json"
     done ;;
   *) echo "usage: $0 split|stash|run" >&2; exit 2 ;;

@@ -116,3 +116,16 @@ def test_prompts_travel_as_token_ids(tmp_path) -> None:
     assert len(prompts) == 12 and all(len(p) > 20 for p in prompts)
     with pytest.raises(InvalidRequestError, match="token ids below 100"):
         _load_prompts(str(path), 100)
+
+
+def test_the_arms_can_be_chosen_and_each_keeps_the_ar_it_is_compared_with(capsys) -> None:
+    from hvd_agents.bench.gpu import chosen_arms
+
+    report = run_gpu_benchmark("random:tiny", device="cpu", max_new_tokens=4, synthetic_prompts=1, arms="hvd-cache")
+    assert set(report.arms) == {"engine-ar (static)", "engine-hvd-cache (static)"}
+    assert report.arms["engine-hvd-cache (static)"]["same_as_engine_ar"] == 1
+    assert report.buckets_cost_profile == "not run"
+    assert "| engine-hvd-cache (static) |" in capsys.readouterr().out
+    assert "engine-ar (static, buckets)" in chosen_arms("hvd-buckets")
+    with pytest.raises(InvalidRequestError, match="unknown arm.*nope"):
+        chosen_arms("hvd,nope")

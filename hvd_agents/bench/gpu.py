@@ -271,10 +271,42 @@ def _load_prompts(path: str, vocab: int) -> list[list[int]]:
     return prompts
 
 
+ARM_KEYS = {  # --arms: the short names of the arms
+    "hf": "hf-generate",
+    "hf-runner": "engine-ar (HF runner)",
+    "ar": "engine-ar (static)",
+    "hvd": "engine-hvd (static)",
+    "hvd-cache": "engine-hvd-cache (static)",
+    "ar-buckets": "engine-ar (static, buckets)",
+    "hvd-buckets": "engine-hvd (static, buckets)",
+}
+
+
+def chosen_arms(keys: str | None) -> tuple[str, ...]:
+    """The arms ``keys`` names (comma-separated :data:`ARM_KEYS`; None: all), with the ``ar`` arms the others are
+    compared with.
+
+    >>> chosen_arms("hvd-buckets,hvd")
+    ('engine-ar (static)', 'engine-hvd (static)', 'engine-ar (static, buckets)', 'engine-hvd (static, buckets)')
+    """
+    if keys is None:
+        return tuple(ARM_KEYS.values())
+    wanted = {k.strip() for k in keys.split(",") if k.strip()}
+    unknown = sorted(wanted - set(ARM_KEYS))
+    if unknown:
+        raise InvalidRequestError(f"unknown arm(s) {', '.join(unknown)}: choose from {', '.join(ARM_KEYS)}")
+    names = {ARM_KEYS[k] for k in wanted} | {"engine-ar (static)"}
+    names |= {_its_ar(name) for name in names if name.startswith("engine-")}
+    return tuple(name for name in ARM_KEYS.values() if name in names)
+
+
 def run_gpu_benchmark(model: str | None = None, *, device: str | None = None, max_new_tokens: int = 128,
                       synthetic_prompts: int = 4, rounds: int = 1, json_path: str | None = None,
-                      prompts_path: str | None = None, max_prompts: int | None = None) -> GpuReport:
-    """Run the benchmark (see the module docstring), print its table and return the figures."""
+                      prompts_path: str | None = None, max_prompts: int | None = None,
+                      arms: str | None = None) -> GpuReport:
+    """Run the benchmark (see the module docstring), print its table and return the figures (``arms``: the
+    arms to run, see :func:`chosen_arms`)."""
+    selected = chosen_arms(arms)
     dev, dtype = resolve_device(device)
     began = time.perf_counter()
     if model is not None and model.startswith("random:"):
@@ -310,9 +342,12 @@ def run_gpu_benchmark(model: str | None = None, *, device: str | None = None, ma
         "engine-ar (static, buckets)": _engine_arm(bucketed, replace(params, method="ar")),
         "engine-hvd (static, buckets)": _engine_arm(fresh(bucketed), replace(params, method="hvd")),
     }
+    runs = {name: run for name, run in runs.items() if name in selected}
     began = time.perf_counter()
+    buckets = any("buckets" in name for name in runs)
     engine.cost_model()  # measured before the timed runs
-    bucketed.cost_model()
+    if buckets:
+        bucketed.cost_model()
     logger.info("bench-gpu: cost profiles measured in %.1f s", time.perf_counter() - began)
     arms = {name: Arm(name) for name in runs}
     for name, run in runs.items():  # warm-up: graphs, kernels, allocator
@@ -357,7 +392,7 @@ def run_gpu_benchmark(model: str | None = None, *, device: str | None = None, ma
         teacher_forced_bitwise=teacher_forced_check(target, prompts[0]),
         cost_profile=engine.cost_model().source, cost_points=list(engine.cost_model().points),
         graphs_captured=static.graphs.captured,
-        buckets_cost_profile=bucketed.cost_model().source,
+        buckets_cost_profile=bucketed.cost_model().source if buckets else "not run",
     )
     logger.info("bench-gpu: checks in %.1f s", time.perf_counter() - began)
     print_report(report, len(prompts) * rounds)
@@ -497,12 +532,16 @@ def print_report(report: GpuReport, runs: int) -> None:
         print(f"| {name} | {a['tokens_per_s']:.0f} | {decode} | {per_step:.2f} | {a['same_as_engine_ar']}/{runs} | {a['same_as_its_ar']}/{runs} |")
     ar = report.arms["engine-ar (static)"]["tokens_per_s"]
     for name in ("hf-generate", "engine-ar (HF runner)", "engine-ar (static, buckets)"):
+        if name not in report.arms:
+            continue
         other = report.arms[name]["tokens_per_s"]
         if other and ar:
             print(f"engine-ar (static) / {name}: {ar / other:.2f}x")
     for name, base in (("engine-hvd (static)", "engine-ar (static)"),
                        ("engine-hvd-cache (static)", "engine-ar (static)"),
                        ("engine-hvd (static, buckets)", "engine-ar (static, buckets)")):
+        if name not in report.arms:
+            continue
         other, under = report.arms[name]["tokens_per_s"], report.arms[base]["tokens_per_s"]
         if other and under:
             print(f"{name} / {base}: {other / under:.2f}x"

@@ -173,7 +173,7 @@ def test_the_folded_path_kernel_is_the_two_kernels_bit_for_bit_on_cuda_replay_af
     from hvd_agents.runtime.static import path_kernels
     from tests.test_path_attention import PARENTS, _inputs, _random_attention
 
-    counts = torch.zeros(3 * len(PARENTS), dtype=torch.int32, device="cuda")
+    counts = torch.zeros(3 * (len(PARENTS) + 1), dtype=torch.int32, device="cuda")  # 3 KV heads, 9 rows
     for dtype, bits in ((torch.float32, torch.int32), (torch.bfloat16, torch.int16)):
         for past in (503, 600, 1030, 3000):
             q, keys, values = (t.cuda() for t in _random_attention(dtype, seed=past, heads=9, kv_heads=3, hd=64,

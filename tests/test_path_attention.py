@@ -284,7 +284,7 @@ def test_the_one_chunk_kernel_is_the_two_kernels_bit_for_bit_under_the_interpret
         def folded(kernels, dtype, past, hd, count, chunk):  # the row's last chunk combines: one kernel
             q, keys, values = _random_attention(dtype, seed=past, hd=hd, capacity=4 * chunk)
             p = _inputs(PARENTS, past, count=count)
-            counts = torch.zeros(keys.shape[0] * len(PARENTS), dtype=torch.int32)
+            counts = torch.zeros(keys.shape[0] * (len(PARENTS) + 1), dtype=torch.int32)  # 9 rows
             got = kernels.path_attention(q, keys, values, *p.tensors(), 0.25, 64, chunk, None, counts)
             assert not counts.any(), counts  # left at zero for the next forward
             return got
@@ -301,6 +301,14 @@ def test_the_one_chunk_kernel_is_the_two_kernels_bit_for_bit_under_the_interpret
         for past in (130, 250, 300):  # rows across two and three chunks, combined in one kernel
             _, two = one_and_two(path_kernels, torch.float32, past, 16, 9, 128)
             assert same_bits(folded(path_kernels, torch.float32, past, 16, 9, 128), two), past
+        q, keys, values = _random_attention(torch.float32, seed=1, hd=16, capacity=512)
+        p = _inputs(PARENTS, 300, count=9)
+        for counts in (torch.zeros(2 * 8, dtype=torch.int32), torch.zeros(2 * 9, dtype=torch.int64)):
+            try:  # too few counts, or not int32: refused, never a silent second kernel
+                path_kernels.path_attention(q, keys, values, *p.tensors(), 0.25, 64, 128, None, counts)
+                raise SystemExit("arrival counts accepted")
+            except ValueError as exc:
+                assert "arrival counts must be int32" in str(exc)
 
         # the check has teeth: a finish that multiplies by the reciprocal instead of dividing differs somewhere
         source = inspect.getsource(path_kernels)

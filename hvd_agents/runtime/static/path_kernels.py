@@ -222,7 +222,10 @@ def path_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pa
             G=group, GP=GROUP_ROWS, HD=hd, HDP=padded, TILE=tile, CHUNK=chunk, IEEE=ieee, SINGLE=True, FOLD=False,
             num_warps=WARPS, num_stages=STAGES)
         return out
-    fold = arrivals is not None and arrivals.dtype == torch.int32 and arrivals.numel() >= kv_heads * rows
+    fold = arrivals is not None
+    if fold and (arrivals.dtype != torch.int32 or arrivals.numel() < kv_heads * rows):
+        raise ValueError(f"path attention's arrival counts must be int32, one per KV head and row ({kv_heads} x {rows}), "
+                         f"not {arrivals.numel()} of {arrivals.dtype}")
     m = torch.empty(heads, rows, chunks, dtype=torch.float32, device=q.device)
     s_sum = torch.empty_like(m)
     acc = torch.empty(heads, rows, chunks, hd, dtype=torch.float32, device=q.device)

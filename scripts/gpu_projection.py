@@ -15,8 +15,9 @@ verification), and projects:
 
     ar  = tokens * t              hvd = sum over steps of (t * verify(d) + h)
 
-It prints the projection with ``h`` and without it (a device-bound host). Both runs' greedy tokens
-are compared: they must be identical.
+It prints the projection with ``h`` and without it (a device-bound host), for ``hvd`` and for
+``hvd-cache`` (each with its own arm's ``h`` where the report has that arm). Every run's greedy
+tokens are compared with ``ar``'s: they must be identical.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from hvd_agents.policy.cost import CostModel
 from hvd_agents.runtime.loading import load_model
 
 GPU_TREE_TOKENS = 32  # the static runner verifies at most this many draft tokens per step
+METHODS = ("hvd", "hvd-cache")  # projected each, with its own arm's host cost when the report has one
 
 
 def gpu_cost_model(report: dict) -> CostModel:
@@ -86,34 +88,42 @@ def main() -> int:
         return a["tokens"] / a["decode_tokens_per_s"] / a["steps"] * 1e3
 
     t = ms_per_step("engine-ar (static)")
-    h = max(0.0, ms_per_step("engine-hvd (static)") - t)
     cost = gpu_cost_model(report)
     untimed_pricing()
     gpu_step(t / 1e3)
     loaded = load_model(None)
-    engine = Engine.from_loaded(loaded, cost_model=cost, draft_head=None, prefix_cache_bytes=0)
     prompts = chat_prompts() if args.chat else agent_prompts()
-    tokens = steps = 0
-    verify = 0.0
-    identical = 0
-    for prompt in prompts:
-        ids = encode_prompt(loaded.tokenizer, prompt.messages, prompt.tools)
-        params = GenerationParams(max_new_tokens=args.max_new_tokens, reuse_prefix=False)
-        ar = engine.generate(ids, replace(params, method="ar"))
-        hvd = engine.generate(ids, replace(params, method="hvd"))
-        identical += ar.token_ids == hvd.token_ids
-        tokens += len(hvd.token_ids)
-        steps += hvd.stats.steps
-        verify += hvd.stats.steps * cost.verify(round(hvd.stats.drafted_tokens / max(hvd.stats.steps, 1)))
-    ar_ms = tokens * t
-    print(f"GPU ({report['device']}): plain step {t:.3f} ms, hvd's host cost per step h = {h:.3f} ms; "
-          f"profile {report['cost_profile']}")
-    print(f"CPU run, embedded SmolLM2-135M, {len(prompts)} {'chat' if args.chat else 'agent'} prompts: {tokens} tokens "
-          f"in {steps} hvd steps ({tokens / steps:.2f} tokens per step); hvd identical to ar {identical}/{len(prompts)}")
-    for label, host in (("with h", h), ("device-bound (h = 0)", 0.0)):
-        hvd_ms = verify * t + steps * host
-        print(f"projected hvd / ar on the GPU, {label}: {ar_ms / hvd_ms:.2f}x ({ar_ms:.0f} ms vs {hvd_ms:.0f} ms)")
-    return 0 if identical == len(prompts) else 1
+    kind = "chat" if args.chat else "agent"
+    print(f"GPU ({report['device']}): plain step {t:.3f} ms; profile {report['cost_profile']}")
+    identical = checked = 0
+    for method in METHODS:
+        arm = f"engine-{method} (static)"
+        h = max(0.0, ms_per_step(arm) - t) if arm in arms and arms[arm]["steps"] else None
+        # a new engine per method: one method's replies must not be in the other's cross-request store
+        engine = Engine.from_loaded(loaded, cost_model=cost, draft_head=None, prefix_cache_bytes=0)
+        tokens = steps = 0
+        verify = 0.0
+        for prompt in prompts:
+            ids = encode_prompt(loaded.tokenizer, prompt.messages, prompt.tools)
+            params = GenerationParams(max_new_tokens=args.max_new_tokens, reuse_prefix=False)
+            ar = engine.generate(ids, replace(params, method="ar"))
+            out = engine.generate(ids, replace(params, method=method))
+            identical += ar.token_ids == out.token_ids
+            checked += 1
+            tokens += len(out.token_ids)
+            steps += out.stats.steps
+            verify += out.stats.steps * cost.verify(round(out.stats.drafted_tokens / max(out.stats.steps, 1)))
+        ar_ms = tokens * t
+        print(f"{method}: CPU run, embedded SmolLM2-135M, {len(prompts)} {kind} prompts: {tokens} tokens in {steps} "
+              f"steps ({tokens / steps:.2f} tokens per step); host cost per step on the GPU h = "
+              + (f"{h:.3f} ms" if h is not None else "not measured (no such arm in the report)"))
+        for label, host in (("with h", h), ("device-bound (h = 0)", 0.0)):
+            if host is None:
+                continue
+            ms = verify * t + steps * host
+            print(f"  projected {method} / ar on the GPU, {label}: {ar_ms / ms:.2f}x ({ar_ms:.0f} ms vs {ms:.0f} ms)")
+    print(f"identical to ar: {identical}/{checked}")
+    return 0 if identical == checked else 1
 
 
 if __name__ == "__main__":

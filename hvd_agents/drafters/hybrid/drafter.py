@@ -313,9 +313,8 @@ class HybridDrafter:
             whole = self.cache.propose(ctx, k, described=False)
             if whole.token_ids:
                 n = len(whole)
-                choice = Choice(n, 1.0 + n, float(cost.verify(n)), 1.0 + n - rate * float(cost.verify(n)))
-                request.decision = StepDecision("cache", None, n, choice.cost, n, 0.0, time.perf_counter() - begun,
-                                                whole.token_ids, plan="whole")
+                request.decision = StepDecision("cache", None, n, float(cost.verify(n)), n, 0.0,
+                                                time.perf_counter() - begun, whole.token_ids, plan="whole")
                 return whole
 
         # 1. the cache draft and its payoff; a short match's only while what such proposals bring pays for the

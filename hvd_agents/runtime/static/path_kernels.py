@@ -128,44 +128,33 @@ def _partial(q_ptr, k_ptr, v_ptr, past_ptr, count_ptr, table_ptr, depth_ptr, m_p
                 seen = tl.atomic_add(arrivals_ptr + h * rows + r, 1, sem="acq_rel", scope="gpu")
                 if seen == used - 1:
                     merged = _finish(m_ptr, l_ptr, acc_ptr, (heads * rows + r) * chunks, used, keep, d, dim, HD, GP,
-                                     HDP, True)
+                                     HDP, ".cg")
                     where = (r * (tl.num_programs(0) * G) + heads)[:, None] * HD + d[None, :]
                     tl.store(out_ptr + where, merged.to(out_ptr.dtype.element_ty), mask=keep[:, None] & dim[None, :])
                     tl.store(arrivals_ptr + h * rows + r, 0)  # counted from zero again by the next forward
     if SINGLE or FOLD:  # noqa: SIM102 - a compile-time branch around a run-time one
         if (r >= count) & (c == 0):  # a padding row: zeros, as _combine writes them
-            g = tl.arange(0, GP)
-            d = tl.arange(0, HDP)
-            keep = g < G
-            at = (r * (tl.num_programs(0) * G) + h * G + g)[:, None] * HD + d[None, :]
+            at = (r * (tl.num_programs(0) * G) + heads)[:, None] * HD + d[None, :]
             zeros = tl.zeros([GP, HDP], tl.float32).to(out_ptr.dtype.element_ty)
-            tl.store(out_ptr + at, zeros, mask=keep[:, None] & (d < HD)[None, :])
+            tl.store(out_ptr + at, zeros, mask=(g < G)[:, None] & dim[None, :])
 
 
 @triton.jit
 def _finish(m_ptr, l_ptr, acc_ptr, base, used, keep, d, dim, HD: tl.constexpr, GP: tl.constexpr,
-            HDP: tl.constexpr, SHARED: tl.constexpr):
+            HDP: tl.constexpr, CACHE: tl.constexpr):
     """A row's output from its ``used`` chunks' maxima, sums and weighted values, merged in chunk order.
-    ``SHARED``: the chunks were written by other programs of the same launch, so they are read from the
-    device-wide cache (L2), never from this processor's own."""
+    ``CACHE``: the loads' cache modifier: ``".cg"`` where other programs of the same launch wrote the chunks
+    (read from the device-wide cache, L2, never from this processor's own), else ``""``."""
     top = tl.full([GP], float("-inf"), tl.float32)
     for c in range(used):  # bounded at run time, pipelined: the chunks the row reaches
-        if SHARED:
-            top = tl.maximum(top, tl.load(m_ptr + base + c, mask=keep, other=0.0, cache_modifier=".cg"))
-        else:
-            top = tl.maximum(top, tl.load(m_ptr + base + c, mask=keep, other=0.0))
+        top = tl.maximum(top, tl.load(m_ptr + base + c, mask=keep, other=0.0, cache_modifier=CACHE))
     s_sum = tl.zeros([GP], tl.float32)
     acc = tl.zeros([GP, HDP], tl.float32)
     for c in range(used):  # in chunk order: the sums' grouping never changes
-        offsets = (base + c)[:, None] * HD + d[None, :]
-        if SHARED:
-            w = tl.exp(tl.load(m_ptr + base + c, mask=keep, other=0.0, cache_modifier=".cg") - top)
-            s_sum += tl.load(l_ptr + base + c, mask=keep, other=0.0, cache_modifier=".cg") * w
-            part = tl.load(acc_ptr + offsets, mask=keep[:, None] & dim[None, :], other=0.0, cache_modifier=".cg")
-        else:
-            w = tl.exp(tl.load(m_ptr + base + c, mask=keep, other=0.0) - top)
-            s_sum += tl.load(l_ptr + base + c, mask=keep, other=0.0) * w
-            part = tl.load(acc_ptr + offsets, mask=keep[:, None] & dim[None, :], other=0.0)
+        w = tl.exp(tl.load(m_ptr + base + c, mask=keep, other=0.0, cache_modifier=CACHE) - top)
+        s_sum += tl.load(l_ptr + base + c, mask=keep, other=0.0, cache_modifier=CACHE) * w
+        part = tl.load(acc_ptr + (base + c)[:, None] * HD + d[None, :], mask=keep[:, None] & dim[None, :], other=0.0,
+                       cache_modifier=CACHE)
         acc += part * w[:, None]
     return acc / tl.where(keep, s_sum, 1.0)[:, None]
 
@@ -191,7 +180,7 @@ def _combine(m_ptr, l_ptr, acc_ptr, out_ptr, past_ptr, count_ptr, depth_ptr, row
     else:
         length = past + depth + 1
         used = ((length + CHUNK - 1) // CHUNK).to(tl.int32)
-        out = _finish(m_ptr, l_ptr, acc_ptr, (heads * rows + r) * CHUNKS, used, keep, d, dim, HD, GP, HDP, False)
+        out = _finish(m_ptr, l_ptr, acc_ptr, (heads * rows + r) * CHUNKS, used, keep, d, dim, HD, GP, HDP, "")
         tl.store(out_ptr + at, out.to(out_ptr.dtype.element_ty), mask=keep[:, None] & dim[None, :])
 
 

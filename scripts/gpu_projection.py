@@ -31,8 +31,11 @@ from dataclasses import replace
 from hvd_agents import Engine, GenerationParams
 from hvd_agents.bench.prompts import agent_prompts, chat_prompts
 from hvd_agents.chat.render import encode_prompt
+from hvd_agents.drafters import HybridDrafter, SuffixDrafter
+from hvd_agents.drafters.hybrid.config import HybridConfig
 from hvd_agents.drafters.hybrid.pricing import StepPricing
 from hvd_agents.policy.cost import CostModel
+from hvd_agents.policy.token_text import TokenText
 from hvd_agents.runtime.loading import load_model
 
 GPU_TREE_TOKENS = 32  # the static runner verifies at most this many draft tokens per step
@@ -101,6 +104,10 @@ def main() -> int:
         h = max(0.0, ms_per_step(arm) - t) if arm in arms and arms[arm]["steps"] else None
         # a new engine per method: one method's replies must not be in the other's cross-request store
         engine = Engine.from_loaded(loaded, cost_model=cost, draft_head=None, prefix_cache_bytes=0)
+        if method == "hvd":  # as the engine's measured profile would allow it: whole proposals where planning costs more
+            engine.add_drafter("hvd", HybridDrafter(
+                SuffixDrafter(engine.cache_store, text=lambda: TokenText.from_tokenizer(loaded.tokenizer)),
+                cost=cost, config=HybridConfig(whole_proposals=True)))
         tokens = steps = 0
         verify = 0.0
         for prompt in prompts:

@@ -773,20 +773,25 @@ class SlowPredictor(PayoffPredictor):
         return super().hazards(*args, **kwargs)
 
 
-@pytest.mark.parametrize(("profile", "temperature", "whole"), [
-    (CostModel(((0, 1.0), (1, 1.01), (32, 1.05))), 0.0, True),  # a GPU's flat profile: planning cannot pay
-    (CostModel.linear(0.2), 0.0, False),  # a CPU's: a cut saves far more than the planning costs
-    (CostModel(((0, 1.0), (1, 1.01), (32, 1.05))), 0.8, False),  # sampled requests never decide from timings
+FLAT = CostModel(((0, 1.0), (1, 1.01), (32, 1.05)))
+
+
+@pytest.mark.parametrize(("profile", "temperature", "measured", "whole"), [
+    (FLAT, 0.0, True, True),  # a GPU's flat profile, measured: planning cannot pay
+    (CostModel.linear(0.2), 0.0, True, False),  # a CPU's: a cut saves far more than the planning costs
+    (FLAT, 0.8, True, False),  # sampled requests never decide from timings
+    (FLAT, 0.0, False, False),  # a given cost model (tests, replays): decisions that do not depend on timings
 ])
 def test_a_proposal_is_verified_whole_where_planning_it_costs_more_than_verifying_it(monkeypatch, profile,
-                                                                                     temperature, whole) -> None:
+                                                                                     temperature, measured,
+                                                                                     whole) -> None:
     # a repeating cycle the cache drafter proposes at every step; each prediction takes 0.5 ms, a step 1 ms
     from hvd_agents.drafters.hybrid import drafter as hybrid
 
     clock = FakeClock()
     monkeypatch.setattr(hybrid, "time", clock)
     predictor = SlowPredictor(clock, 0.0005)
-    drafter = HybridDrafter(SuffixDrafter(None), predictor, lambda: profile, branches=0)
+    drafter = HybridDrafter(SuffixDrafter(None), predictor, (lambda: profile) if measured else profile, branches=0)
     cycle = list(range(1, 9))
     ctx = start(drafter, cycle * 3)
     ctx = DraftContext("r", ctx.token_ids, ctx.num_prompt_tokens, temperature=temperature)

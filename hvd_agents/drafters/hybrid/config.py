@@ -67,6 +67,12 @@ class HybridConfig:
     """Weight with which a skipped gated proposal moves the running gain back towards its prior, so the class is
     computed again now and then and can show it has become worth it."""
 
+    whole_proposals: bool | None = None
+    """Whether a cache proposal may be verified whole where planning it costs more than it can save
+    (:meth:`HybridDrafter.propose`). None: where the costs are calibrated to this engine (a measured profile, as
+    the engine's own); with a given cost model (tests, trace replays) every proposal is planned, so that the
+    decisions do not depend on how long the policy's work took."""
+
     plan_ema: float = 0.1
     """Weight of the newest step in the running seconds of the policy's work on a cache proposal, planned
     (predictor, tree, cut) and taken whole: where verifying the whole proposal costs less beyond a plain step

@@ -421,7 +421,11 @@ class HybridDrafter:
         """Whether a cache proposal is better verified whole than planned: verifying all ``k`` tokens costs, beyond
         a plain step, no more than the policy's planning (its timed seconds on a planned proposal less those on
         one taken whole), both in plain steps. A plan can save at most that verification (and its trees did not
-        make up for the planning on a GPU's profile); until both are timed, proposals are planned."""
+        make up for the planning on a GPU's profile); until both are timed, proposals are planned. Only where
+        ``config.whole_proposals`` allows it (by default: costs calibrated to the engine)."""
+        allowed = self.config.whole_proposals
+        if not (self.pricing.calibrate if allowed is None else allowed):
+            return False
         step_s = self.pricing.calibration.step_s
         if self.plan_seconds <= 0.0 or step_s <= 0.0:
             return False

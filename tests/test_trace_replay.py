@@ -79,6 +79,19 @@ def test_oracle_bounds_every_policy_and_wastes_nothing(tok, trace) -> None:
     assert figures["suffix"]["est_speedup"] > figures["ar"]["est_speedup"]
 
 
+def test_tree_oracle_wastes_nothing_and_bounds_the_single_draft_oracle(tok, trace) -> None:
+    result, steps = run(tok, trace, ("suffix", "hvd", "oracle", "oracle-tree"))
+    figures = {name: stats.figures(0.02) for name, stats in result.stats.items()}
+    assert figures["oracle-tree"]["wasted_tokens"] == 0
+    assert figures["oracle-tree"]["est_speedup"] >= figures["oracle"]["est_speedup"]
+    assert figures["oracle-tree"]["steps"] <= figures["oracle"]["steps"]
+    # off the proposal's path: nothing for a policy that verifies (a cut of) the proposal itself
+    assert figures["oracle"]["off_path_tokens"] == figures["suffix"]["off_path_tokens"] == 0
+    for name in ("hvd", "oracle-tree"):
+        mine = [s for s in steps if s.policy == name and s.cache_drafted]
+        assert figures[name]["off_path_tokens"] == sum(max(s.accepted - s.cache_accepted, 0) for s in mine)
+
+
 def test_cross_request_store_beats_local_on_a_repeated_conversation(tok, trace) -> None:
     _, steps = run(tok, trace, ("suffix-local", "suffix"))
     per = defaultdict(int)

@@ -15,7 +15,7 @@ from hvd_agents.policy import CostModel, PayoffPredictor, PayoffWeights
 from hvd_agents.policy.features import FEATURE_NAMES, NUM_FEATURES
 from hvd_agents.structure import PromptStructure
 from hvd_agents.trace.replay import Turn, replay_turn
-from hvd_agents.trace.strategies import DrafterPolicy, OraclePolicy, common_prefix
+from hvd_agents.trace.strategies import DrafterPolicy, OraclePolicy, TreeOraclePolicy, common_prefix
 
 
 def rates(taken: float = 0.35, goes_on: float = 0.8) -> AlternativeRates:
@@ -123,6 +123,25 @@ def test_replay_hvd_tree_accepts_more_per_step_than_the_single_draft_oracle() ->
     assert len(runs["hvd"]) <= len(runs["oracle"])
     for steps in runs.values():
         assert sum(s.accepted + 1 for s in steps) == len(target)
+
+
+def test_replay_tree_oracle_takes_the_continuation_the_reply_follows_cut_exactly() -> None:
+    line = [0, 50, 51]
+    common = list(range(10, 22))
+    rare = list(range(30, 42))
+    prompt = [*line, *common, *line, *common, *line, *rare, *line]
+    target = (*rare, 7, 8)
+    hvd = DrafterPolicy("hvd", HybridDrafter(SuffixDrafter(None), constant_predictor(0.0), CostModel.linear(0.005)))
+    runs: dict[str, list] = {"hvd": [], "oracle": [], "oracle-tree": []}
+    for policy in (hvd, OraclePolicy("oracle", SuffixDrafter(None)), TreeOraclePolicy("oracle-tree", SuffixDrafter(None))):
+        replay_turn(policy, _turn(prompt, target), 16, runs[policy.name].append)
+    first = runs["oracle-tree"][0]
+    # the proposal is the frequent line (wrong at its first token); the rare candidate's run is verified, exactly
+    assert first.cache_accepted == 0 and first.accepted == first.drafted == len(rare)
+    assert all(s.drafted == s.accepted for s in runs["oracle-tree"])
+    assert first.accepted >= runs["hvd"][0].accepted and first.accepted > runs["oracle"][0].accepted == 0
+    assert len(runs["oracle-tree"]) <= min(len(runs["hvd"]), len(runs["oracle"]))
+    assert sum(s.accepted + 1 for s in runs["oracle-tree"]) == len(target)
 
 
 def test_hvd_tree_step_in_the_drafter_keeps_the_main_branch_first() -> None:

@@ -67,13 +67,14 @@ def format_table(result: ReplayResult, verify_cost: float) -> str:
 def format_paper_table(result: ReplayResult, verify_cost: float) -> str:
     """The HVD paper's measures per policy, as text: cache proposals, their high-payoff share, the
     predictor's precision and recall at the threshold (``-`` for a policy that predicts nothing), the
-    share of steps on each arm, verification cycles per 1K output tokens and wasted verified tokens."""
+    share of steps on each arm, verification cycles per 1K output tokens, wasted verified tokens and the tokens
+    accepted off the cache proposal's path (a tree's alternatives)."""
     figures = policy_figures(result, verify_cost)
     if not figures:
         return ""
     threshold = next(iter(figures.values()))["payoff_threshold"]
     header = (f"{'policy':<17}{'cache drafts':>13}{'%high':>7}{'prec':>7}{'recall':>7}{'%cache':>8}{'%model':>8}"
-              f"{'%merged':>8}{'%none':>7}{'cyc/1K':>8}{'wasted':>9}")
+              f"{'%merged':>8}{'%none':>7}{'cyc/1K':>8}{'wasted':>9}{'off-path':>9}")
     title = (f"the paper's measures (high-payoff: a cache draft that keeps >= {threshold:g} tokens; the predictor "
              f"flags a draft predicted to keep more than {threshold:g}):")
     lines = [title, header, "-" * len(header)]
@@ -81,7 +82,8 @@ def format_paper_table(result: ReplayResult, verify_cost: float) -> str:
         arms = fig["pct_steps_by_arm"]
         lines.append(f"{name:<17}{fig['cache_drafts']:>13}{fig['pct_high_payoff']:>7.1f}{_pct(fig['precision']):>7}"
                      f"{_pct(fig['recall']):>7}{arms['cache']:>8.1f}{arms['model']:>8.1f}{arms['merged']:>8.1f}"
-                     f"{arms['none']:>7.1f}{fig['cycles_per_1k']:>8.1f}{fig['wasted_tokens']:>9}")
+                     f"{arms['none']:>7.1f}{fig['cycles_per_1k']:>8.1f}{fig['wasted_tokens']:>9}"
+                     f"{fig['off_path_tokens']:>9}")
     return "\n".join(lines)
 
 

@@ -11,7 +11,9 @@ whole proposal would have kept at least ``payoff_threshold`` tokens, 6 by defaul
 a policy that predicts that length (``hvd``, ``hvd-paper``), the precision and recall of
 "predicted above the threshold" for high-payoff proposals; the share of steps on each
 arm (cache, model, merged, none); verification cycles (target forwards) per 1,000
-output tokens.
+output tokens. And the tokens a policy's steps accepted *off the proposal's path*: beyond
+what the cache proposal itself would have kept (``cache_accepted``), i.e. taken from a tree's
+alternatives (``hvd``) or from another continuation (``oracle-tree``).
 
 Provenance kind of a draft: the part after ``:`` of ``Draft.source`` (the cache
 drafter reports ``"suffix:<span kind>"``), else the whole source (``"pld"``,
@@ -128,6 +130,7 @@ class PolicyStats:
     predicted_high: int = 0  # ... those with a high-payoff actual, among the predicted
     flagged: int = 0  # ... predicted above the threshold
     hits: int = 0  # ... flagged and high-payoff
+    off_path_tokens: int = 0  # accepted beyond what the step's cache proposal would have kept
 
     def add_request(self, output_tokens: int) -> None:
         """Count one assistant turn of ``output_tokens`` tokens."""
@@ -139,6 +142,7 @@ class PolicyStats:
         self.steps += 1
         self.arm_steps[step.arm] += 1
         if step.cache_drafted:
+            self.off_path_tokens += max(step.accepted - step.cache_accepted, 0)
             high = step.cache_accepted >= self.payoff_threshold
             self.cache_drafts += 1
             self.high_payoff += high
@@ -188,6 +192,7 @@ class PolicyStats:
             "payoff_threshold": self.payoff_threshold,
             "precision": _ratio(self.hits, self.flagged) if self.predicted_drafts else None,
             "recall": _ratio(self.hits, self.predicted_high) if self.predicted_drafts else None,
+            "off_path_tokens": self.off_path_tokens,
         }
 
 

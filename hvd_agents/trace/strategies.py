@@ -35,6 +35,14 @@ Policies (:data:`POLICIES`; ``hvd-cache`` is an alias of ``suffix``):
 * ``oracle``: the ``suffix`` draft truncated to exactly the tokens that will be
   accepted: the same steps as ``suffix`` with no wasted verification, i.e. the
   upper bound of any draft-length rule applied to that drafter's single path.
+* ``oracle-tree``: of the ``suffix`` draft and every continuation the cache drafter has that
+  departs from it (:meth:`~hvd_agents.drafters.SuffixDrafter.alternatives`: the other
+  candidates' and, at the draft's forks, what followed the same tokens elsewhere; up to
+  :data:`ORACLE_TREE_BRANCHES`), the one path the reply follows furthest, cut to exactly
+  that: no wasted verification, and the upper bound of any policy whose trees are built from
+  that drafter's continuations and verify the path the target takes (``hvd``'s). Where it
+  passes ``oracle`` is the room trees have; how much of it ``hvd`` takes is its ``off-path``
+  figure (:class:`~hvd_agents.trace.stats.PolicyStats`).
 * ``arctic``: ArcticInference's ``SuffixDecodingCache`` with its defaults (depth
   64, draft <= 1x match length, min token probability 0.1); only when
   ``arctic_inference`` imports, else skipped with a note.
@@ -78,9 +86,12 @@ from hvd_agents.structure import PromptStructure
 logger = logging.getLogger(__name__)
 
 POLICIES: tuple[str, ...] = ("ar", "pld", "suffix-local", "suffix", "suffix-threshold", "hvd", "hvd-paper",
-                             "hvd-chain", "hvd-graft", "oracle", "arctic")
+                             "hvd-chain", "hvd-graft", "oracle", "oracle-tree", "arctic")
 ALIASES = {"hvd-cache": "suffix"}
 ARCTIC_DEPTH = 64
+ORACLE_TREE_BRANCHES = 64
+"""Most continuations ``oracle-tree`` reads off the cache drafter per step (``hvd`` grows trees over at most
+:attr:`~hvd_agents.drafters.hybrid.config.HybridConfig.branches`)."""
 
 
 class Policy(Protocol):
@@ -161,6 +172,28 @@ class OraclePolicy(DrafterPolicy):
     def propose(self, ctx: DraftContext, k: int, lookahead: Sequence[int]) -> Draft:
         draft = self.drafter.propose(ctx, k)
         return self.remember(draft, draft.truncated(common_prefix(draft.token_ids, lookahead)))
+
+
+@dataclass
+class TreeOraclePolicy(DrafterPolicy):
+    """Of the drafter's draft and its alternatives, the path the recorded reply follows furthest, cut to exactly
+    the tokens that will be accepted (see the module docstring)."""
+
+    branches: int = ORACLE_TREE_BRANCHES
+
+    def propose(self, ctx: DraftContext, k: int, lookahead: Sequence[int]) -> Draft:
+        draft = self.drafter.propose(ctx, k)
+        proposal = draft.token_ids[:k]
+        best = common_prefix(proposal, lookahead)
+        path = proposal[:best]
+        if proposal and isinstance(self.drafter, SuffixDrafter):
+            for alternative in self.drafter.alternatives(ctx.req_id, proposal, self.branches):
+                tokens = (*proposal[: alternative.depth], *alternative.tokens)[:k]
+                accepted = common_prefix(tokens, lookahead)
+                if accepted > best:
+                    best, path = accepted, tokens[:accepted]
+        used = Draft(tuple(path), None, draft.score, draft.source, draft.features) if path else Draft()
+        return self.remember(draft, used)
 
 
 class ArcticDrafter:
@@ -266,4 +299,6 @@ def make_policy(name: str, *, threshold: float, verify_cost: float = FALLBACK_VE
         return DrafterPolicy(name, GraftDrafter(SuffixDrafter(store)), store)
     if name == "oracle":
         return OraclePolicy(name, SuffixDrafter(store), store)
+    if name == "oracle-tree":
+        return TreeOraclePolicy(name, SuffixDrafter(store), store)
     raise InvalidRequestError(f"unknown policy {name!r}")

@@ -15,6 +15,7 @@ from hvd_agents.policy import CostModel, PayoffPredictor, PayoffWeights
 from hvd_agents.policy.features import FEATURE_NAMES, NUM_FEATURES
 from hvd_agents.structure import PromptStructure
 from hvd_agents.trace.replay import Turn, replay_turn
+from hvd_agents.trace.stats import PolicyStats
 from hvd_agents.trace.strategies import DrafterPolicy, OraclePolicy, TreeOraclePolicy, common_prefix
 
 
@@ -142,6 +143,13 @@ def test_replay_tree_oracle_takes_the_continuation_the_reply_follows_cut_exactly
     assert first.accepted >= runs["hvd"][0].accepted and first.accepted > runs["oracle"][0].accepted == 0
     assert len(runs["oracle-tree"]) <= min(len(runs["hvd"]), len(runs["oracle"]))
     assert sum(s.accepted + 1 for s in runs["oracle-tree"]) == len(target)
+    stats = {name: PolicyStats(name) for name in runs}
+    for name, steps in runs.items():
+        for step in steps:
+            stats[name].add_step(step)
+    # the rare run is taken off the proposal's path; the oracle's cut of the proposal takes nothing off it
+    assert stats["oracle-tree"].figures(0.02)["off_path_tokens"] >= len(rare)
+    assert stats["oracle"].figures(0.02)["off_path_tokens"] == 0
 
 
 def test_hvd_tree_step_in_the_drafter_keeps_the_main_branch_first() -> None:

@@ -18,6 +18,7 @@ from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -321,6 +322,21 @@ def _check_store_file(data: bytes) -> None:
 @given(st.binary(max_size=400))
 def test_store_reader_on_arbitrary_bytes(data) -> None:
     _check_store_file(data)
+
+
+def test_a_store_file_whose_entries_say_they_are_encrypted_is_a_corrupt_store() -> None:
+    raw = bytearray(GOOD_STORE)
+    at = raw.find(b"PK\x01\x02")  # the central directory's first entry: its flags at offset 8
+    assert at >= 0
+    while at >= 0:
+        raw[at + 8] |= 0x01  # "encrypted": zipfile asks for a password (RuntimeError)
+        at = raw.find(b"PK\x01\x02", at + 4)
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "store.npz"
+        path.write_bytes(bytes(raw))
+        with pytest.raises(StoreFormatError, match="corrupt or not a store.*encrypted"):
+            CacheStore.load(path)
+    _check_store_file(bytes(raw))
 
 
 @FAST

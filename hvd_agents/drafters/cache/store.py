@@ -331,10 +331,11 @@ def quarantine(path: str | os.PathLike) -> Path | None:
     return None
 
 
-# What reading arbitrary bytes as an .npz can raise (numpy, zipfile, json, and the checks below).
+# What reading arbitrary bytes as an .npz can raise (numpy, zipfile, json, and the checks below). RuntimeError:
+# zipfile's for an entry whose flags say it is encrypted (RecursionError and NotImplementedError are kinds of it).
 _READ_ERRORS = (
     OSError, ValueError, KeyError, IndexError, TypeError, AttributeError, EOFError, OverflowError,
-    RecursionError, NotImplementedError, zipfile.BadZipFile, zipfile.LargeZipFile,
+    RuntimeError, zipfile.BadZipFile, zipfile.LargeZipFile,
 )
 
 

@@ -169,6 +169,23 @@ def test_draft_share_seen_and_fork_alternatives_agree_with_a_scan_of_the_text(te
     seen = {(a.depth, a.tokens[0]) for a in plain}
     expected = brute_fork_alternatives(context, kept, prefix, k, seen, limit - len(plain))
     assert [(a.depth, a.share, a.tokens) for a in alternatives[len(plain) :]] == expected
+    ctx = DraftContext("r", context, len(context))
+    for alternative in plain:  # described as proposals of their own: their counts as a scan of their own path
+        described = drafter.described(ctx, draft, alternative)
+        if described is None:
+            continue  # the other source's shorter match
+        path = list(draft.token_ids[: alternative.depth]) + list(alternative.tokens)
+        window = context[-CONTEXT_GRAM:] + path
+        assert len(described.share) == len(described.probs) == len(path)
+        for depth, token in enumerate(path):
+            if depth < skip:
+                assert (described.share[depth], described.seen[depth]) == (1.0, 0.0)
+                continue
+            gram = tuple(window[depth - skip : depth - skip + CONTEXT_GRAM])
+            found = occurrences(context, context, gram, 64) + occurrences(store_text, store_text, gram, 64)
+            same = sum(t == token for _, t in found)
+            assert described.seen[depth] == len(found)
+            assert described.share[depth] == (same / len(found) if found else 1.0)
 
 
 def walk(candidates: list[_Candidate], k: int) -> tuple[list[int], list[float], list[int], _Candidate]:

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from hvd_agents.drafters import CacheStore, Draft, DraftContext, DraftOutcome, HybridDrafter, SuffixDrafter
+from hvd_agents.drafters.hybrid.config import HybridConfig
 from hvd_agents.drafters.model.protocol import ModelDrafter, PlainModelDrafter
 from hvd_agents.policy import CostModel, PayoffPredictor, PayoffWeights, RateEstimate, best_length
 from hvd_agents.policy.features import FEATURE_NAMES, NUM_FEATURES
@@ -395,9 +396,16 @@ def test_disagreeing_candidates_grow_a_tree_and_its_outcome_teaches_the_alternat
     drafter.observe(DraftOutcome("r", draft, 3, (4, 9, 7, 5)))  # the target took the alternative for 3 tokens
     assert drafter.alternatives.taken > taken
     # at the prior (t = 0.35) the alternative's first token survives 0.5 * 0.35 < 0.2: it does not pay at c = 0.2
-    plain = HybridDrafter(SuffixDrafter(None), constant_predictor(0.0), CostModel.linear(0.2))
+    plain = HybridDrafter(SuffixDrafter(None), constant_predictor(0.0), CostModel.linear(0.2),
+                          config=HybridConfig(judge_alternatives=False))
     chain = plain.propose(start(plain, prompt), 10)
     assert chain.token_ids == (3, 3) and not chain.is_tree
+    # judged, it survives the mean of that and the predictor's 0.5 (the path 4 9 7 as a proposal of its own):
+    # 0.34 pays, and its next token survives the predictor's hazard 0.5 times that, 0.17, which does not
+    judged = HybridDrafter(SuffixDrafter(None), constant_predictor(0.0), CostModel.linear(0.2))
+    tree = judged.propose(start(judged, prompt), 10)
+    assert tree.is_tree and tree.token_ids == (3, 3, 4)
+    assert judged.decision("r").main == 2 and tree.parents == (-1, 0, -1)
 
 
 def test_a_tree_of_alternatives_alone_where_no_main_token_pays() -> None:
@@ -723,6 +731,61 @@ def test_proposals_of_one_token_matches_are_computed_only_while_they_pay(monkeyp
         # a dozen to learn that they do not pay, then one now and then as the running gain drifts back
         assert cache.computed + cache.cut == matched
         assert cache.computed <= 20 and cache.cut >= 19
+
+
+class TickingClock:
+    """Stands in for ``time`` in the hybrid module: every reading is a millisecond after the last."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def perf_counter(self) -> float:
+        self.now += 0.001
+        return self.now
+
+
+class DescribeCountingSuffix(SuffixDrafter):
+    """The cache drafter, counting the alternatives it described for the predictor."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.described_count = 0
+
+    def described(self, ctx, proposal, alternative):
+        self.described_count += 1
+        return super().described(ctx, proposal, alternative)
+
+
+@pytest.mark.parametrize(("temperature", "calibrate"), [(0.0, True), (0.8, True), (0.0, False)])
+def test_alternatives_are_judged_only_while_what_they_bring_pays_for_judging_them(monkeypatch, temperature,
+                                                                                  calibrate) -> None:
+    # after "1 2" the candidates went on 3 3 6, 4 9 7 and 3 3 8, and the target always emits a fresh token instead:
+    # the judged alternatives bring nothing. Greedy requests stop judging them after a few steps (a judged
+    # alternative costs a millisecond of a 10 ms step here); sampled ones judge at every step, as does a drafter
+    # whose costs are given rather than timed (a trace replay)
+    from hvd_agents.drafters.hybrid import drafter as hybrid
+
+    monkeypatch.setattr(hybrid, "time", TickingClock())
+    cache = DescribeCountingSuffix()
+    drafter = HybridDrafter(cache, constant_predictor(0.0), CostModel.linear(0.01), calibrate=calibrate,
+                            config=HybridConfig(whole_proposals=False))  # every proposal planned
+    prompt = [5, 1, 2, 3, 3, 6, 1, 2, 4, 9, 7, 1, 2, 3, 3, 8, 1, 2]
+    drafter.start("r", prompt)
+    context = list(prompt)
+    judged_steps = []
+    steps = 40
+    for i in range(steps):
+        before = cache.described_count
+        draft = drafter.propose(DraftContext("r", list(context), len(prompt), temperature=temperature), 6)
+        judged_steps.append(cache.described_count > before)
+        emitted = (100 + i, 1, 2)  # rejected at once; the context ends in "1 2" again
+        drafter.observe(DraftOutcome("r", draft, 0, emitted, verify_s=0.01))
+        context.extend(emitted)
+    if temperature > 0 or not calibrate:
+        assert all(judged_steps)
+    else:
+        assert all(judged_steps[:2]) and sum(judged_steps) <= 10 and not any(judged_steps[-10:])
+        assert drafter.judging.value < drafter.config.judge_gain_prior
 
 
 def test_an_ask_that_drafts_is_credited_with_what_its_draft_brought() -> None:

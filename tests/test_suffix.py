@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from hvd_agents.drafters import CacheStore, DraftContext, DraftOutcome, PromptLookupDrafter, SuffixDrafter
 from hvd_agents.drafters.base import Draft
 from hvd_agents.drafters.cache.ngram_index import NgramIndex, _bulk_keys, ngram_key
+from hvd_agents.drafters.cache.suffix import Alternative
 from hvd_agents.errors import InvalidRequestError, StoreFormatError
 from hvd_agents.policy.features import feature_record
 from hvd_agents.structure import PromptStructure, SpanKind, TypedSpan
@@ -237,6 +238,27 @@ def test_alternatives_are_the_candidates_that_depart_from_the_draft() -> None:
     assert drafter.alternatives("r", draft.token_ids, limit=0) == []
     drafter.observe(DraftOutcome("r", draft, 0, (5,)))
     assert drafter.alternatives("r", draft.token_ids, limit=4) == []  # they belong to the last proposal only
+
+
+def test_an_alternative_is_described_as_the_proposal_had_its_candidate_been_the_main_branch() -> None:
+    # "1 2" is followed by 3 3 6 (15 tokens back), 4 9 7 (10 back) and 3 3 8 (5 back, the draft's source)
+    prompt = [5, 1, 2, 3, 3, 6, 1, 2, 4, 9, 7, 1, 2, 3, 3, 8, 1, 2]
+    drafter = SuffixDrafter(None)
+    drafter.start("r", prompt)
+    ctx = DraftContext("r", prompt, len(prompt))
+    draft = drafter.propose(ctx, 3)
+    assert draft.features.probs.tolist() == pytest.approx([2 / 3, 1.0, 1 / 2]) and draft.features.distance == 5
+    first, second = drafter.alternatives("r", draft.token_ids, limit=4)
+    other = drafter.described(ctx, draft, first)  # the path 4 9 7
+    assert other.probs.tolist() == pytest.approx([1 / 3, 1.0, 1.0]) and other.support.tolist() == [1, 1, 1]
+    assert other.distance == 10 and other.match_len == draft.features.match_len == 2
+    later = drafter.described(ctx, draft, second)  # the path 3 3 6: the draft's first two tokens, then 6
+    assert later.probs.tolist() == pytest.approx([2 / 3, 1.0, 1 / 2]) and later.support.tolist() == [2, 2, 1]
+    assert later.distance == 15
+    # "3 3" then 6 followed "1 2 3 3" once of its two occurrences, as 8 did
+    assert later.share.tolist() == [1.0, 1.0, 0.5] and later.seen.tolist() == [0.0, 0.0, 2.0]
+    fork = Alternative(1, 0.5, (6,), fork=True)
+    assert drafter.described(ctx, draft, fork) is None  # no candidate goes that way
 
 
 def test_no_alternatives_when_the_candidates_agree() -> None:

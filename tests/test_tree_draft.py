@@ -84,6 +84,52 @@ def test_alternatives_departing_together_split_the_taken_rate_by_share() -> None
     assert by_token[8] == pytest.approx(by_token[9]) == pytest.approx(0.5 * 0.4 * 0.2)
 
 
+def test_a_judged_alternative_survives_by_the_mean_of_the_rates_and_the_predictor_then_the_predictors_hazards() -> None:
+    main = Draft((1, 2, 3))
+    survival = np.array([0.8, 0.4, 0.2])
+    alternatives = [Alternative(1, 1.0, (7, 8, 9)), Alternative(1, 0.5, (6,), fork=True)]
+    asked: list[int] = []
+
+    def judge(i: int) -> np.ndarray:  # the path 1 7 8 9 as the predictor sees it
+        asked.append(i)
+        return np.array([0.8, 0.3, 0.15, 0.03])
+
+    plan = plan_tree(main, survival, alternatives, rates(0.5, 0.9), CostModel.linear(0.0), 1.0, 16, judge)
+    assert asked == [0]  # the fork's alternative is priced by its share alone
+    by_token = dict(zip(plan.draft.token_ids, plan.survival))
+    rates_chance = 0.8 * 0.5 * 0.5  # S_0 * (1 - h_1) * t * w / W
+    assert by_token[7] == pytest.approx(0.5 * (rates_chance + 0.3))
+    assert by_token[8] == pytest.approx(by_token[7] * 0.15 / 0.3)  # the predictor's hazard, not g
+    assert by_token[9] == pytest.approx(by_token[8] * 0.03 / 0.15)
+    assert by_token[6] == pytest.approx(0.8 * min(0.5, 0.5))
+    unjudged = plan_tree(main, survival, alternatives, rates(0.5, 0.9), CostModel.linear(0.0), 1.0, 16)
+    assert dict(zip(unjudged.draft.token_ids, unjudged.survival))[8] == pytest.approx(rates_chance * 0.9)
+
+
+def test_judged_alternatives_departing_together_never_take_more_than_the_main_branch_leaves() -> None:
+    main = Draft((1, 2))
+    alternatives = [Alternative(0, 0.5, (7,)), Alternative(0, 0.5, (8,))]
+    plan = plan_tree(main, np.array([0.6, 0.3]), alternatives, rates(0.2), CostModel.linear(0.0), 1.0, 16,
+                     lambda i: np.array([0.9]))  # each as sure as can be: together scaled to the 0.4 left
+    by_token = dict(zip(plan.draft.token_ids, plan.survival))
+    assert by_token[7] == by_token[8] == pytest.approx(0.5 * (0.4 * 0.2 * 0.5 + 0.2))
+
+
+def test_alternatives_that_could_not_pay_even_if_judged_sure_are_not_judged() -> None:
+    main = Draft((1, 2))
+    asked: list[int] = []
+
+    def judge(i: int) -> np.ndarray:
+        asked.append(i)
+        return np.array([1.0, 1.0])
+
+    # the main token is rejected at most 0.05 of the time: an alternative there survives at most
+    # 0.5 * (0.05 * 0.35 + 0.05) < 0.04, which no node pays for at R = 2, c = 0.02
+    plan = plan_tree(main, np.array([0.95, 0.9]), [Alternative(0, 1.0, (7, 8))], rates(), CostModel.linear(0.02),
+                     2.0, 16, judge)
+    assert asked == [] and not plan.draft.is_tree
+
+
 def test_rates_learn_only_from_alternatives_the_target_could_take() -> None:
     tree = Draft((1, 2, 3, 7, 8), parents=(-1, 0, 1, 0, 3))  # main 1 2 3; alternative 7 8 departing at depth 1
     learned = rates(0.5, 0.5)

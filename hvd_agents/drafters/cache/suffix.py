@@ -32,7 +32,7 @@ accepted, ``stop`` registers the request's output in the store (kind ``generated
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -196,13 +196,26 @@ class SuffixDrafter:
         """For each draft position, how often the :data:`CONTEXT_GRAM` tokens before it (context, then the draft)
         were followed by the drafted token before, and how often by any token, in this request's context and the
         store: the ``share`` and ``seen`` features. Where earlier occurrences of the same few tokens went on in
-        many ways (a tool call's name, an argument's value), the longest match's single continuation is a guess."""
+        many ways (a tool call's name, an argument's value), the longest match's single continuation is a guess.
+        The proposal's forks and the tables they were read from are kept for :meth:`alternatives`."""
+        share, seen, forks, tables = self._counts(state, context, tokens)
+        state.forks, state.successors = forks, tables
+        return {"share": share, "seen": seen}
+
+    def _counts(self, state: _RequestState, context: Sequence[int], tokens: Sequence[int], start: int = 0,
+                known: tuple[np.ndarray, np.ndarray] | None = None,
+                ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int, int]], tuple[SuccessorTable, ...]]:
+        """``share`` and ``seen`` of ``tokens`` after ``context`` (see :meth:`_context_counts`), the forks
+        (position, its gram's row in the tables, how often the gram was followed) and the tables. Positions before
+        ``start`` are taken from ``known`` (another draft's ``share`` and ``seen`` with the same tokens before
+        them), not counted again."""
         head = [int(t) for t in context[-CONTEXT_GRAM:]]
         window = np.array(head + [int(t) for t in tokens], dtype=np.int64)  # [h + n]
         skip = CONTEXT_GRAM - len(head)  # leading positions with fewer than CONTEXT_GRAM tokens before them
-        count = max(len(tokens) - skip, 0)  # positions with a gram before them
-        grams = window[np.arange(count)[:, None] + _GRAM_COLUMNS]  # [g, CONTEXT_GRAM]
-        followers = window[CONTEXT_GRAM:]  # [g]
+        first = max(start - skip, 0) if known is not None else 0  # the first gram counted here
+        count = max(len(tokens) - skip - first, 0)  # positions with a gram before them, counted here
+        grams = window[first + np.arange(count)[:, None] + _GRAM_COLUMNS]  # [g, CONTEXT_GRAM]
+        followers = window[first + CONTEXT_GRAM:]  # [g]
         keys = gram_keys(grams)
         tables = (state.index.successor_table(grams, keys=keys),)
         if self.store is not None:
@@ -213,14 +226,58 @@ class SuffixDrafter:
             same, total = same + more_same, total + more_total
         share = np.ones(len(tokens))  # [n]
         seen = np.zeros(len(tokens))  # [n]
+        if known is not None and start:
+            share[:start], seen[:start] = known[0][:start], known[1][:start]
+        at = skip + first  # the position of the first gram counted here
         counted = total > 0
-        state.forks = [(skip + i, i, int(total[i])) for i in np.flatnonzero(total > same).tolist()]
-        state.successors = tables
-        share[skip:][counted] = same[counted] / total[counted]
-        seen[skip:] = total
+        forks = [(at + i, i, int(total[i])) for i in np.flatnonzero(total > same).tolist()]
+        share[at:][counted] = same[counted] / total[counted]
+        seen[at:] = total
         share.setflags(write=False)  # the features keep them as they are
         seen.setflags(write=False)
-        return {"share": share, "seen": seen}
+        return share, seen, forks, tables
+
+    def described(self, ctx: DraftContext, proposal: Draft, alternative: Alternative) -> CacheDraftFeatures | None:
+        """The features of ``proposal`` (the last one, with its features) had the candidate that ``alternative``
+        copies been its main branch: the path ``proposal[:depth]`` then the alternative's tokens, with that
+        candidate's source (kind, distance, store or context), the branch probabilities and support of the path's
+        own tokens among the candidates, its forks' counts and its text. None where no longest-match candidate
+        goes that way (a fork alternative, the other source's shorter match), or the proposal has no features.
+        """
+        state = started(self._requests, ctx.req_id, self.source, "described")
+        features = proposal.features
+        if alternative.fork or not isinstance(features, CacheDraftFeatures) or not state.candidates:
+            return None
+        depth = alternative.depth
+        path = tuple(proposal.token_ids[:depth]) + tuple(alternative.tokens)
+        n = len(path)
+        chosen = next((c for c in state.candidates if tuple(c.tokens[:n]) == path), None)
+        if chosen is None:
+            return None
+        probs, support = features.probs[:depth].tolist(), features.support[:depth].tolist()
+        alive = [c.tokens for c in state.candidates if tuple(c.tokens[:depth]) == path[:depth]]
+        for i in range(depth, n):  # the share of the candidates still agreeing that go on with the path's token
+            going = [tokens for tokens in alive if len(tokens) > i and tokens[i] == path[i]]
+            probs.append(len(going) / len(alive) if alive else 0.0)
+            support.append(len(going))
+            alive = going
+        counts = {}
+        if len(features.share) == len(proposal):
+            share, seen, _, _ = self._counts(state, ctx.token_ids, path, depth, (features.share, features.seen))
+            counts = {"share": share, "seen": seen}
+        text = self.text
+        return replace(
+            features,
+            distance=chosen.distance,
+            from_store=chosen.from_store,
+            kind=chosen.kind,
+            kind_rate=self._kind_rates.rate(state.session_id, chosen.kind.value),
+            probs=probs,
+            support=support,
+            share=counts.get("share", ()),
+            seen=counts.get("seen", ()),
+            text=text.around(ctx.token_ids, path) if text is not None and len(features.text) else (),
+        )
 
     def alternatives(self, req_id: str, draft: Sequence[int], limit: int) -> list[Alternative]:
         """Up to ``limit`` continuations that depart from ``draft``, the last proposal's tokens (a prefix of them

@@ -17,6 +17,12 @@ in plain steps, as :mod:`.pricing` prices them). A step where it does not ask mo
 a little back towards the prior (``explore``), so a drafter priced out by a bad stretch is
 asked again after a while and can show it has become worth asking.
 
+The same gain gates two other pieces of the policy's host work: a short match's cache proposal
+(its features, prediction and tree; the gain is its accepted tokens less ``R`` times its extra
+verification) and judging a step's alternatives with the predictor (the gain is the judged
+alternatives' accepted tokens less ``R`` times what their nodes added to the step's cost), each
+against its own timed seconds.
+
 The mean depends on outcomes, never on a drawn token or on timings directly (the costs it is
 compared with are timed for greedy requests only), so sampling stays exact.
 

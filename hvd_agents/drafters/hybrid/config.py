@@ -82,6 +82,24 @@ class HybridConfig:
     """Most alternative continuations a cache draft grows into a tree (0: chains only). Each is kept only
     while its tokens pay, so the limit bounds the policy's work, not the verified tokens."""
 
+    judge_alternatives: bool = True
+    """Price a candidate's alternative with the payoff predictor too: its features as the proposal's would be
+    had that candidate been the main branch, its first token surviving the mean of the rates' chance and the
+    predictor's, its later tokens by the predictor's hazards (:func:`~.tree.plan_tree`). Only those whose first
+    token could pay are judged; for greedy requests priced by the engine's timed steps, only while what the judged
+    alternatives bring pays for the host work of judging them (:mod:`~hvd_agents.drafters.hybrid.ask`); with a given
+    cost model (tests, trace replays) always, so that the decisions do not depend on how long that work took."""
+
+    judge_gain_prior: float = 0.5
+    """What the judged alternatives of a step bring, in tokens beyond their verification and before the host work
+    of judging them, before any is seen: optimistic, so they are judged at first and show what they are worth."""
+
+    judge_gain_ema: float = 0.1
+    """Weight of the newest judging step in that running gain."""
+
+    judge_gain_explore: float = 0.003
+    """Weight with which a step whose alternatives were not judged moves that gain back towards its prior."""
+
     alternative_taken_prior: float = 0.35
     """P(the target takes one of the alternatives departing where it rejected the main branch), before any
     outcome: on the development agent traces about a third (0.3 to 0.45 with one alternative; with several, their
@@ -108,12 +126,14 @@ class HybridConfig:
         if self.short_match < 0:
             raise ValueError(f"short_match must be >= 0, got {self.short_match}")
         emas = {"model_rate_ema": self.model_rate_ema, "alternative_ema": self.alternative_ema,
+                "judge_gain_ema": self.judge_gain_ema,
                 "timing_ema": self.timing_ema, "model_ask_ema": self.model_ask_ema,
                 "short_gain_ema": self.short_gain_ema}
         for name, weight in emas.items():
             if not 0.0 < weight <= 1.0:
                 raise ValueError(f"{name} must be in (0, 1], got {weight}")
         for name, explore in {"model_ask_explore": self.model_ask_explore,
-                              "short_gain_explore": self.short_gain_explore}.items():
+                              "short_gain_explore": self.short_gain_explore,
+                              "judge_gain_explore": self.judge_gain_explore}.items():
             if not 0.0 <= explore <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {explore}")

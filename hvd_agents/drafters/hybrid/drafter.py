@@ -11,7 +11,9 @@ planned proposal (a GPU's nearly flat profile), the cache drafter's proposal is 
    ``S_i`` BEFORE any verification;
 2. **the tree and its cut**: where the cache drafter's candidates disagree, the
    other candidates' continuations branch off the proposal where they depart
-   (:mod:`.tree`); the nodes of that tree, best first, are cut at the count with
+   (:mod:`.tree`), each judged by the predictor too as a proposal of its own
+   (for greedy requests, while that pays for its host work: :mod:`.ask`); the
+   nodes of that tree, best first, are cut at the count with
    the best value ``E[tokens] - R * cost`` (:mod:`hvd_agents.policy.selection`'s
    rule), at most ``k`` of them, or dropped when a plain step is worth more;
 3. **the model drafter** (:class:`~hvd_agents.drafters.model.protocol.ModelDrafter`),
@@ -108,6 +110,11 @@ class StepDecision:
         beyond: the verified tree's cut alternatives' next tokens, as :attr:`~.tree.TreePlan.beyond` (empty: none).
         plan: how the cache proposal was handled: ``"planned"`` (predictor, tree, cut), ``"whole"`` (verified as
             it is, where planning could not pay for itself), ``""`` (no proposal, or not timed).
+        judge_s: the policy's seconds judging alternatives with the predictor, where that work is gated (greedy,
+            unbatched, costs calibrated to the engine; 0: none judged, or not gated): what the judged alternatives
+            brought moves the gate's gain.
+        judged: the verified tree's nodes (indices in the draft) on judged alternatives.
+        judged_cost: what verifying those nodes added to the step's cost, in plain steps as priced.
     """
 
     source: str = "none"
@@ -126,6 +133,9 @@ class StepDecision:
     beyond: tuple[tuple[int, int], ...] = ()
     short: bool = False
     plan: str = ""
+    judge_s: float = 0.0
+    judged: tuple[int, ...] = ()
+    judged_cost: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -220,6 +230,9 @@ class HybridDrafter:
         # what a cache proposal of a short match brings (see .ask), and the policy's seconds computing one
         self.short = AskGain(config.short_gain_prior, config.short_gain_ema, config.short_gain_explore)
         self.short_seconds = 0.0
+        # what judging the alternatives with the predictor brings, across requests (see .ask), and its seconds
+        self.judging = AskGain(config.judge_gain_prior, config.judge_gain_ema, config.judge_gain_explore)
+        self.judge_seconds = 0.0
         # the policy's running seconds on a cache proposal, planned and taken whole (see _whole_pays)
         self.plan_seconds = 0.0
         self.whole_seconds = 0.0
@@ -332,6 +345,9 @@ class HybridDrafter:
         cache_main = 0
         forks: tuple[tuple[int, float], ...] = ()
         beyond: tuple[tuple[int, int], ...] = ()
+        judged: tuple[int, ...] = ()
+        judged_cost = 0.0
+        judging_s = [0.0]  # the seconds spent judging alternatives this step
         if cached.token_ids:
             hazards = self.predictor.hazards(features, len(cached), request.session_id)
             predicted_survival = np.cumprod(hazards)
@@ -343,10 +359,30 @@ class HybridDrafter:
             reach = _paying_reach(survival, cost, rate, k)
             alternatives = (self.cache.alternatives(ctx.req_id, cached.token_ids[:reach], self.config.branches)
                             if self.config.branches and reach else [])
-            plan = plan_tree(cached, survival, alternatives, self.alternatives, cost, rate, k)
+            # alternatives judged by the predictor too; for greedy requests only while that pays for its host work
+            judge = None
+            if self.config.judge_alternatives and alternatives:
+                gated = timed and not batched and self.pricing.calibrate  # its work weighed against timed steps
+                if not gated or self.judging.pays(rate, self._judge_cost()):
+                    def judge(i: int) -> np.ndarray | None:  # the alternative's path as the predictor sees it
+                        judging = time.perf_counter()
+                        described = self.cache.described(ctx, cached, alternatives[i])
+                        path = None
+                        if described is not None:
+                            path = np.cumprod(self.predictor.hazards(described.with_target(request.target),
+                                                                     len(described.probs), request.session_id))
+                            calibration = self.survival_calibration
+                            path = calibration.apply(path) if calibration is not None else path
+                        judging_s[0] += time.perf_counter() - judging
+                        return path
+                else:
+                    self.judging.skipped()
+            plan = plan_tree(cached, survival, alternatives, self.alternatives, cost, rate, k, judge)
             if plan.choice.length > 0 and plan.choice.value > best.choice.value:
                 best = _Candidate("cache", plan.choice, plan.draft)
                 node_survival, cache_main, forks, beyond = plan.survival, plan.main, plan.forks, plan.beyond
+                judged = plan.judged
+                judged_cost = plan.choice.cost - float(cost.verify(plan.choice.length - len(judged)))
 
         # 3. the model drafter, where it may beat that
         model_cost = (ctx.step_cost.with_drafting(self.pricing.draft_token_cost(timed) / ctx.step_share) if batched
@@ -363,7 +399,9 @@ class HybridDrafter:
                                         policy_s, cached.token_ids, predicted, ask_cost, raw,
                                         tuple(hazards.tolist()) if cached.token_ids else (),
                                         forks if cache_used else (), beyond if cache_used else (), short,
-                                        "planned" if cached.token_ids and timed and not batched else "")
+                                        "planned" if cached.token_ids and timed and not batched else "",
+                                        judging_s[0] if timed and not batched and self.pricing.calibrate else 0.0,
+                                        judged if cache_used else (), judged_cost if cache_used else 0.0)
         if best.source != "cache":
             return best.draft
         judged = ChosenDraftFeatures(features, len(cached), best.choice.expected_tokens - 1.0, rate)
@@ -432,6 +470,11 @@ class HybridDrafter:
         planning = max(self.plan_seconds - self.whole_seconds, 0.0) / step_s
         return float(cost.verify(k)) - 1.0 <= planning
 
+    def _judge_cost(self) -> float:
+        """The policy's work judging a step's alternatives, in plain steps (0 until both are timed)."""
+        step_s = self.pricing.calibration.step_s
+        return self.judge_seconds / step_s if step_s > 0 else 0.0
+
     def _short_cost(self) -> float:
         """The policy's work on a short match's proposal, in plain steps (0 until both are timed)."""
         step_s = self.pricing.calibration.step_s
@@ -471,10 +514,17 @@ class HybridDrafter:
         if step.short:  # what the short match's proposal brought beyond a plain step (nothing unless verified)
             used = step.source == "cache" and bool(outcome.draft.token_ids)
             self.short.observe(outcome.num_accepted - rate * (step.cost - 1.0) if used else 0.0)
+            seconds = step.policy_s - step.judge_s  # judging is charged to its own gate
             if self.short_seconds:
-                self.short_seconds += self.config.short_gain_ema * (step.policy_s - self.short_seconds)
+                self.short_seconds += self.config.short_gain_ema * (seconds - self.short_seconds)
             else:
-                self.short_seconds = step.policy_s
+                self.short_seconds = seconds
+        if step.judge_s > 0.0:  # what the judged alternatives brought beyond their verification (nothing unverified)
+            used = step.source == "cache" and bool(outcome.draft.token_ids)
+            taken = len(set(step.judged).intersection(outcome.draft.path(outcome.new_token_ids))) if used else 0
+            self.judging.observe(taken - rate * step.judged_cost if used else 0.0)
+            ema = self.config.judge_gain_ema
+            self.judge_seconds += ema * (step.judge_s - self.judge_seconds) if self.judge_seconds else step.judge_s
         if step.plan:  # the policy's seconds on the proposal, planned or whole
             seconds = step.policy_s
             ema = self.config.plan_ema

@@ -33,6 +33,16 @@ tree down to it. With the main branch's predicted survivals ``S_i``
   one is judged by the target's own next token, so ``g`` does not depend on
   how many of an alternative's tokens the plans chose to verify).
 
+Where a *judge* is given (the payoff predictor's survivals ``A`` along a
+candidate's alternative, described as the proposal would be had that candidate
+been the main branch), a candidate's alternative departing at depth ``j`` is
+judged too: its first token survives the mean of the rates' chance above and
+``A_j`` (the ``A_j`` of those departing at one depth scaled together to at most
+``S_{j-1} - S_j``, what the main branch leaves there), each later token ``i``
+its parent's survival times ``A_i / A_{i-1}`` instead of ``g``. Only those whose
+first node could pay even at the predictor's most are judged; fork alternatives
+are not (no candidate goes their way).
+
 Accepted nodes on different branches are disjoint events, so a tree's expected
 emitted tokens are one plus the sum of its nodes' survivals. Which nodes to
 verify is the selection rule's question (:mod:`hvd_agents.policy.selection`) over
@@ -56,7 +66,7 @@ alternative's first token survives ``0.9 * 0.5 * 0.3 = 0.135`` and its next
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -157,6 +167,7 @@ class TreePlan:
             is learned against.
         beyond: for each alternative cut short, its last kept node (its index in the draft) and the alternative's
             next token: what :attr:`AlternativeRates.goes_on` learns from when the target takes it to that node.
+        judged: the kept nodes (their indices in the draft) of the alternatives the predictor judged.
     """
 
     choice: Choice
@@ -165,6 +176,7 @@ class TreePlan:
     survival: tuple[float, ...]
     forks: tuple[tuple[int, float], ...] = ()
     beyond: tuple[tuple[int, int], ...] = ()
+    judged: tuple[int, ...] = ()
 
 
 def plan_tree(
@@ -175,6 +187,7 @@ def plan_tree(
     cost: CostModel,
     rate: float,
     k: int,
+    judge: Callable[[int], np.ndarray | None] | None = None,
 ) -> TreePlan:
     """The nodes of the main branch and its alternatives worth verifying together (see the module docstring).
 
@@ -186,6 +199,9 @@ def plan_tree(
         cost: the verification cost the step is priced with.
         rate: the running rate ``R``.
         k: the most nodes the tree may have.
+        judge: ``judge(i)``: the predictor's survivals along alternative ``i``'s whole path (the main branch
+            before its depth, then its tokens) had its candidate been the main branch, or None where it cannot
+            tell; asked only for the candidates' alternatives whose first node could pay. None: the rates alone.
 
     Returns:
         The plan; ``choice.length == 0`` (an empty draft) when no node pays.
@@ -223,6 +239,8 @@ def plan_tree(
     for alternative in alternatives:
         if alternative.depth < n and alternative.tokens and not alternative.fork:
             departing[alternative.depth] = departing.get(alternative.depth, 0.0) + _weight(alternative)
+    # each alternative's first node as the rates price it, and where a judge is given, as the predictor does
+    firsts: dict[int, tuple[float, float]] = {}  # owner: (the rates' chance, the main branch's rejection there)
     for owner, alternative in enumerate(alternatives):
         depth = alternative.depth
         if depth >= n or depth > built or not alternative.tokens:
@@ -233,6 +251,14 @@ def plan_tree(
             alive = reach * min(alternative.share * rates.fork_scale, left)
         else:
             alive = reach * left * rates.taken * _weight(alternative) / departing[depth]
+        firsts[owner] = (alive, left)
+    judged = _judged(alternatives, firsts, main_survival, floor, judge) if judge is not None else {}
+    for owner, (alive, left) in firsts.items():
+        alternative = alternatives[owner]
+        depth = alternative.depth
+        path = judged.get(owner)
+        if path is not None:  # the mean of the rates' and the predictor's chance, then the predictor's hazards
+            alive = 0.5 * (alive + path[0])
         parent = depth - 1
         for i, token in enumerate(alternative.tokens[: max(k - depth, 0)]):
             if not alive > floor:
@@ -242,7 +268,10 @@ def plan_tree(
                 fork_chance[parent] = min(alternative.share, left) / left
             if i + 1 < len(alternative.tokens):
                 following[parent] = alternative.tokens[i + 1]
-            alive *= rates.goes_on
+            if path is None:
+                alive *= rates.goes_on
+            else:
+                alive *= path[i + 1] / path[i] if i + 1 < len(path) and path[i] > 0 else 0.0
 
     # best first: a node becomes a candidate once its parent is taken
     order: list[int] = []
@@ -272,7 +301,39 @@ def plan_tree(
     leaves = [node for node in ordered if branch[node] >= 0 and node in following
               and not any(child in kept_nodes for child in children.get(node, []))]
     beyond = tuple((position[node], following[node]) for node in leaves)
-    return TreePlan(choice, tree, main, tuple(values[node] for node in ordered), forks, beyond)
+    judged_nodes = tuple(position[node] for node in ordered if branch[node] in judged)
+    return TreePlan(choice, tree, main, tuple(values[node] for node in ordered), forks, beyond, judged_nodes)
+
+
+def _judged(alternatives: Sequence[Alternative], firsts: dict[int, tuple[float, float]], main_survival: list[float],
+            floor: float, judge: Callable[[int], np.ndarray | None]) -> dict[int, np.ndarray]:
+    """For each candidate alternative ``judge`` can tell about and whose first node could pay (the mean of its
+    rates' chance and the most the predictor may give it, what the main branch leaves there), the predictor's
+    survivals from its first token on, with the first tokens of those departing at one depth scaled together to at
+    most what the main branch leaves there: ``[m]``."""
+    out: dict[int, np.ndarray] = {}
+    for owner, (alive, left) in firsts.items():
+        alternative = alternatives[owner]
+        depth = alternative.depth
+        reach = main_survival[depth - 1] if depth > 0 else 1.0
+        if alternative.fork or not 0.5 * (alive + reach * left) > floor:
+            continue
+        survival = judge(owner)
+        if survival is None or len(survival) <= depth:
+            continue
+        out[owner] = np.asarray(survival[depth:], dtype=np.float64)  # [m]: A_j, A_{j+1}, ...
+    by_depth: dict[int, float] = {}
+    for owner, path in out.items():
+        depth = alternatives[owner].depth
+        by_depth[depth] = by_depth.get(depth, 0.0) + float(path[0])
+    for owner, path in out.items():
+        depth = alternatives[owner].depth
+        reach = main_survival[depth - 1] if depth > 0 else 1.0
+        room = reach * firsts[owner][1]  # what the main branch leaves at its depth
+        total = by_depth[depth]
+        if total > room:
+            out[owner] = path * (room / total)
+    return out
 
 
 def _weight(alternative: Alternative) -> float:

@@ -261,10 +261,9 @@ class SuffixDrafter:
             probs.append(len(going) / len(alive) if alive else 0.0)
             support.append(len(going))
             alive = going
-        counts = {}
+        share, seen = (), ()  # not known where the proposal's were not counted
         if len(features.share) == len(proposal):
             share, seen, _, _ = self._counts(state, ctx.token_ids, path, depth, (features.share, features.seen))
-            counts = {"share": share, "seen": seen}
         text = self.text
         return replace(
             features,
@@ -274,8 +273,8 @@ class SuffixDrafter:
             kind_rate=self._kind_rates.rate(state.session_id, chosen.kind.value),
             probs=probs,
             support=support,
-            share=counts.get("share", ()),
-            seen=counts.get("seen", ()),
+            share=share,
+            seen=seen,
             text=text.around(ctx.token_ids, path) if text is not None and len(features.text) else (),
         )
 

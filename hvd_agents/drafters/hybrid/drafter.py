@@ -345,9 +345,10 @@ class HybridDrafter:
         cache_main = 0
         forks: tuple[tuple[int, float], ...] = ()
         beyond: tuple[tuple[int, int], ...] = ()
-        judged: tuple[int, ...] = ()
+        judged_nodes: tuple[int, ...] = ()
         judged_cost = 0.0
-        judging_s = [0.0]  # the seconds spent judging alternatives this step
+        judging_s = 0.0  # the seconds spent judging alternatives this step
+        judging_gated = timed and not batched and self.pricing.calibrate  # judging weighed against timed steps
         if cached.token_ids:
             hazards = self.predictor.hazards(features, len(cached), request.session_id)
             predicted_survival = np.cumprod(hazards)
@@ -362,9 +363,9 @@ class HybridDrafter:
             # alternatives judged by the predictor too; for greedy requests only while that pays for its host work
             judge = None
             if self.config.judge_alternatives and alternatives:
-                gated = timed and not batched and self.pricing.calibrate  # its work weighed against timed steps
-                if not gated or self.judging.pays(rate, self._judge_cost()):
+                if not judging_gated or self.judging.pays(rate, self._judge_cost()):
                     def judge(i: int) -> np.ndarray | None:  # the alternative's path as the predictor sees it
+                        nonlocal judging_s
                         judging = time.perf_counter()
                         described = self.cache.described(ctx, cached, alternatives[i])
                         path = None
@@ -373,7 +374,7 @@ class HybridDrafter:
                                                                      len(described.probs), request.session_id))
                             calibration = self.survival_calibration
                             path = calibration.apply(path) if calibration is not None else path
-                        judging_s[0] += time.perf_counter() - judging
+                        judging_s += time.perf_counter() - judging
                         return path
                 else:
                     self.judging.skipped()
@@ -381,8 +382,8 @@ class HybridDrafter:
             if plan.choice.length > 0 and plan.choice.value > best.choice.value:
                 best = _Candidate("cache", plan.choice, plan.draft)
                 node_survival, cache_main, forks, beyond = plan.survival, plan.main, plan.forks, plan.beyond
-                judged = plan.judged
-                judged_cost = plan.choice.cost - float(cost.verify(plan.choice.length - len(judged)))
+                judged_nodes = plan.judged
+                judged_cost = plan.choice.cost - float(cost.verify(plan.choice.length - len(judged_nodes)))
 
         # 3. the model drafter, where it may beat that
         model_cost = (ctx.step_cost.with_drafting(self.pricing.draft_token_cost(timed) / ctx.step_share) if batched
@@ -400,8 +401,8 @@ class HybridDrafter:
                                         tuple(hazards.tolist()) if cached.token_ids else (),
                                         forks if cache_used else (), beyond if cache_used else (), short,
                                         "planned" if cached.token_ids and timed and not batched else "",
-                                        judging_s[0] if timed and not batched and self.pricing.calibrate else 0.0,
-                                        judged if cache_used else (), judged_cost if cache_used else 0.0)
+                                        judging_s if judging_gated else 0.0,
+                                        judged_nodes if cache_used else (), judged_cost if cache_used else 0.0)
         if best.source != "cache":
             return best.draft
         judged = ChosenDraftFeatures(features, len(cached), best.choice.expected_tokens - 1.0, rate)

@@ -240,7 +240,8 @@ def plan_tree(
         if alternative.depth < n and alternative.tokens and not alternative.fork:
             departing[alternative.depth] = departing.get(alternative.depth, 0.0) + _weight(alternative)
     # each alternative's first node as the rates price it, and where a judge is given, as the predictor does
-    firsts: dict[int, tuple[float, float]] = {}  # owner: (the rates' chance, the main branch's rejection there)
+    # owner: (the rates' chance, the main token's rejection there, what the main branch leaves there)
+    firsts: dict[int, tuple[float, float, float]] = {}
     for owner, alternative in enumerate(alternatives):
         depth = alternative.depth
         if depth >= n or depth > built or not alternative.tokens:
@@ -251,9 +252,9 @@ def plan_tree(
             alive = reach * min(alternative.share * rates.fork_scale, left)
         else:
             alive = reach * left * rates.taken * _weight(alternative) / departing[depth]
-        firsts[owner] = (alive, left)
-    judged = _judged(alternatives, firsts, main_survival, floor, judge) if judge is not None else {}
-    for owner, (alive, left) in firsts.items():
+        firsts[owner] = (alive, left, reach * left)
+    judged = _judged(alternatives, firsts, floor, judge) if judge is not None else {}
+    for owner, (alive, left, _) in firsts.items():
         alternative = alternatives[owner]
         depth = alternative.depth
         path = judged.get(owner)
@@ -305,18 +306,17 @@ def plan_tree(
     return TreePlan(choice, tree, main, tuple(values[node] for node in ordered), forks, beyond, judged_nodes)
 
 
-def _judged(alternatives: Sequence[Alternative], firsts: dict[int, tuple[float, float]], main_survival: list[float],
-            floor: float, judge: Callable[[int], np.ndarray | None]) -> dict[int, np.ndarray]:
+def _judged(alternatives: Sequence[Alternative], firsts: dict[int, tuple[float, float, float]], floor: float,
+            judge: Callable[[int], np.ndarray | None]) -> dict[int, np.ndarray]:
     """For each candidate alternative ``judge`` can tell about and whose first node could pay (the mean of its
     rates' chance and the most the predictor may give it, what the main branch leaves there), the predictor's
     survivals from its first token on, with the first tokens of those departing at one depth scaled together to at
     most what the main branch leaves there: ``[m]``."""
     out: dict[int, np.ndarray] = {}
-    for owner, (alive, left) in firsts.items():
+    for owner, (alive, _, room) in firsts.items():
         alternative = alternatives[owner]
         depth = alternative.depth
-        reach = main_survival[depth - 1] if depth > 0 else 1.0
-        if alternative.fork or not 0.5 * (alive + reach * left) > floor:
+        if alternative.fork or not 0.5 * (alive + room) > floor:
             continue
         survival = judge(owner)
         if survival is None or len(survival) <= depth:
@@ -327,10 +327,8 @@ def _judged(alternatives: Sequence[Alternative], firsts: dict[int, tuple[float, 
         depth = alternatives[owner].depth
         by_depth[depth] = by_depth.get(depth, 0.0) + float(path[0])
     for owner, path in out.items():
-        depth = alternatives[owner].depth
-        reach = main_survival[depth - 1] if depth > 0 else 1.0
-        room = reach * firsts[owner][1]  # what the main branch leaves at its depth
-        total = by_depth[depth]
+        room = firsts[owner][2]
+        total = by_depth[alternatives[owner].depth]
         if total > room:
             out[owner] = path * (room / total)
     return out

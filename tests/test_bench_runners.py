@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from hvd_agents.bench.live import Split, Tally, _cache_runner, _engine_runner, _hf_runner, _Item, _timed, table_rows
@@ -9,9 +11,13 @@ from hvd_agents.bench.prompts import AgentPrompt
 from hvd_agents.chat.render import encode_prompt
 from hvd_agents.engine import Engine, GenerationParams
 from hvd_agents.policy import CostModel
+from tests.clocks import TickingClock
 
 
-def test_cache_runner_adds_up_its_runs_steps_by_draft_source(byte_tokenizer, tiny_model) -> None:
+def test_cache_runner_adds_up_its_runs_steps_by_draft_source(monkeypatch, byte_tokenizer, tiny_model) -> None:
+    # the policy's gates weigh its timed work against timed steps, so under load a second run may take other steps
+    # to the same tokens: a clock that ticks by the reading makes the two runs' decisions the same
+    monkeypatch.setattr(time, "perf_counter", TickingClock().perf_counter)
     engine = Engine(tiny_model, byte_tokenizer, eos_token_ids=(), cost_model=CostModel.linear(0.02), draft_head=None)
     prompt = AgentPrompt("repeat", [{"role": "user", "content": "abcabcabcabcabc abcabcabc"}])
     item = _Item(prompt, encode_prompt(byte_tokenizer, prompt.messages, prompt.tools))

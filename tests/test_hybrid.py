@@ -20,6 +20,7 @@ from hvd_agents.drafters.model.protocol import ModelDrafter, PlainModelDrafter
 from hvd_agents.policy import CostModel, PayoffPredictor, PayoffWeights, RateEstimate, best_length
 from hvd_agents.policy.features import FEATURE_NAMES, NUM_FEATURES
 from hvd_agents.runtime import profile as cost_module
+from tests.clocks import TickingClock
 from tests.tiny import make_tiny_llama
 
 
@@ -731,17 +732,6 @@ def test_proposals_of_one_token_matches_are_computed_only_while_they_pay(monkeyp
         # a dozen to learn that they do not pay, then one now and then as the running gain drifts back
         assert cache.computed + cache.cut == matched
         assert cache.computed <= 20 and cache.cut >= 19
-
-
-class TickingClock:
-    """Stands in for ``time`` in the hybrid module: every reading is a millisecond after the last."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def perf_counter(self) -> float:
-        self.now += 0.001
-        return self.now
 
 
 class DescribeCountingSuffix(SuffixDrafter):

@@ -8,6 +8,16 @@ tokens. A test that counts steps reads these clocks instead of the wall clock.
 from __future__ import annotations
 
 
+class FakeClock:
+    """Stands in for ``time``: time moves only when the test sets ``now``."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
 class TickingClock:
     """Stands in for ``time`` (or its ``perf_counter``): every reading is a millisecond after the last."""
 

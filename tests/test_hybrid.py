@@ -20,7 +20,7 @@ from hvd_agents.drafters.model.protocol import ModelDrafter, PlainModelDrafter
 from hvd_agents.policy import CostModel, PayoffPredictor, PayoffWeights, RateEstimate, best_length
 from hvd_agents.policy.features import FEATURE_NAMES, NUM_FEATURES
 from hvd_agents.runtime import profile as cost_module
-from tests.clocks import TickingClock
+from tests.clocks import FakeClock, TickingClock
 from tests.tiny import make_tiny_llama
 
 
@@ -425,16 +425,6 @@ def test_hvd_without_branches_drafts_chains() -> None:
     drafter = HybridDrafter(SuffixDrafter(None), constant_predictor(0.0), CostModel.linear(0.01), branches=0)
     drafter.alternatives.taken = 0.9
     assert not drafter.propose(start(drafter, prompt), 10).is_tree
-
-
-class FakeClock:
-    """Stands in for ``time`` in the hybrid module: time moves only when the test says so."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def perf_counter(self) -> float:
-        return self.now
 
 
 def test_hvd_calibrates_a_measured_profile_to_the_engine_step_timings(monkeypatch) -> None:

@@ -169,12 +169,52 @@ class Draft:
         parents = None if self.parents is None else self.parents[:length]
         return Draft(self.token_ids[:length], probs, self.score, self.source, self.features, parents, self.survival)
 
+    def pruned(self, keep: Sequence[bool]) -> Draft:
+        """This draft with only the tokens ``keep`` marks (a kept token's parent must be kept too), its
+        parents renumbered; a chain stays a chain when what is kept is a prefix.
+
+        Raises:
+            ValueError: a kept token whose parent is not kept.
+
+        Example:
+            >>> Draft((7, 8, 9, 5), parents=(-1, 0, 1, 0)).pruned([True, False, False, True]).token_ids
+            (7, 5)
+        """
+        if all(keep):
+            return self
+        parents = self.parents if self.parents is not None else tuple(range(-1, len(self.token_ids) - 1))
+        index: dict[int, int] = {-1: -1}
+        tokens: list[int] = []
+        kept_parents: list[int] = []
+        for i, (token, parent) in enumerate(zip(self.token_ids, parents)):
+            if not keep[i]:
+                continue
+            if parent not in index:
+                raise ValueError(f"token {i} is kept but its parent {parent} is not")
+            index[i] = len(tokens)
+            tokens.append(token)
+            kept_parents.append(index[parent])
+        probs = None if self.probs is None else self.probs[[i for i in range(len(keep)) if keep[i]]]
+        tree = any(p != i - 1 for i, p in enumerate(kept_parents))
+        return Draft(tuple(tokens), probs, self.score, self.source, self.features,
+                     tuple(kept_parents) if tree else None, self.survival)
+
     def main_branch(self) -> Draft:
         """The draft without its alternatives (its leading chain)."""
         if not self.is_tree:
             return self
         n = self.main_length
         return Draft(self.token_ids[:n], None, self.score, self.source, self.features, survival=self.survival)
+
+
+class GrammarView(Protocol):
+    """What a drafter may ask of a request's constraint (the engine's grammar state implements it)."""
+
+    def allows(self, tokens: Sequence[int]) -> int:
+        """How many leading ``tokens`` the grammar accepts from where the output stands."""
+
+    def forced_tokens(self) -> tuple[int, ...]:
+        """The tokenizer's own tokens of the text the grammar forces next (empty: nothing is forced)."""
 
 
 @dataclass(frozen=True)
@@ -203,6 +243,9 @@ class DraftContext:
             drafter prices verification with its own profile, as for a lone request.
         step_share: this request's share of the step, in plain single-request steps
             (1 alone), to price the drafter's own forwards in the same units.
+        grammar: the request's constraint where it stands now (:class:`GrammarView`), or None.
+            The engine cuts every draft at its first token the grammar refuses, so a
+            drafter needs it only to draft the text the grammar forces.
     """
 
     req_id: str
@@ -214,6 +257,7 @@ class DraftContext:
     generator: torch.Generator | None = None
     step_cost: CostModel | None = None
     step_share: float = 1.0
+    grammar: GrammarView | None = None
 
     @property
     def num_output_tokens(self) -> int:

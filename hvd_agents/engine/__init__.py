@@ -1,5 +1,6 @@
 """The decode engine (token ids in, token events out)."""
 
+from hvd_agents.engine.constraint import Constraint
 from hvd_agents.engine.engine import Engine, GenerationResult
 from hvd_agents.engine.params import GenerationParams
 from hvd_agents.engine.prefix_cache import PrefixCache, PrefixCacheStats, PrefixMatch
@@ -7,6 +8,7 @@ from hvd_agents.engine.sampling import SamplingParams
 from hvd_agents.engine.stats import RequestStats, SourceStats, StepRecord, TokenEvent, VerifyStepRecord
 
 __all__ = [
+    "Constraint",
     "Engine",
     "GenerationParams",
     "GenerationResult",

@@ -58,6 +58,7 @@ from hvd_agents.draft_head import DraftHead
 from hvd_agents.drafters import CacheStore, Drafter
 from hvd_agents.engine.batch import Batcher
 from hvd_agents.engine.drafter_set import DrafterSet
+from hvd_agents.engine.grammar import GrammarCompiler, GrammarState
 from hvd_agents.engine.params import GenerationParams
 from hvd_agents.engine.prefix_cache import PrefixCache
 from hvd_agents.engine.request import DEFAULT_PREFILL_CHUNK, Request, RequestHost
@@ -177,6 +178,7 @@ class Engine:
         self.device, self.vocab_size, self.context_window = (self.runner.device, self.runner.vocab_size,
                                                              self.runner.context_window)
         self.prefill_chunk = prefill_chunk
+        self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size) if self.tokenizer is not None else None
         self.cache_store = cache_store if cache_store is not None else CacheStore()
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
         self._lock = threading.Lock()  # held while a request runs alone, or while the batcher steps
@@ -335,8 +337,18 @@ class Engine:
         prompt_ids = self._check_prompt(prompt_ids, params)
         drafter = self.drafters.for_request(params.method, batched=self._batcher is not None)
         host = RequestHost(self.runner, self.prefix_cache, self.prefill_chunk, self.tokenizer, self.eos_token_ids)
-        req = Request(host, prompt_ids, params, req_id or f"req-{next(_request_counter)}", drafter, structure)
+        grammar = self._grammar(params)
+        req = Request(host, prompt_ids, params, req_id or f"req-{next(_request_counter)}", drafter, structure, grammar)
         return self._scheduler.submit(req)
+
+    def _grammar(self, params: GenerationParams) -> GrammarState | None:
+        """The request's grammar state (its constraint compiled, or taken from the cache), or None."""
+        if params.constraint is None:
+            return None
+        if self.grammars is None:
+            raise InvalidRequestError("a constraint needs a tokenizer; this engine was built without one")
+        stops = params.stop_token_ids if params.stop_token_ids is not None else self.eos_token_ids
+        return self.grammars.start(params.constraint, stops)
 
     def _check_prompt(self, prompt_ids: Sequence[int], params: GenerationParams) -> list[int]:
         ids = [int(t) for t in prompt_ids]

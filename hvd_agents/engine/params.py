@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from numbers import Integral, Real
 
+from hvd_agents.engine.constraint import Constraint
 from hvd_agents.engine.sampling import SamplingParams
 from hvd_agents.errors import InvalidRequestError
 
@@ -47,6 +48,10 @@ class GenerationParams:
             it, waiting for the engine included; past it the request ends, checked
             between steps, with :class:`~hvd_agents.errors.RequestTimeoutError` (what
             was streamed stays streamed). None: no limit.
+        constraint: what the output must match (a JSON schema, a regex, a grammar;
+            :class:`~hvd_agents.engine.constraint.Constraint`), or None. It masks the
+            target's logits at every position, so every method gives the tokens of plain
+            constrained decoding (greedy) or its distribution (sampling).
 
     Raises:
         InvalidRequestError: a value is out of range (raised on construction).
@@ -64,6 +69,7 @@ class GenerationParams:
     record_steps: bool = False
     reuse_prefix: bool = True
     timeout_s: float | None = None
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
@@ -86,6 +92,8 @@ class GenerationParams:
             if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable) or not all(_is_int(t) for t in ids):
                 raise InvalidRequestError(f"stop_token_ids must be a list of ints or None, got {ids!r}")
             object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in ids))
+        if self.constraint is not None and not isinstance(self.constraint, Constraint):
+            raise InvalidRequestError(f"constraint must be a Constraint or None, got {type(self.constraint).__name__}")
         _ = self.sampling  # validates the sampling fields
 
     @property

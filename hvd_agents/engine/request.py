@@ -32,6 +32,7 @@ from transformers import PreTrainedTokenizerBase
 
 from hvd_agents.drafters import Draft, DraftContext, Drafter, DraftOutcome, uses_hidden_states
 from hvd_agents.engine.detok import IncrementalDetokenizer
+from hvd_agents.engine.grammar import GrammarState
 from hvd_agents.engine.params import GenerationParams
 from hvd_agents.engine.prefix_cache import PrefixCache, PrefixMatch
 from hvd_agents.engine.sampling import SamplingParams
@@ -97,16 +98,19 @@ class Request:
         req_id: its id, for drafters' bookkeeping and errors.
         drafter: the drafter of its method (its own, or one shared by requests).
         structure: the prompt's typed spans and session, given to the drafter.
+        grammar: the state of the request's constraint (:mod:`hvd_agents.engine.grammar`), or None.
     """
 
     def __init__(self, host: RequestHost, prompt_ids: Sequence[int], params: GenerationParams, req_id: str,
-                 drafter: Drafter, structure: PromptStructure | None = None) -> None:
+                 drafter: Drafter, structure: PromptStructure | None = None,
+                 grammar: GrammarState | None = None) -> None:
         runner = host.runner
         self.host = host
         self.req_id = req_id
         self.params = params
         self.drafter = drafter
         self.structure = structure
+        self.grammar = grammar
         self.sampling: SamplingParams = params.sampling
         self.token_ids: list[int] = list(prompt_ids)
         self.num_prompt = len(prompt_ids)
@@ -263,6 +267,7 @@ class Request:
             generator=self.generator,
             step_cost=step_cost,
             step_share=step_share,
+            grammar=self.grammar,
         )
         draft = self.drafter.propose(ctx, k)
         valid = 0
@@ -272,6 +277,8 @@ class Request:
                 break
             valid += 1
         draft = draft.truncated(valid)
+        if self.grammar is not None:
+            draft = self.grammar.cut(draft)  # a token the grammar refuses is never verified
         if draft.is_tree and not self.cache.supports_trees:
             draft = draft.main_branch()  # a sliding-window cache cannot drop a rejected branch's positions
         tree_limit = getattr(self.host.runner, "max_tree_tokens", None)  # a runner's most tokens in one tree forward
@@ -308,6 +315,8 @@ class Request:
         device = self.host.runner.device
         d = len(draft)
         tree = draft.is_tree
+        if self.grammar is not None:
+            logits = self.grammar.masked(logits, draft)  # [d + 1, vocab]: row i under the grammar after x_1..x_i
         if verifies_on_host(self.sampling, logits):  # host integers: no tensor op per stage
             result = verify_greedy_on_host(logits, draft.token_ids, draft.parents if tree else None)
         else:
@@ -337,6 +346,8 @@ class Request:
     def finish_step(self, draft: Draft, verification: Verification, verify_s: float) -> TokenEvent:
         """4. Emit the verified tokens, account the step, tell the drafter, and make the step's event."""
         emitted, text, finish = self._emit(verification.token_ids)
+        if self.grammar is not None:
+            self.grammar.advance(emitted)
         self._account(draft, verification, len(emitted))
         self.drafter.observe(DraftOutcome(self.req_id, draft, verification.num_accepted, emitted,
                                      verification.target_logprob, verification.target_entropy, verify_s=verify_s))
@@ -345,6 +356,7 @@ class Request:
         if finish is not None:
             text += self._flush()
             self.stats.decode_s = time.perf_counter() - self.decode_start
+            self.stats.grammar_s = self.grammar.mask_s if self.grammar is not None else 0.0
         return TokenEvent(emitted, text, finish, self.stats if finish else None)
 
     def acceptance_rate(self) -> float:

@@ -63,6 +63,7 @@ class RequestStats:
     reply_mismatch_at: int | None = None
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    grammar_s: float = 0.0  # of decode_s: the constraint's masks and draft cuts (0 without a constraint)
     steps: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0

@@ -25,7 +25,7 @@ from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCall
 
 from hvd_agents import GenerationParams, RequestStats, TokenEvent
 from hvd_agents.chat.delta_stream import collect, stream_reply_deltas
-from hvd_agents.chat.reply import ChatRequest
+from hvd_agents.chat.request import ChatRequest
 from hvd_agents.chat.toolcalls import named_call_prefix, render_tool_call
 from hvd_agents.server.shaping import ChatChunks, Envelope, chat_completion
 from hvd_agents.structure import PromptStructure

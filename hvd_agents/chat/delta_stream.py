@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from hvd_agents.chat.json_reply import VisibleReply
 from hvd_agents.chat.reply import ReplySummary, start_reply
 from hvd_agents.chat.request import ChatRequest
-from hvd_agents.chat.toolcall_parser import InvalidToolCall, ParsedOutput, ToolCall
+from hvd_agents.chat.toolcall_parser import ParsedOutput, ToolCall
 from hvd_agents.chat.toolcall_stream import (
     InvalidCallDelta,
     ParsedDelta,
@@ -119,21 +119,14 @@ class CollectedReply:
     def parsed(self) -> ParsedOutput:
         """The reply as the adapters read it: its prose, the calls that parse (arguments decoded), the rest.
 
-        Equal to :func:`~hvd_agents.chat.toolcall_parser.parse_tool_calls` of the whole reply
-        (its invalid calls in the order they ended, after the streamed calls' deltas).
+        Equal to :func:`~hvd_agents.chat.toolcall_parser.parse_tool_calls` of the whole reply but for
+        the ids it draws (a call keeps the id its first delta carried).
         """
         invalid = {bad.index for bad in self.invalid_calls if bad.index is not None}
-        calls: list[ToolCall] = []
-        bad_arguments: list[InvalidToolCall] = []
-        for index, call in enumerate(self.tool_calls):
-            if index in invalid:
-                continue
-            try:
-                calls.append(ToolCall(call.name, json.loads(call.arguments), call.id))
-            except (json.JSONDecodeError, RecursionError) as exc:  # a call that parsed keeps parsing: defensive
-                bad_arguments.append(InvalidToolCall(call.arguments, f"invalid JSON: {exc}", call.name, call.id))
-        invalid_calls = [bad.as_invalid_tool_call() for bad in self.invalid_calls] + bad_arguments
-        return ParsedOutput(self.prose, tuple(calls), tuple(invalid_calls))
+        # a call that parsed has a JSON object for arguments: its raw text, or the object re-serialised
+        calls = tuple(ToolCall(call.name, json.loads(call.arguments), call.id)
+                      for index, call in enumerate(self.tool_calls) if index not in invalid)
+        return ParsedOutput(self.prose, calls, tuple(bad.as_invalid_tool_call() for bad in self.invalid_calls))
 
 
 def collect(deltas: Iterable[ReplyDelta]) -> CollectedReply:

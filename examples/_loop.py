@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from _report import Report
 
-from hvd_agents.chat.request import ChatSettings, build_chat_request, stream_reply
+from hvd_agents.chat.delta_stream import collect, stream_reply_deltas
+from hvd_agents.chat.request import ChatSettings, build_chat_request
 from hvd_agents.engine import Engine
 
 Plan = Callable[[int], "str | None"]
@@ -81,11 +82,11 @@ def agent_turn(
         choice = "none" if len(calls) >= max_calls or (plan is not None and planned is None) else "auto"
         request = build_chat_request(engine, messages, tools, settings=settings, tool_choice=choice,
                                      session_id=session_id, prefix=call_start(planned) if planned else "")
-        *_, last = stream_reply(request)
-        report.add_call(last.summary.hvd_stats)
-        parsed = last.parsed
-        made = parsed.tool_calls if parsed is not None else ()
-        if not made and parsed is not None and parsed.invalid_tool_calls and choice != "none":
+        reply = collect(stream_reply_deltas(request))
+        report.add_call(reply.summary.hvd_stats)
+        parsed = reply.parsed()
+        made = parsed.tool_calls
+        if not made and parsed.invalid_tool_calls and choice != "none":
             # as agent frameworks do: the reply goes back with an error result, and the model tries again
             bad = parsed.invalid_tool_calls[0]
             error = json.dumps({"error": f"invalid tool call: {bad.error}"})
@@ -94,7 +95,7 @@ def agent_turn(
             calls.append(Call(bad.name or "", {}, error))
             continue
         if not made:
-            messages.append({"role": "assistant", "content": parsed.content if parsed else ""})
+            messages.append({"role": "assistant", "content": parsed.content})
             return calls
         ids = [f"call_{sum(m['role'] == 'tool' for m in messages) + i + 1}" for i in range(len(made))]
         messages.append({"role": "assistant", "content": parsed.content, "tool_calls": [

@@ -9,7 +9,7 @@ import itertools
 import pytest
 
 import hvd_agents.chat.toolcall_parser
-from hvd_agents.chat.toolcalls import parse_tool_calls
+from hvd_agents.chat.toolcall_stream import ToolCallDeltaParser
 from tests.helpers import make_byte_tokenizer
 from tests.scripted import ScriptedEngine
 from tests.tiny import make_tiny_llama
@@ -47,14 +47,14 @@ def scripted(tiny_model, byte_tokenizer):
 
 @pytest.fixture
 def fixed_call_ids(monkeypatch):
-    """Deterministic tool-call ids in the adapters: each parse numbers its calls from 0."""
+    """Deterministic tool-call ids in every front end: each reply numbers its calls from 0."""
 
-    def parse(text: str):
+    def parser(prefix: str = "") -> ToolCallDeltaParser:
         counter = itertools.count()
         monkeypatch.setattr(hvd_agents.chat.toolcall_parser, "new_call_id", lambda: f"call_{next(counter)}")
-        return parse_tool_calls(text)
+        return ToolCallDeltaParser(prefix)
 
-    monkeypatch.setattr("hvd_agents.chat.reply.parse_tool_calls", parse)
+    monkeypatch.setattr("hvd_agents.chat.delta_stream.ToolCallDeltaParser", parser)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""A scripted engine for adapter tests: ``stream`` replays chosen text pieces."""
+"""Scripted engines for adapter tests: ``stream`` replays chosen text pieces (one script, or the next on each call)."""
 
 from __future__ import annotations
 
@@ -42,3 +42,15 @@ class ScriptedEngine(Engine):
             self.completed += 1
         finally:
             self.closed += 1
+
+
+class ScriptsEngine(ScriptedEngine):
+    """A scripted engine that replays the next script on each call (the last one again once they run out)."""
+
+    def __init__(self, model, tokenizer, scripts: list[list[str]], finish: str = "stop") -> None:
+        super().__init__(model, tokenizer, scripts[0], finish)
+        self.scripts = list(scripts)
+
+    def stream(self, prompt_ids, params=None, *, req_id=None, structure=None) -> Iterator[TokenEvent]:
+        self.pieces = self.scripts.pop(0) if len(self.scripts) > 1 else self.scripts[0]
+        return super().stream(prompt_ids, params, req_id=req_id, structure=structure)

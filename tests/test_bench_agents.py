@@ -17,7 +17,8 @@ from hvd_agents.bench.agents import replay_calls, resolve_arms, run_agents_bench
 from hvd_agents.bench.recorded import RecordedConversation, load_conversations, prompt_digest, shipped_names
 from hvd_agents.bench.recorder import record_calls
 from hvd_agents.chat.conversation import prepare
-from hvd_agents.chat.request import ChatSettings, build_chat_request, stream_reply
+from hvd_agents.chat.delta_stream import collect, stream_reply_deltas
+from hvd_agents.chat.request import ChatSettings, build_chat_request
 from hvd_agents.drafters.base import NoDrafter
 from hvd_agents.engine import Engine
 from hvd_agents.errors import InvalidRequestError
@@ -36,8 +37,7 @@ def tiny_engine(tiny_model, byte_tokenizer) -> Engine:
 def _chat(engine: Engine, messages: list[dict], **kwargs) -> str:
     request = build_chat_request(engine, messages, TOOLS, settings=ChatSettings(method="hvd", max_tokens=12),
                                  session_id="s", **kwargs)
-    *_, last = stream_reply(request)
-    return last.parsed.content if last.parsed else ""
+    return collect(stream_reply_deltas(request)).parsed().content
 
 
 def test_recorder_keeps_each_calls_request_and_reply_and_restores_the_chat_path(tiny_engine, tmp_path) -> None:

@@ -16,7 +16,7 @@ from llama_index.core.llms import ChatMessage
 from llama_index.core.tools import FunctionTool
 from llama_index.llms.hvd import HVD
 
-from tests.scripted import ScriptedEngine
+from tests.scripted import ScriptsEngine
 from tests.server_helpers import running_server, tiny_engine
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -32,18 +32,6 @@ def tool(name: str, key: str) -> dict:
 WEATHER, SEARCH = tool("get_weather", "city"), tool("search", "query")
 # bare schemas: the byte tokenizer's prompts must fit the tiny model's 512 positions
 BARE = [{"type": "function", "function": {"name": "get_weather"}}, {"type": "function", "function": {"name": "search"}}]
-
-
-class ScriptsEngine(ScriptedEngine):
-    """A scripted engine that replays the next script on each call."""
-
-    def __init__(self, model, tokenizer, scripts: list[list[str]]) -> None:
-        super().__init__(model, tokenizer, scripts[0])
-        self.scripts = list(scripts)
-
-    def stream(self, prompt_ids, params=None, *, req_id=None, structure=None):
-        self.pieces = self.scripts.pop(0) if len(self.scripts) > 1 else self.scripts[0]
-        return super().stream(prompt_ids, params, req_id=req_id, structure=structure)
 
 
 def client_of(url: str) -> openai.OpenAI:

@@ -25,8 +25,8 @@ from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCall
 
 from hvd_agents import GenerationParams, RequestStats, TokenEvent
 from hvd_agents.chat.delta_stream import collect, stream_reply_deltas
-from hvd_agents.chat.reply import ChatRequest
-from hvd_agents.chat.toolcalls import named_call_prefix, render_tool_call
+from hvd_agents.chat.request import ChatRequest
+from hvd_agents.chat.toolcalls import named_call_prefix, parse_tool_calls, render_tool_call
 from hvd_agents.server.shaping import ChatChunks, Envelope, chat_completion
 from hvd_agents.structure import PromptStructure
 
@@ -124,3 +124,8 @@ def test_any_split_reassembles_to_the_whole_reply(reply, cuts) -> None:
     assert by_openai(chunks) == expected
     assert by_langchain(chunks) == expected
     assert by_llama_index(chunks) == expected
+    # the adapters' reading of the same deltas is the whole-reply parse
+    parsed = collect(stream_reply_deltas(request(split(text, cuts), forced))).parsed()
+    whole = parse_tool_calls(FORCED + text + "</tool_call>" if forced else text)
+    assert (parsed.content, [(c.name, c.arguments) for c in parsed.tool_calls], parsed.invalid_tool_calls) == (
+        whole.content, [(c.name, c.arguments) for c in whole.tool_calls], ())

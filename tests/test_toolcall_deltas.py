@@ -43,9 +43,10 @@ def chunked(text: str, size: int) -> list[str]:
     ],
 )
 def test_deltas_add_up_to_the_whole_reply_parse(text, size) -> None:
-    content, calls, _ = run(chunked(text, size))
+    content, calls, deltas = run(chunked(text, size))
     whole = parse_tool_calls(text)
-    assert content == whole.content
+    assert content == whole.content == "".join(d.prose for d in deltas)
+    assert not any(d.invalid_calls for d in deltas)
     assert [(c[1], json.loads(c[2])) for c in calls.values()] == [(c.name, c.arguments) for c in whole.tool_calls]
     assert len({c[0] for c in calls.values()}) == len(calls)  # distinct ids
 
@@ -86,3 +87,20 @@ def test_blocks_without_a_readable_call_are_content(text) -> None:
     content, calls, _ = run(chunked(text, 4))
     assert calls == {}
     assert content == text.strip()
+
+
+@pytest.mark.parametrize("size", [1, 3, 1000])
+def test_a_block_that_is_no_call_is_reported_once_by_every_reading(size) -> None:
+    """Streamed, it keeps its call index (its deltas went out as a call); read whole, its text is content only."""
+    streamed = '<tool_call>\n{"name": "f", "arguments": {"a": 1}, oops}\n</tool_call>'
+    whole = "<tool_call>\n[1, 2]\n</tool_call>"
+    text = f"A {streamed} B {whole} C"
+    content, calls, deltas = run(chunked(text, size))
+    invalid = [bad for d in deltas for bad in d.invalid_calls]
+    assert [(bad.index, bad.name) for bad in invalid] == [(0, "f"), (None, None)]
+    assert invalid[0].id == calls[0][0] and calls[0][1:] == ["f", '{"a": 1}']
+    parsed = parse_tool_calls(text)
+    records = [bad.as_invalid_tool_call() for bad in invalid]
+    assert [(bad.text, bad.error, bad.name) for bad in records] == [
+        (bad.text, bad.error, bad.name) for bad in parsed.invalid_tool_calls]
+    assert content == f"A  B {whole} C" and "".join(d.prose for d in deltas) == parsed.content == "A  B  C"

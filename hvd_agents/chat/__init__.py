@@ -4,13 +4,13 @@
 * :mod:`.analyzer`: the prompt-structure analyzer (typed spans, registration in the cache store).
 * :mod:`.conversation`: :func:`~.conversation.prepare`, analysing and registering one request's prompt.
 * :mod:`.toolcalls`: the tool-call format; :mod:`.toolcall_parser`: the one reader of it, whole or
-  in pieces; :mod:`.toolcall_stream`: its streaming faces (the adapters' content, the server's
-  per-call deltas); :mod:`.forced_name`: a forced call's name kept to the declared tools.
+  in pieces; :mod:`.toolcall_stream`: its streaming face (content and per-call deltas);
+  :mod:`.forced_name`: a forced call's name kept to the declared tools.
 * :mod:`.prompt_templates`: prompt templates tuned for cache reuse (imported as ``.templates``).
 * :mod:`.request`: the framework-neutral chat request the integrations adapt, with
   :mod:`.settings`, :mod:`.reply_options` (``tool_choice``, ``response_format``), :mod:`.json_reply`
-  and :mod:`.engine_choice`; :mod:`.reply`: running it (the adapters' pieces);
-  :mod:`.delta_stream`: its reply as OpenAI-style deltas (what the server streams).
+  and :mod:`.engine_choice`; :mod:`.reply`: where its decoding starts, and its summary;
+  :mod:`.delta_stream`: its reply as deltas, the one reply pipeline of the server and both adapters.
 * :mod:`.async_stream`: async iteration over the engine's blocking stream.
 * :mod:`.template`, :mod:`.templates`: the former names of :mod:`.render` and :mod:`.prompt_templates`.
 """

@@ -1,25 +1,42 @@
-"""A chat request's reply as OpenAI-style deltas: content and tool calls that grow step by step.
+"""A chat request's reply as deltas: content and tool calls that grow step by step.
 
 :func:`stream_reply_deltas` runs a :class:`~hvd_agents.chat.request.ChatRequest` (built by
-:func:`~hvd_agents.chat.request.build_chat_request`, exactly as the adapters build it, so
-the prompt and the greedy output are the same) and yields one :class:`ReplyDelta` per
+:func:`~hvd_agents.chat.request.build_chat_request`) and yields one :class:`ReplyDelta` per
 engine step: the content that can be shown, the tool-call deltas of
 :class:`~hvd_agents.chat.toolcall_stream.ToolCallDeltaParser` (a call's name as soon as it
-is read, then its argument text as it is generated) and the tokens the step emitted.
-The last delta has the finish reason (``"tool_calls"`` when the reply called a tool
-and stopped by itself; ``"invalid_tool_call"`` when a forced call stopped without a call
-that parses: its text comes back as content, or as the call's arguments when they were
-streamed) and the :class:`~hvd_agents.chat.reply.ReplySummary`.
+is read, then its argument text as it is generated) and the tokens the step emitted. It is
+the one reply pipeline: the server shapes the deltas into OpenAI-style chunks,
+``langchain_hvd.ChatHVD`` into ``tool_call_chunks`` as they are generated, and
+``llama_index.llms.hvd.HVD`` aggregates them (:class:`CollectedReply`).
+
+How a reply ends is decided here, once for every front end:
+
+* a block still open at the end is complete when
+  :meth:`~hvd_agents.chat.request.ChatRequest.closes_open_call` says so (a forced call
+  stopped by its stop string ``</tool_call>``), else it is cut short;
+* a block that ends without a call that parses comes as an
+  :class:`~hvd_agents.chat.toolcall_stream.InvalidCallDelta` on the delta of the step it
+  ended in: the one ``invalid_tool_call`` outcome (the server shows its text, as content or
+  as the streamed call's arguments; LangChain lists it in ``invalid_tool_calls``; LlamaIndex
+  in ``additional_kwargs["invalid_tool_calls"]``, where ``get_tool_calls_from_response``
+  names it when there is no valid call);
+* the last delta's finish reason is ``"tool_calls"`` when the reply called a tool and
+  stopped by itself, ``"invalid_tool_call"`` when a forced call stopped without a call that
+  parses, else the engine's (``"stop"``, ``"length"``); its summary
+  (:class:`~hvd_agents.chat.reply.ReplySummary`) keeps the engine's reason.
 
 A non-streaming reply is the sum of the deltas (:func:`collect`), so a streamed
 reply and a non-streamed one are the same.
 
 Closing the generator, or setting ``cancelled`` (checked after every engine step),
 closes the engine's iterator: the request ends within one step and the engine is free.
+A forced call among several tools keeps its name to them
+(:func:`~hvd_agents.chat.reply.start_reply`).
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -27,8 +44,14 @@ from dataclasses import dataclass, field
 from hvd_agents.chat.json_reply import VisibleReply
 from hvd_agents.chat.reply import ReplySummary, start_reply
 from hvd_agents.chat.request import ChatRequest
-from hvd_agents.chat.toolcall_parser import TOOL_CALL_CLOSE
-from hvd_agents.chat.toolcall_stream import ParsedDelta, ToolCallDelta, ToolCallDeltaParser, merge_call_deltas
+from hvd_agents.chat.toolcall_parser import ParsedOutput, ToolCall
+from hvd_agents.chat.toolcall_stream import (
+    InvalidCallDelta,
+    ParsedDelta,
+    ToolCallDelta,
+    ToolCallDeltaParser,
+    merge_call_deltas,
+)
 from hvd_agents.engine import TokenEvent
 
 INVALID_TOOL_CALL = "invalid_tool_call"
@@ -40,11 +63,16 @@ class ReplyDelta:
     """What one engine step adds to a reply.
 
     Attributes:
-        content: content that can be shown now.
+        content: content that can be shown now (a block read whole that is no call comes as
+            written: the server's content).
         tool_calls: tool-call deltas (see :class:`ToolCallDelta`).
         tokens: tokens the step emitted (the target's token plus accepted draft tokens).
-        finish_reason: None until the last delta, then ``"stop"``, ``"length"`` or ``"tool_calls"``.
+        finish_reason: None until the last delta, then ``"stop"``, ``"length"``, ``"tool_calls"``
+            or ``"invalid_tool_call"``.
         summary: on the last delta: usage, method and stats.
+        prose: ``content`` without the blocks that are no call (the adapters' content: they
+            report such a block as an invalid call).
+        invalid_calls: the blocks that ended this step without a call that parses.
     """
 
     content: str = ""
@@ -52,6 +80,8 @@ class ReplyDelta:
     tokens: int = 0
     finish_reason: str | None = None
     summary: ReplySummary | None = None
+    prose: str = ""
+    invalid_calls: tuple[InvalidCallDelta, ...] = ()
 
 
 @dataclass
@@ -71,20 +101,36 @@ class CollectedReply:
     tool_calls: list[CollectedCall] = field(default_factory=list)
     finish_reason: str | None = None
     summary: ReplySummary | None = None
+    prose: str = ""
+    invalid_calls: list[InvalidCallDelta] = field(default_factory=list)
 
     def add(self, delta: ReplyDelta) -> None:
         """Add one delta."""
         self.content += delta.content
+        self.prose += delta.prose
         for call in delta.tool_calls:
             if call.index == len(self.tool_calls):
                 self.tool_calls.append(CollectedCall(call.id or "", call.name or ""))
             self.tool_calls[call.index].arguments += call.arguments
+        self.invalid_calls.extend(delta.invalid_calls)
         if delta.finish_reason is not None:
             self.finish_reason, self.summary = delta.finish_reason, delta.summary
 
+    def parsed(self) -> ParsedOutput:
+        """The reply as the adapters read it: its prose, the calls that parse (arguments decoded), the rest.
+
+        Equal to :func:`~hvd_agents.chat.toolcall_parser.parse_tool_calls` of the whole reply but for
+        the ids it draws (a call keeps the id its first delta carried).
+        """
+        invalid = {bad.index for bad in self.invalid_calls if bad.index is not None}
+        # a call that parsed has a JSON object for arguments: its raw text, or the object re-serialised
+        calls = tuple(ToolCall(call.name, json.loads(call.arguments), call.id)
+                      for index, call in enumerate(self.tool_calls) if index not in invalid)
+        return ParsedOutput(self.prose, calls, tuple(bad.as_invalid_tool_call() for bad in self.invalid_calls))
+
 
 def collect(deltas: Iterable[ReplyDelta]) -> CollectedReply:
-    """The whole reply: content, calls (arguments joined), finish reason and summary."""
+    """The whole reply: content, calls (arguments joined), invalid calls, finish reason and summary."""
     reply = CollectedReply()
     for delta in deltas:
         reply.add(delta)
@@ -97,8 +143,9 @@ def stream_reply_deltas(request: ChatRequest, cancelled: threading.Event | None 
     Args:
         request: the prepared request.
         cancelled: when set, the request ends after the current step (no last delta); a
-            :class:`~hvd_agents.chat.async_stream.CancelFlag` (the server's) also ends a batched
-            request at once (:func:`~hvd_agents.chat.reply.request_events`).
+            :class:`~hvd_agents.chat.async_stream.CancelFlag` (the server's, the adapters'
+            async calls') also ends a batched request at once
+            (:func:`~hvd_agents.chat.reply.request_events`).
     """
     started = start_reply(request, cancelled)
     if started is None:
@@ -122,15 +169,16 @@ def _tool_deltas(
             return
         parsed = parser.push(event.text)
         if event.finish_reason is None:
-            yield ReplyDelta(parsed.content, parsed.tool_calls, len(event.token_ids))
+            yield ReplyDelta(parsed.content, parsed.tool_calls, len(event.token_ids), prose=parsed.prose,
+                             invalid_calls=parsed.invalid_calls)
             continue
-        # Generation that stopped at the stop string "</tool_call>" consumed the closing tag.
-        closed = event.finish_reason == "stop" and TOOL_CALL_CLOSE in request.params.stop
-        rest = parser.finish(close_open_block=closed)
-        parsed = ParsedDelta(parsed.content + rest.content, merge_call_deltas([*parsed.tool_calls, *rest.tool_calls]))
+        rest = parser.finish(close_open_block=request.closes_open_call(event.finish_reason))
+        parsed = ParsedDelta(parsed.content + rest.content, merge_call_deltas([*parsed.tool_calls, *rest.tool_calls]),
+                             parsed.prose + rest.prose, parsed.invalid_calls + rest.invalid_calls)
         finish = _finish_reason(request, parser, event.finish_reason)
         summary = ReplySummary.of(request, event.finish_reason, event.stats)
-        yield ReplyDelta(parsed.content, parsed.tool_calls, len(event.token_ids), finish, summary)
+        yield ReplyDelta(parsed.content, parsed.tool_calls, len(event.token_ids), finish, summary, parsed.prose,
+                         parsed.invalid_calls)
         return
 
 
@@ -144,10 +192,11 @@ def _text_deltas(
             return
         delta = content.push(event.text)
         if event.finish_reason is None:
-            yield ReplyDelta(delta, tokens=len(event.token_ids))
+            yield ReplyDelta(delta, tokens=len(event.token_ids), prose=delta)
             continue
         summary = ReplySummary.of(request, event.finish_reason, event.stats)
-        yield ReplyDelta(delta, tokens=len(event.token_ids), finish_reason=event.finish_reason, summary=summary)
+        yield ReplyDelta(delta, tokens=len(event.token_ids), finish_reason=event.finish_reason, summary=summary,
+                         prose=delta)
         return
 
 

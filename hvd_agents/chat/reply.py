@@ -1,75 +1,38 @@
-"""Running a chat request: the engine's events, and the reply as the adapters stream it.
+"""Running a chat request: where its decoding starts, and what its reply reports at the end.
 
-* :class:`ChatRequest` is a prepared request
-  (:func:`~hvd_agents.chat.request.build_chat_request` makes it) and how to read its output.
-* :func:`request_events` is where every chat reply's decoding starts, for the adapters
-  (:func:`stream_reply`) and the server
-  (:func:`~hvd_agents.chat.delta_stream.stream_reply_deltas`) alike.
-* :func:`stream_reply` yields :class:`ReplyPiece` s: content deltas (tool-call text held
-  back, :class:`~hvd_agents.chat.toolcall_stream.ToolCallStreamSplitter`), then one last
-  piece with the finish reason, the parsed tool calls and a :class:`ReplySummary`
-  (usage, method, stats) that each adapter places into its framework's response types.
-  Non-streaming calls aggregate the same pieces.
+* :func:`request_events` is where every chat reply's decoding starts; :func:`start_reply`
+  adds the watch of a forced call's name among several tools. Both run a
+  :class:`~hvd_agents.chat.request.ChatRequest`
+  (:func:`~hvd_agents.chat.request.build_chat_request` makes it).
+* :class:`ReplySummary` is what a reply's last delta reports (usage, method, stats), which
+  each front end places into its framework's response types.
+
+The reply itself, content and tool calls as they are generated, is
+:func:`~hvd_agents.chat.delta_stream.stream_reply_deltas`: the one reply pipeline of the
+server and both adapters.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from hvd_agents.chat.forced_name import NameState, NameWatch
-from hvd_agents.chat.json_reply import VisibleReply
-from hvd_agents.chat.settings import DEFAULT_MODEL_NAME
-from hvd_agents.chat.toolcall_parser import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ParsedOutput, parse_tool_calls
-from hvd_agents.chat.toolcall_stream import ToolCallStreamSplitter
-from hvd_agents.engine import Engine, GenerationParams, RequestStats, TokenEvent
-from hvd_agents.structure import PromptStructure
-
-
-@dataclass(frozen=True)
-class ChatRequest:
-    """One prepared engine request and how to read its output.
-
-    Attributes:
-        engine: the engine that decodes it.
-        structure: the analysed prompt (``structure.prompt_ids`` is the prompt).
-        params: the engine parameters.
-        prefix: the forced start of the reply (a tool call's opening, ``{``, ...);
-            part of the reply, not generated.
-        parse_tools: tools were given: ``<tool_call>`` blocks are split out.
-        forced_call: the prefix opens a tool call and ``</tool_call>`` is a stop string.
-        json_mode: the reply is cut after its first JSON object.
-        model_name: the model's name in the reply's metadata.
-        name_choices: the tool names a forced call's name is decoded among before
-            the call (:mod:`hvd_agents.chat.forced_name`); empty when the prefix holds it.
-        call_to: a forced call to the named tool: its pre-fill and the conversation
-            rendered with it (set with ``name_choices``).
-    """
-
-    engine: Engine
-    structure: PromptStructure
-    params: GenerationParams
-    prefix: str = ""
-    parse_tools: bool = False
-    forced_call: bool = False
-    json_mode: bool = False
-    model_name: str = DEFAULT_MODEL_NAME
-    name_choices: tuple[str, ...] = ()
-    call_to: Callable[[str], tuple[str, PromptStructure]] | None = None
-
+from hvd_agents.chat.request import ChatRequest
+from hvd_agents.engine import RequestStats, TokenEvent
 
 
 @dataclass(frozen=True)
 class ReplySummary:
-    """What the last piece of a reply reports: usage and drafting stats, framework-neutral.
+    """What the last delta of a reply reports: usage and drafting stats, framework-neutral.
 
     Attributes:
         model_name: the model's name.
         method: the decoding method.
-        finish_reason: ``"stop"`` or ``"length"``.
+        finish_reason: the engine's reason, ``"stop"`` or ``"length"``.
         prompt_tokens: tokens of the prompt (a forced reply prefix included).
         completion_tokens: tokens generated.
         hvd_stats: :meth:`RequestStats.to_dict` of the engine's stats (empty without stats).
@@ -106,26 +69,6 @@ class ReplySummary:
             completion_tokens=stats.new_tokens if stats is not None else 0,
             hvd_stats=stats.to_dict() if stats is not None else {},
         )
-
-
-@dataclass(frozen=True)
-class ReplyPiece:
-    """One step of a streamed reply.
-
-    Attributes:
-        delta: content that can be shown now (never text of a tool-call block).
-        finish_reason: None until the last piece, then ``"stop"`` or ``"length"``.
-        parsed: on the last piece of a request with tools: the parse of the whole
-            reply (its content equals the concatenated deltas).
-        stats: on the last piece: the engine's stats.
-        summary: on the last piece: usage, method and stats for the response metadata.
-    """
-
-    delta: str
-    finish_reason: str | None = None
-    parsed: ParsedOutput | None = None
-    stats: RequestStats | None = None
-    summary: ReplySummary | None = None
 
 
 def request_events(request: ChatRequest, cancelled: threading.Event | None = None) -> Iterator[TokenEvent]:
@@ -187,49 +130,3 @@ def _replayed(seen: list[TokenEvent], events: Iterator[TokenEvent]) -> Iterator[
         close = getattr(events, "close", None)
         if close is not None:
             close()
-
-
-def stream_reply(request: ChatRequest, cancelled: threading.Event | None = None) -> Iterator[ReplyPiece]:
-    """Run a request; yield content deltas, then one last piece with calls and the summary.
-
-    Closing this generator, or setting ``cancelled`` (checked after every engine
-    event, also while tool-call text is held back), closes the engine's iterator,
-    which ends the request and releases the engine (see :func:`request_events`).
-    A forced call among several tools keeps its name to them (:func:`start_reply`).
-    """
-    started = start_reply(request, cancelled)
-    if started is None:
-        return
-    request, events = started
-    try:
-        yield from _pieces(request, events, cancelled)
-    finally:
-        events.close()
-
-
-def _pieces(request: ChatRequest, events: Iterator[TokenEvent], cancelled: threading.Event | None) -> Iterator[ReplyPiece]:
-    splitter = ToolCallStreamSplitter(request.prefix) if request.parse_tools else None
-    content = VisibleReply(request.prefix, request.json_mode) if splitter is None else None
-    for event in events:
-        if cancelled is not None and cancelled.is_set():
-            return
-        delta = splitter.push(event.text) if splitter is not None else content.push(event.text)
-        if event.finish_reason is None:
-            if delta:
-                yield ReplyPiece(delta)
-            continue
-        parsed = None
-        if splitter is not None:
-            parsed = _parse_reply(request, splitter, event.finish_reason)
-            delta += splitter.finish(parsed)
-        summary = ReplySummary.of(request, event.finish_reason, event.stats)
-        yield ReplyPiece(delta, event.finish_reason, parsed, event.stats, summary)
-        return
-
-
-def _parse_reply(request: ChatRequest, splitter: ToolCallStreamSplitter, finish: str) -> ParsedOutput:
-    """Parse the whole reply, closing a forced call that ended at its stop string."""
-    reply = splitter.text
-    if request.forced_call and finish == "stop" and reply.rfind(TOOL_CALL_OPEN) > reply.rfind(TOOL_CALL_CLOSE):
-        splitter.push(TOOL_CALL_CLOSE)  # generation stopped at the stop string "</tool_call>"
-    return parse_tool_calls(splitter.text)

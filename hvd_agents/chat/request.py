@@ -1,4 +1,4 @@
-"""One chat call, framework-neutral: settings + messages + tools -> engine request.
+"""One chat call, framework-neutral: settings + messages + tools -> :class:`ChatRequest`.
 
 Both adapters (``langchain_hvd.ChatHVD``, ``llama_index.llms.hvd.HVD``), the examples' loop
 and the server convert their framework's types to OpenAI-shape messages and tool schemas,
@@ -8,40 +8,40 @@ pre-fills the start of the call and stops at ``</tool_call>``; ``"none"`` stops 
 the last user message, an object reply is pre-filled with ``{`` and cut after its first
 JSON object), calls :func:`hvd_agents.chat.conversation.prepare` (which registers the
 conversation in the engine's cache store) and returns a :class:`ChatRequest`, which
-:func:`~hvd_agents.chat.reply.stream_reply` (the adapters) or
-:func:`~hvd_agents.chat.delta_stream.stream_reply_deltas` (the server) runs.
+:func:`~hvd_agents.chat.delta_stream.stream_reply_deltas` runs for every front end.
 
 The rest of a chat call has its own module, each re-exported here:
 :mod:`~hvd_agents.chat.settings` (:class:`ChatSettings`, the adapters' fields),
 :mod:`~hvd_agents.chat.reply_options` (``tool_choice`` and ``response_format``, checked
-once), :mod:`~hvd_agents.chat.json_reply` (JSON mode),
-:mod:`~hvd_agents.chat.engine_choice` (which engine runs a call) and
-:mod:`~hvd_agents.chat.reply` (running it: :func:`stream_reply`, :class:`ReplySummary`).
+once), :mod:`~hvd_agents.chat.json_reply` (JSON mode) and
+:mod:`~hvd_agents.chat.engine_choice` (which engine runs a call). Running it is
+:mod:`~hvd_agents.chat.reply` (where decoding starts, what a reply reports at its end) and
+:mod:`~hvd_agents.chat.delta_stream` (the reply as deltas).
 
 Example::
 
     request = build_chat_request(engine, [{"role": "user", "content": "Weather in Oslo?"}], tools,
                                  settings=ChatSettings(max_tokens=64), tool_choice="required")
-    for piece in stream_reply(request):
-        print(piece.delta, end="")
-    print(piece.parsed.tool_calls, piece.summary.completion_tokens)
+    for delta in stream_reply_deltas(request):
+        print(delta.content, delta.tool_calls)
+    print(delta.finish_reason, delta.summary.completion_tokens)
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from hvd_agents.chat.conversation import prepare
 from hvd_agents.chat.engine_choice import check_method, resolve_engine
 from hvd_agents.chat.forced_name import arguments_start
 from hvd_agents.chat.json_reply import json_instruction, json_schema_of
-from hvd_agents.chat.reply import ChatRequest, ReplyPiece, ReplySummary, request_events, stream_reply
 from hvd_agents.chat.reply_options import ReplyOptions, check_reply_options, normalize_tool_choice
 from hvd_agents.chat.settings import DECODE_FIELDS, DEFAULT_MODEL_NAME, SETTING_NAMES, ChatSettings, field_kwargs
 from hvd_agents.chat.toolcall_parser import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from hvd_agents.chat.toolcalls import named_call_prefix, normalize_tool, tool_list
-from hvd_agents.engine import Engine
+from hvd_agents.engine import Engine, GenerationParams
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.structure import PromptStructure
 
@@ -52,8 +52,6 @@ __all__ = [
     "ChatRequest",
     "ChatSettings",
     "ReplyOptions",
-    "ReplyPiece",
-    "ReplySummary",
     "build_chat_request",
     "check_method",
     "check_reply_options",
@@ -62,10 +60,56 @@ __all__ = [
     "json_schema_of",
     "merge_stops",
     "normalize_tool_choice",
-    "request_events",
     "resolve_engine",
-    "stream_reply",
 ]
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """One prepared engine request and how to read its output.
+
+    Attributes:
+        engine: the engine that decodes it.
+        structure: the analysed prompt (``structure.prompt_ids`` is the prompt).
+        params: the engine parameters.
+        prefix: the forced start of the reply (a tool call's opening, ``{``, ...);
+            part of the reply, not generated.
+        parse_tools: tools were given: ``<tool_call>`` blocks are split out.
+        forced_call: the prefix opens a tool call and ``</tool_call>`` is a stop string.
+        json_mode: the reply is cut after its first JSON object.
+        model_name: the model's name in the reply's metadata.
+        name_choices: the tool names a forced call's name is decoded among before
+            the call (:mod:`hvd_agents.chat.forced_name`); empty when the prefix holds it.
+        call_to: a forced call to the named tool: its pre-fill and the conversation
+            rendered with it (set with ``name_choices``).
+    """
+
+    engine: Engine
+    structure: PromptStructure
+    params: GenerationParams
+    prefix: str = ""
+    parse_tools: bool = False
+    forced_call: bool = False
+    json_mode: bool = False
+    model_name: str = DEFAULT_MODEL_NAME
+    name_choices: tuple[str, ...] = ()
+    call_to: Callable[[str], tuple[str, PromptStructure]] | None = None
+
+    def closes_open_call(self, finish_reason: str) -> bool:
+        """How a call ends: whether a block still open when the reply ended is complete.
+
+        It is when the reply stopped (``"stop"``) and ``</tool_call>`` is one of its stop
+        strings: the engine consumed the block's closing tag as the stop (a forced call
+        always stops so). The engine reports an end-of-turn token and a stop string alike
+        as ``"stop"``, so a block open at either is read as closed. A block left open
+        otherwise (cut by ``max_tokens``, or a reply without that stop string) is
+        unterminated: no call. Every front end reads a reply's end by this one rule
+        (:func:`~hvd_agents.chat.delta_stream.stream_reply_deltas`).
+
+        Args:
+            finish_reason: the engine's finish reason, ``"stop"`` or ``"length"``.
+        """
+        return finish_reason == "stop" and TOOL_CALL_CLOSE in self.params.stop
 
 
 def merge_stops(*lists: Sequence[str] | str | None) -> list[str]:
@@ -119,7 +163,7 @@ def build_chat_request(
             format is asked for at the end of the last user message; an object reply
             is pre-filled with ``{`` and cut after its first JSON object (unless a
             forced tool call takes precedence).
-        model_name: the model's name in the reply's :class:`ReplySummary`.
+        model_name: the model's name in the reply's :class:`~hvd_agents.chat.reply.ReplySummary`.
         options: ``tool_choice`` and ``response_format`` as :func:`check_reply_options`
             returned them for these tools (a front end that checked them already);
             ``tool_choice`` and ``response_format`` are then not read.

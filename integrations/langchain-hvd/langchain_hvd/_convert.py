@@ -2,11 +2,10 @@
 
 * :func:`to_openai_messages` turns LangChain messages into the OpenAI-shape dicts
   that :func:`hvd_agents.chat.conversation.prepare` takes.
-* :func:`parsed_tool_call_chunks` turns the parsed calls of a reply
-  (:func:`hvd_agents.chat.toolcalls.parse_tool_calls`) into LangChain's
-  ``tool_call_chunks``; summing the chunks (``_aggregate`` in :mod:`.chat_models`)
-  yields the message's tool calls. The streaming split of the reply itself is
-  :mod:`hvd_agents.chat.toolcall_stream` (shared with the LlamaIndex adapter).
+* :class:`ToolCallChunks` turns the tool calls of a reply's deltas
+  (:func:`hvd_agents.chat.delta_stream.stream_reply_deltas`, the one reply pipeline of
+  hvd-agents) into LangChain's ``tool_call_chunks`` as they are generated; summing the
+  chunks yields the message's ``tool_calls`` and ``invalid_tool_calls``.
 """
 
 from __future__ import annotations
@@ -27,8 +26,10 @@ from langchain_core.messages import (
 )
 from langchain_core.messages.tool import tool_call_chunk
 from langchain_core.messages.utils import convert_to_messages
+from langchain_core.utils.json import parse_partial_json
 
-from hvd_agents.chat.toolcalls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ParsedOutput
+from hvd_agents.chat.delta_stream import ReplyDelta
+from hvd_agents.chat.toolcalls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from hvd_agents.errors import InvalidRequestError
 
 # Content blocks that carry no prompt text: tool calls are rendered from
@@ -155,16 +156,84 @@ def invalid_call_args(raw: str, error: str) -> str:
     return f"{TOOL_CALL_OPEN}\n{raw}" + ("" if unterminated else f"\n{TOOL_CALL_CLOSE}")
 
 
-def parsed_tool_call_chunks(parsed: ParsedOutput) -> list[ToolCallChunk]:
-    """The parsed calls as tool-call chunks: valid calls first, then invalid ones."""
-    chunks = [
-        tool_call_chunk(name=call.name, args=json.dumps(call.arguments, ensure_ascii=False), id=call.id, index=i)
-        for i, call in enumerate(parsed.tool_calls)
-    ]
-    offset = len(chunks)
-    chunks.extend(
-        tool_call_chunk(name=bad.name, args=invalid_call_args(bad.text, bad.error), id=bad.id, index=offset + i)
-        for i, bad in enumerate(parsed.invalid_tool_calls)
-    )
-    return chunks
+class ToolCallChunks:
+    """The ``tool_call_chunks`` of a reply's deltas, one chunk index per call, in the order calls begin.
 
+    A call's deltas become chunks of its index: the first with its id and name, the next ones
+    its argument text as generated, as ``langchain-openai`` streams them. A block that ends
+    without a call that parses (an :class:`~hvd_agents.chat.toolcall_stream.InvalidCallDelta`)
+    must stay invalid once LangChain sums the chunks and reads each call's ``args`` with its
+    lenient partial-JSON parser (which would complete ``{"city": "Pa`` into an object): a
+    streamed call's argument text then gets :func:`unreadable_tail`; a block read whole comes
+    as one chunk whose ``args`` are the block as written, tags included
+    (:func:`invalid_call_args`). :attr:`errors` keeps each invalid call's error by id (a chunk
+    cannot carry it).
+    """
+
+    def __init__(self) -> None:
+        self.errors: dict[str, str] = {}
+        self._index: dict[int, int] = {}  # the reply's call index -> the chunk index
+        self._next = 0  # the next chunk index
+        self._arguments: dict[int, str] = {}  # argument text streamed so far, by the reply's call index
+
+    def of(self, delta: ReplyDelta) -> list[ToolCallChunk]:
+        """The tool-call chunks of one delta (at most one per call)."""
+        chunks: dict[int, ToolCallChunk] = {}
+        for call in delta.tool_calls:
+            if call.index not in self._index:
+                self._index[call.index], self._next = self._next, self._next + 1
+            index = self._index[call.index]
+            self._arguments[call.index] = self._arguments.get(call.index, "") + call.arguments
+            chunks[index] = tool_call_chunk(name=call.name, args=call.arguments, id=call.id, index=index)
+        for bad in delta.invalid_calls:
+            self.errors[bad.id] = bad.error
+            if bad.index is None:  # read whole: its own chunk index, after the calls begun so far
+                index, self._next = self._next, self._next + 1
+                chunks[index] = tool_call_chunk(name=bad.name, args=invalid_call_args(bad.text, bad.error),
+                                                id=bad.id, index=index)
+                continue
+            tail = unreadable_tail(self._arguments.get(bad.index, ""))
+            index = self._index[bad.index]
+            if index in chunks:
+                chunks[index]["args"] = (chunks[index]["args"] or "") + tail
+            elif tail:
+                chunks[index] = tool_call_chunk(name=None, args=tail, id=None, index=index)
+        return list(chunks.values())
+
+
+def unreadable_tail(arguments: str) -> str:
+    """What to append to a call's argument text so that LangChain reads no object from it ("" if it reads none).
+
+    LangChain's ``parse_partial_json`` completes an unfinished object (closing its strings and
+    brackets, dropping a broken end), but gives up at a closing bracket that closes nothing
+    outside a string. The tail closes an open string and adds such a bracket: ``{"city": "Pa``
+    becomes ``{"city": "Pa"]``.
+    """
+    if arguments and not _reads_as_object(arguments):
+        return ""
+    in_string = escaped = False
+    stack: list[str] = []
+    for char in arguments:  # the parser's own reading: strings, escapes and the open brackets
+        if in_string:
+            if char == '"' and not escaped:
+                in_string = False
+            elif char == "\\":
+                escaped = not escaped
+            else:
+                escaped = False
+        elif char == '"':
+            in_string, escaped = True, False
+        elif char in "{[":
+            stack.append("}" if char == "{" else "]")
+        elif char in "}]" and stack and stack[-1] == char:
+            stack.pop()
+    closing_quote = ('""' if escaped else '"') if in_string else ""  # an escaped quote does not close it
+    return closing_quote + ("}" if stack and stack[-1] == "]" else "]")
+
+
+def _reads_as_object(arguments: str) -> bool:
+    """Whether LangChain's chunk aggregation reads ``arguments`` as a tool call's arguments object."""
+    try:
+        return isinstance(parse_partial_json(arguments), dict)
+    except (ValueError, RecursionError):
+        return False

@@ -11,10 +11,14 @@ drafting, stop strings and tool-call parsing all live in hvd-agents.
   asyncio queue, so the event loop never blocks; cancelling the consuming task
   sets a flag on which the worker closes the engine's iterator (which ends the
   request and releases the engine's lock).
-* Tool calls are parsed from the reply (Hermes ``<tool_call>`` blocks). While
-  streaming, text before the first ``<tool_call>`` is streamed, the rest is held
-  back and the calls are emitted as ``tool_call_chunks`` on the last chunk, so the
-  aggregated stream equals the non-streaming message.
+* The reply is hvd-agents' one reply pipeline,
+  :func:`hvd_agents.chat.delta_stream.stream_reply_deltas` (the server's too): each
+  decode step becomes a chunk with its content and its ``tool_call_chunks`` (Hermes
+  ``<tool_call>`` blocks read as they are generated: a call's id and name, then its
+  argument text, as ``langchain-openai`` streams OpenAI's), so a tool call streams
+  before the last chunk; the aggregated stream equals the non-streaming message. A
+  call that does not parse ends in ``invalid_tool_calls``, its error in
+  ``response_metadata["invalid_tool_call_errors"]`` (and on ``invoke``'s message).
 * The engine is injected (``engine=``) or created lazily on the first call with
   :func:`hvd_agents.engine.shared.shared_engine` (one per model and device per
   process): constructing a ``ChatHVD`` loads nothing.
@@ -32,7 +36,7 @@ from typing import Any, Literal
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import LanguageModelInput
 from langchain_core.language_models.chat_models import BaseChatModel, LangSmithParams
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, ToolCallChunk
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.output_parsers import JsonOutputKeyToolsParser, JsonOutputParser, PydanticToolsParser
 from langchain_core.output_parsers.pydantic import PydanticOutputParser
@@ -46,25 +50,24 @@ from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import ConfigDict, Field, model_validator
 
 from hvd_agents.chat.async_stream import iterate_in_thread
+from hvd_agents.chat.delta_stream import ReplyDelta, stream_reply_deltas
+from hvd_agents.chat.reply import ReplySummary
 from hvd_agents.chat.reply_options import check_reply_options
 from hvd_agents.chat.request import (
     DECODE_FIELDS,
     DEFAULT_MODEL_NAME,
     ChatRequest,
     ChatSettings,
-    ReplyPiece,
-    ReplySummary,
     build_chat_request,
     check_method,
     field_kwargs,
     merge_stops,
     resolve_engine,
-    stream_reply,
 )
 from hvd_agents.chat.toolcalls import normalize_tool, tool_list
 from hvd_agents.engine import Engine
 from hvd_agents.errors import HVDError, InvalidRequestError
-from langchain_hvd._convert import first_line, input_error, parsed_tool_call_chunks, to_openai_messages
+from langchain_hvd._convert import ToolCallChunks, first_line, input_error, to_openai_messages
 
 logger = logging.getLogger(__name__)
 
@@ -329,7 +332,7 @@ class ChatHVD(BaseChatModel):
         # LangChain reports each chunk to the callbacks (on_llm_new_token) itself.
         session_id = kwargs.pop("session_id", None) or _thread_id(run_manager)
         request = self._prepare_request(messages, stop, session_id, kwargs)
-        yield from _chunks(stream_reply(request))
+        yield from _chunks(stream_reply_deltas(request))
 
     async def _agenerate(
         self,
@@ -360,7 +363,7 @@ class ChatHVD(BaseChatModel):
 
         def work(cancelled: threading.Event) -> Iterator[ChatGenerationChunk]:
             request = self._prepare_request(messages, stop, session_id, kwargs)
-            yield from _chunks(stream_reply(request, cancelled))
+            yield from _chunks(stream_reply_deltas(request, cancelled))
 
         async for chunk in iterate_in_thread(work):
             yield chunk
@@ -398,45 +401,50 @@ class ChatHVD(BaseChatModel):
 # -------------------------------------------------------------------- helpers
 
 
-def _chunks(pieces: Generator[ReplyPiece, None, None]) -> Iterator[ChatGenerationChunk]:
-    """The reply pieces as chunks; the last one carries calls, usage and metadata.
+def _chunks(deltas: Generator[ReplyDelta, None, None]) -> Iterator[ChatGenerationChunk]:
+    """The reply's deltas as chunks (content and tool-call chunks); the last one carries usage and metadata.
 
-    Closing this generator closes ``pieces`` (hence the engine's iterator).
+    Closing this generator closes ``deltas`` (hence the engine's iterator).
     """
-    with closing(pieces):
-        for piece in pieces:
-            if piece.summary is None:
-                yield ChatGenerationChunk(message=AIMessageChunk(content=piece.delta))
-            else:
-                yield _last_chunk(piece, piece.summary)
+    calls = ToolCallChunks()
+    with closing(deltas):
+        for delta in deltas:
+            tool_call_chunks = calls.of(delta)
+            if delta.summary is not None:
+                yield _last_chunk(delta, delta.summary, tool_call_chunks, calls.errors)
+            elif delta.prose or tool_call_chunks:
+                message = AIMessageChunk(content=delta.prose, tool_call_chunks=tool_call_chunks)
+                yield ChatGenerationChunk(message=message)
 
 
-def _last_chunk(piece: ReplyPiece, summary: ReplySummary) -> ChatGenerationChunk:
-    """The last chunk: the summary placed into LangChain's usage and response metadata."""
-    tool_call_chunks, errors = [], {}
-    if piece.parsed is not None:
-        tool_call_chunks = parsed_tool_call_chunks(piece.parsed)
-        errors = {bad.id: bad.error for bad in piece.parsed.invalid_tool_calls}
+def _last_chunk(
+    delta: ReplyDelta, summary: ReplySummary, tool_call_chunks: list[ToolCallChunk], errors: dict[str, str]
+) -> ChatGenerationChunk:
+    """The last chunk: the summary placed into LangChain's usage and response metadata.
+
+    Its ``finish_reason`` is the reply's (``"tool_calls"`` after a call, ``"invalid_tool_call"``
+    when a forced call did not parse), as the server reports it.
+    """
     usage = UsageMetadata(
         input_tokens=summary.prompt_tokens, output_tokens=summary.completion_tokens, total_tokens=summary.total_tokens
     )
     metadata = {
         "model_name": summary.model_name,
         "model_provider": PROVIDER,
-        "finish_reason": summary.finish_reason,
+        "finish_reason": delta.finish_reason,
         "method": summary.method,
         "hvd_stats": summary.hvd_stats,
     }
     if errors:  # by call id; chunk aggregation cannot carry InvalidToolCall.error
-        metadata["invalid_tool_call_errors"] = errors
+        metadata["invalid_tool_call_errors"] = dict(errors)
     message = AIMessageChunk(
-        content=piece.delta,
+        content=delta.prose,
         tool_call_chunks=tool_call_chunks,
         usage_metadata=usage,
         response_metadata=metadata,
         chunk_position="last",
     )
-    return ChatGenerationChunk(message=message, generation_info={"finish_reason": summary.finish_reason})
+    return ChatGenerationChunk(message=message, generation_info={"finish_reason": delta.finish_reason})
 
 
 def _aggregate(chunks: Iterator[ChatGenerationChunk] | list[ChatGenerationChunk]) -> ChatResult:

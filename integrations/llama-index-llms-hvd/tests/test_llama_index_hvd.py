@@ -117,7 +117,7 @@ def test_stream_holds_tool_calls_and_its_last_response_equals_chat(scripted, fix
     expected = [ToolSelection(tool_id="call_0", tool_name="get_weather", tool_kwargs={"city": "Paris"})]
     assert llm.get_tool_calls_from_response(last) == llm.get_tool_calls_from_response(chat) == expected
     assert [type(block) for block in chat.message.blocks] == [TextBlock, ToolCallBlock]
-    assert chat.raw["finish_reason"] == "stop" and chat.raw["method"] == "hvd"  # the default
+    assert chat.raw["finish_reason"] == "tool_calls" and chat.raw["method"] == "hvd"  # as the server says; the default
     assert {"steps", "drafted_tokens", "accepted_tokens", "per_source"} <= set(chat.raw["hvd_stats"])
     prompt = engine.tokenizer.decode(engine.requests[-1][0])
     assert '"name": "get_local_time"' in prompt  # both schemas are in the system prompt

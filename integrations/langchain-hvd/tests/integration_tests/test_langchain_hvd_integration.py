@@ -1,7 +1,8 @@
 """ChatHVD on the embedded SmolLM2-135M-Instruct: LangChain's standard integration suite and agents.
 
 Greedy equality with the engine's plain AR output, a forced tool call streamed and
-invoked, a two-tool agent loop with ``langchain.agents.create_agent`` and with a
+invoked, a two-tool agent loop with ``langchain.agents.create_agent`` (invoked, and
+streamed: each call's ``tool_call_chunks`` while it is written) and with a
 LangGraph ``StateGraph``, and async behaviour (the loop keeps running, cancellation
 stops generation). The model is loaded once per pytest session (``real_engine`` and
 the suite's ``ChatHVD(device="cpu")`` share ``shared_engine(None, device="cpu")``).
@@ -242,6 +243,37 @@ def test_create_agent_runs_a_two_tool_loop(real_engine) -> None:
                          middleware=[steer_tool_choice])
     result = agent.invoke({"messages": [*_example_exchange(), HumanMessage(QUESTION)]})
     _check_tool_loop(result["messages"])
+
+
+@real_model_test
+def test_create_agent_streams_each_tool_call_while_it_is_written(real_engine) -> None:
+    """``stream_mode="messages"``: each forced call's ``tool_call_chunks`` come before its model call's last chunk."""
+    from langchain.agents import create_agent
+    from langchain.agents.middleware import wrap_model_call
+
+    @wrap_model_call
+    def steer_tool_choice(request, handler):
+        return handler(request.override(tool_choice=_tool_choice_for(request.messages)))
+
+    TOOL_LOG.clear()
+    agent = create_agent(ChatHVD(engine=real_engine, max_tokens=64), tools=TOOLS, system_prompt=SYSTEM,
+                         middleware=[steer_tool_choice])
+    state, calls, chunks = None, [], []
+    for mode, payload in agent.stream({"messages": [*_example_exchange(), HumanMessage(QUESTION)]},
+                                      stream_mode=["messages", "values"]):
+        if mode == "values":
+            state = payload
+        elif isinstance(payload[0], AIMessageChunk):
+            chunks.append(payload[0])
+            if chunks[-1].chunk_position == "last":
+                calls.append(chunks)
+                chunks = []
+    _check_tool_loop(state["messages"])
+    assert len(calls) == 3  # get_weather, get_local_time, the answer
+    for model_call, name in zip(calls[:2], ["get_weather", "get_local_time"]):
+        first = next(chunk for chunk in model_call if chunk.tool_call_chunks)
+        assert first is not model_call[-1] and first.tool_call_chunks[0]["name"] == name
+        assert _calls(reduce(add, model_call))[0][0] == name
 
 
 @real_model_test

@@ -17,6 +17,8 @@ from operator import add
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from langchain_core.messages import (
     AIMessage,
     AIMessageChunk,
@@ -26,17 +28,18 @@ from langchain_core.messages import (
     SystemMessage,
     ToolMessage,
 )
+from langchain_core.messages.tool import tool_call_chunk
 from langchain_hvd import ChatHVD
-from langchain_hvd._convert import to_openai_messages
+from langchain_hvd._convert import to_openai_messages, unreadable_tail
 from langchain_tests.unit_tests import ChatModelUnitTests
 from pydantic import ValidationError
 
 from hvd_agents import Engine, GenerationParams, InvalidRequestError
 from hvd_agents.chat.conversation import prepare
 from hvd_agents.chat.reply_options import normalize_tool_choice
-from hvd_agents.chat.toolcall_stream import ToolCallStreamSplitter
 from hvd_agents.chat.toolcalls import parse_tool_calls
-from tests.agent_tools import ticking
+from tests.agent_tools import TOOL_LOG, get_weather, ticking
+from tests.scripted import ScriptsEngine
 
 WEATHER_SCHEMA = {
     "type": "function",
@@ -150,32 +153,38 @@ SPLIT_TEXTS = [
 
 
 @pytest.mark.parametrize("text", SPLIT_TEXTS)
-def test_streamed_content_adds_up_to_the_parsed_content(text) -> None:
-    expected = parse_tool_calls(text).content
+def test_any_split_streams_the_whole_reply_parse(scripted, text) -> None:
+    whole = parse_tool_calls(text)
     cuts = [[], list(range(1, len(text))), list(range(3, len(text), 7)), list(range(5, len(text), 11))]
     for points in cuts:
-        bounds = [0, *points, len(text)]
-        splitter = ToolCallStreamSplitter()
-        pieces = [splitter.push(text[a:b]) for a, b in itertools.pairwise(bounds)]
-        pieces.append(splitter.finish(parse_tool_calls(splitter.text)))
-        assert "".join(pieces) == expected
-        assert "<tool_call>" not in "".join(pieces[:-1])
+        pieces = [text[a:b] for a, b in itertools.pairwise([0, *points, len(text)])]
+        chunks = list(ChatHVD(engine=scripted(pieces)).bind_tools([WEATHER_SCHEMA]).stream("Weather?"))
+        full = reduce(add, chunks)
+        assert full.content == whole.content and "<tool_call>" not in "".join(c.content for c in chunks)
+        assert _calls(full) == [(call.name, call.arguments) for call in whole.tool_calls]
+        assert [bad["name"] for bad in full.invalid_tool_calls] == [bad.name for bad in whole.invalid_tool_calls]
+        assert sum(chunk.chunk_position == "last" for chunk in chunks) == 1
 
 
-def test_forced_prefix_is_held_and_part_of_the_reply() -> None:
-    splitter = ToolCallStreamSplitter("<tool_call>\n")
-    assert splitter.push('{"name": "f", "arguments": {}}\n') == ""
-    assert splitter.text.startswith("<tool_call>\n{")
+def test_a_forced_calls_name_streams_with_the_first_chunk(scripted) -> None:
+    engine = scripted(['{"city": ', '"Paris"}', "}"])  # the engine stops at "</tool_call>", which it does not return
+    chunks = list(ChatHVD(engine=engine).bind_tools([WEATHER_SCHEMA], tool_choice="get_weather").stream("Weather?"))
+    first = chunks[0].tool_call_chunks
+    assert [(c["name"], c["args"], c["index"]) for c in first] == [("get_weather", '{"city": ', 0)]
+    assert [c["args"] for chunk in chunks[1:] for c in chunk.tool_call_chunks] == ['"Paris"}']
+    full = reduce(add, chunks)
+    assert _calls(full) == [("get_weather", {"city": "Paris"})] and full.response_metadata["finish_reason"] == "tool_calls"
 
 
-def test_stream_holds_tool_calls_until_the_end_and_equals_invoke(scripted, fixed_call_ids) -> None:
+def test_stream_yields_tool_call_chunks_as_generated_and_equals_invoke(scripted, fixed_call_ids) -> None:
     engine = scripted(["Let me", " check.", "\n<tool", '_call>\n{"name": "get_weather", ',
-                       '"arguments": {"city": "Paris"}}\n</tool_call>'])
+                       '"arguments": {"city": ', '"Paris"}}\n</tool_call>'])
     model = ChatHVD(engine=engine).bind_tools([WEATHER_SCHEMA])
     chunks = list(model.stream("Weather in Paris?"))
-    assert [chunk.content for chunk in chunks[:-1]] == ["Let me", " check."]
-    assert all(not chunk.tool_call_chunks for chunk in chunks[:-1])
-    assert chunks[-1].chunk_position == "last" and len(chunks[-1].tool_call_chunks) == 1
+    assert [chunk.content for chunk in chunks] == ["Let me", " check.", "", ""]
+    assert [c["name"] for c in chunks[2].tool_call_chunks] == ["get_weather"]  # the name as soon as it is read
+    assert chunks[2].chunk_position is None and chunks[-1].chunk_position == "last"
+    assert [c["args"] for chunk in chunks for c in chunk.tool_call_chunks] == ['{"city": ', '"Paris"}']
     full = reduce(add, chunks)
     message = model.invoke("Weather in Paris?")
     assert isinstance(message, AIMessage) and not isinstance(message, AIMessageChunk)
@@ -210,6 +219,43 @@ def test_a_cut_short_call_stays_invalid_when_chunks_are_aggregated(scripted) -> 
         assert message.tool_calls == []
         assert [bad["name"] for bad in message.invalid_tool_calls] == ["get_weather"]
     assert model.invoke("Weather?").invalid_tool_calls[0]["error"] == "unterminated <tool_call> block"
+
+
+def test_create_agent_streams_a_tool_call_before_its_last_chunk(tiny_model, byte_tokenizer) -> None:
+    """``stream_mode="messages"`` shows a call's ``tool_call_chunks`` while the model still writes it."""
+    from langchain.agents import create_agent
+    from langchain_core.tools import tool
+
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    engine = ScriptsEngine(tiny_model, byte_tokenizer, [["Checking.", call[:40], call[40:52], call[52:]],
+                                                        ["It is", " 18 degrees."]])
+    TOOL_LOG.clear()
+    agent = create_agent(ChatHVD(engine=engine), tools=[tool(get_weather)])
+    streamed = [message for message, _ in agent.stream({"messages": [HumanMessage("Weather in Paris?")]},
+                                                       stream_mode="messages")]
+    chunks = [message for message in streamed if isinstance(message, AIMessageChunk)]
+    ends = [index for index, chunk in enumerate(chunks) if chunk.chunk_position == "last"]
+    assert len(ends) == 2  # two model calls: the tool call, then the answer
+    with_calls = [index for index, chunk in enumerate(chunks) if chunk.tool_call_chunks]
+    assert with_calls and with_calls[0] < ends[0]  # before the first call's last chunk
+    assert chunks[with_calls[0]].tool_call_chunks[0]["name"] == "get_weather"
+    first = reduce(add, chunks[: ends[0] + 1])
+    assert _calls(first) == [("get_weather", {"city": "Paris"})] and first.content == "Checking."
+    assert TOOL_LOG == [("get_weather", {"city": "Paris", "unit": "celsius"})]
+    assert "".join(chunk.content for chunk in chunks[ends[0] + 1 :]) == "It is 18 degrees."
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(st.sampled_from('{}[]"\\:, a1\n'), max_size=24))
+def test_an_unreadable_tail_keeps_any_argument_text_from_reading_as_a_call(text) -> None:
+    arguments = "{" + text
+    tail = unreadable_tail(arguments)
+    chunk = AIMessageChunk(content="", tool_call_chunks=[tool_call_chunk(name="f", args=arguments + tail, id="c",
+                                                                         index=0)])
+    assert chunk.tool_calls == [] and len(chunk.invalid_tool_calls) == 1
+    if tail == "":  # nothing added where LangChain reads no object already
+        assert AIMessageChunk(content="", tool_call_chunks=[tool_call_chunk(name="f", args=arguments, id="c",
+                                                                            index=0)]).tool_calls == []
 
 
 @pytest.mark.parametrize(

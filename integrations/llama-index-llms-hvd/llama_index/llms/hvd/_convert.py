@@ -126,17 +126,16 @@ def invalid_calls(parsed: ParsedOutput) -> list[dict[str, Any]]:
     return [{"id": bad.id, "name": bad.name, "text": bad.text, "error": bad.error} for bad in parsed.invalid_tool_calls]
 
 
-def reply_message(content: str, parsed: ParsedOutput | None) -> ChatMessage:
+def reply_message(content: str, parsed: ParsedOutput) -> ChatMessage:
     """The assistant message of a reply: its text, then a ``ToolCallBlock`` per valid call."""
     blocks: list[Any] = [TextBlock(text=content)]
+    blocks.extend(
+        ToolCallBlock(tool_call_id=call.id, tool_name=call.name, tool_kwargs=dict(call.arguments))
+        for call in parsed.tool_calls
+    )
     additional: dict[str, Any] = {}
-    if parsed is not None:
-        blocks.extend(
-            ToolCallBlock(tool_call_id=call.id, tool_name=call.name, tool_kwargs=dict(call.arguments))
-            for call in parsed.tool_calls
-        )
-        if parsed.invalid_tool_calls:
-            additional["invalid_tool_calls"] = invalid_calls(parsed)
+    if parsed.invalid_tool_calls:
+        additional["invalid_tool_calls"] = invalid_calls(parsed)
     return ChatMessage(role=MessageRole.ASSISTANT, blocks=blocks, additional_kwargs=additional)
 
 

@@ -5,16 +5,20 @@ the LlamaIndex messages into OpenAI-shape dicts and goes through
 :func:`hvd_agents.chat.request.build_chat_request` (which calls
 :func:`hvd_agents.chat.conversation.prepare`: the prompt is rendered and its system prompt,
 tool schemas and prior turns are registered in the engine's cache store for the
-conversation) and :func:`hvd_agents.chat.request.stream_reply`. Decoding, drafting,
-stop strings and tool-call parsing all live in hvd-agents.
+conversation) and :func:`hvd_agents.chat.delta_stream.stream_reply_deltas`, the one reply
+pipeline of hvd-agents (the server's and LangChain's too). Decoding, drafting, stop strings
+and tool-call parsing all live in hvd-agents.
 
 * One streaming core (:meth:`HVD._stream`); ``chat`` returns its last response and
   the async forms run it in a worker thread that feeds an asyncio queue
   (:func:`hvd_agents.chat.async_stream.iterate_in_thread`), so the event loop never
   blocks; cancelling the consuming task closes the engine's iterator.
-* Tool calls are Hermes ``<tool_call>`` blocks in the reply. While streaming, text
-  before the first block is streamed, the rest is held back; the last response's
-  message holds the content and one ``ToolCallBlock`` per call.
+* Tool calls are Hermes ``<tool_call>`` blocks in the reply. While streaming, the text
+  outside the blocks is streamed; the calls are aggregated, and the last response's
+  message holds the content and one ``ToolCallBlock`` per call. A call that does not
+  parse goes to ``additional_kwargs["invalid_tool_calls"]`` (id, name, text, error),
+  never into a ``ToolSelection``: ``get_tool_calls_from_response`` names it when the
+  reply has no valid call.
 * JSON mode (``json_mode=True``, as in LlamaIndex's Ollama LLM, or a call's
   ``response_format="json"`` / JSON schema, as in its OpenAI LLM) is the neutral
   layer's: the format is asked for in the last user message, the reply is pre-filled
@@ -56,19 +60,18 @@ from llama_index.core.llms.llm import ToolSelection
 from llama_index.llms.hvd._convert import reply_message, to_openai_messages, tool_schemas, tool_selections
 
 from hvd_agents.chat.async_stream import iterate_in_thread
+from hvd_agents.chat.delta_stream import CollectedReply, ReplyDelta, stream_reply_deltas
+from hvd_agents.chat.reply import ReplySummary
 from hvd_agents.chat.reply_options import normalize_tool_choice
 from hvd_agents.chat.request import (
     DECODE_FIELDS,
     DEFAULT_MODEL_NAME,
     ChatRequest,
     ChatSettings,
-    ReplyPiece,
-    ReplySummary,
     build_chat_request,
     check_method,
     field_kwargs,
     resolve_engine,
-    stream_reply,
 )
 from hvd_agents.engine import Engine
 from hvd_agents.errors import InvalidRequestError
@@ -279,7 +282,7 @@ class HVD(FunctionCallingLLM):
     ) -> Iterator[ChatResponse]:
         """The streaming core: one response per content delta, the last one with calls and stats."""
         request = self._prepare_request(messages, kwargs)
-        yield from _responses(stream_reply(request, cancelled))
+        yield from _responses(stream_reply_deltas(request, cancelled))
 
     async def _astream(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> AsyncIterator[ChatResponse]:
         """The streaming core in a worker thread (preparation and model loading included)."""
@@ -320,34 +323,39 @@ class HVD(FunctionCallingLLM):
 # -------------------------------------------------------------------- helpers
 
 
-def _responses(pieces: Generator[ReplyPiece, None, None]) -> Iterator[ChatResponse]:
-    """Reply pieces as chat responses, each with its delta and the content so far.
+def _responses(deltas: Generator[ReplyDelta, None, None]) -> Iterator[ChatResponse]:
+    """The reply's deltas as chat responses, each with its content delta and the content so far.
 
-    Closing this generator closes ``pieces`` (hence the engine's iterator).
+    The calls are aggregated: the last response's message holds them. Closing this generator
+    closes ``deltas`` (hence the engine's iterator).
     """
-    content = ""
-    with closing(pieces):
-        for piece in pieces:
-            content += piece.delta
-            if piece.summary is None:
-                yield ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=content), delta=piece.delta)
-            else:
-                yield _last_response(piece, piece.summary, content)
+    reply = CollectedReply()
+    with closing(deltas):
+        for delta in deltas:
+            reply.add(delta)
+            if delta.summary is not None:
+                yield _last_response(delta, delta.summary, reply)
+            elif delta.prose:
+                message = ChatMessage(role=MessageRole.ASSISTANT, content=reply.prose)
+                yield ChatResponse(message=message, delta=delta.prose)
 
 
-def _last_response(piece: ReplyPiece, summary: ReplySummary, content: str) -> ChatResponse:
-    """The last response: the whole message (text and tool-call blocks); the summary in ``raw``."""
+def _last_response(delta: ReplyDelta, summary: ReplySummary, reply: CollectedReply) -> ChatResponse:
+    """The last response: the whole message (text and tool-call blocks); the summary in ``raw``.
+
+    ``raw["finish_reason"]`` is the reply's (``"tool_calls"`` after a call, ``"invalid_tool_call"``
+    when a forced call did not parse), as the server reports it.
+    """
     usage = summary.usage()
     raw = {
         "model": summary.model_name,
         "method": summary.method,
-        "finish_reason": summary.finish_reason,
+        "finish_reason": delta.finish_reason,
         "usage": usage,
         "hvd_stats": summary.hvd_stats,
     }
-    return ChatResponse(
-        message=reply_message(content, piece.parsed), delta=piece.delta, raw=raw, additional_kwargs=dict(usage)
-    )
+    message = reply_message(reply.prose, reply.parsed())
+    return ChatResponse(message=message, delta=delta.prose, raw=raw, additional_kwargs=dict(usage))
 
 
 def _final(responses: list[ChatResponse]) -> ChatResponse:

@@ -6,7 +6,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 
-def make_tiny_llama(vocab_size: int = 64, seed: int = 0, dtype: torch.dtype = torch.float64) -> LlamaForCausalLM:
+def make_tiny_llama(vocab_size: int = 64, seed: int = 0, dtype: torch.dtype = torch.float64,
+                    max_positions: int = 512) -> LlamaForCausalLM:
     """A 2-layer Llama with random weights.
 
     float64 by default: greedy-equality tests compare a one-token-per-step run
@@ -21,7 +22,7 @@ def make_tiny_llama(vocab_size: int = 64, seed: int = 0, dtype: torch.dtype = to
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=512,
+        max_position_embeddings=max_positions,
         bos_token_id=None,
         eos_token_id=None,
         pad_token_id=None,

@@ -4,8 +4,9 @@
 * :mod:`.analyzer`: the prompt-structure analyzer (typed spans, registration in the cache store).
 * :mod:`.conversation`: :func:`~.conversation.prepare`, analysing and registering one request's prompt.
 * :mod:`.toolcalls`: the tool-call format; :mod:`.toolcall_parser`: the one reader of it, whole or
-  in pieces; :mod:`.toolcall_stream`: its streaming face (content and per-call deltas);
-  :mod:`.forced_name`: a forced call's name kept to the declared tools.
+  in pieces; :mod:`.toolcall_stream`: its streaming face (content and per-call deltas).
+* :mod:`.constraints`: a chat call's ``response_format``, tools, ``strict`` and ``tool_choice`` as the
+  one grammar its reply is decoded under.
 * :mod:`.prompt_templates`: prompt templates tuned for cache reuse (imported as ``.templates``).
 * :mod:`.request`: the framework-neutral chat request the integrations adapt, with
   :mod:`.settings`, :mod:`.reply_options` (``tool_choice``, ``response_format``), :mod:`.json_reply`

@@ -30,8 +30,6 @@ reply and a non-streamed one are the same.
 
 Closing the generator, or setting ``cancelled`` (checked after every engine step),
 closes the engine's iterator: the request ends within one step and the engine is free.
-A forced call among several tools keeps its name to them
-(:func:`~hvd_agents.chat.reply.start_reply`).
 """
 
 from __future__ import annotations
@@ -42,7 +40,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from hvd_agents.chat.json_reply import VisibleReply
-from hvd_agents.chat.reply import ReplySummary, start_reply
+from hvd_agents.chat.reply import ReplySummary, request_events
 from hvd_agents.chat.request import ChatRequest
 from hvd_agents.chat.toolcall_parser import ParsedOutput, ToolCall
 from hvd_agents.chat.toolcall_stream import (
@@ -147,10 +145,9 @@ def stream_reply_deltas(request: ChatRequest, cancelled: threading.Event | None 
             async calls') also ends a batched request at once
             (:func:`~hvd_agents.chat.reply.request_events`).
     """
-    started = start_reply(request, cancelled)
-    if started is None:
+    if cancelled is not None and cancelled.is_set():
         return
-    request, events = started
+    events = request_events(request, cancelled)
     try:
         if request.parse_tools:
             yield from _tool_deltas(request, events, cancelled)

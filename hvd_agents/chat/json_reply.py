@@ -3,10 +3,11 @@
 * :func:`json_schema_of` reads a ``response_format``: ``"json"``,
   ``{"type": "json_object"}``, a JSON schema, or OpenAI's
   ``{"type": "json_schema", "json_schema": {"schema": ...}}``; anything else is refused.
-* :class:`JsonFormat` is a checked ``response_format``: the instruction appended to the
-  last user message (for an object schema with properties, the expected object with
-  each key's description, which small models follow far better than a raw schema), and
-  the reply's pre-fill (``{`` when the reply must be an object).
+* :class:`JsonFormat` is a checked ``response_format``: its schema and whether it is strict
+  (the reply is decoded under the schema's grammar, :mod:`hvd_agents.chat.constraints`), and
+  the instruction appended to the last user message (for an object schema with properties,
+  the expected object with each key's description: the grammar makes the reply parse, the
+  instruction tells the model what to put in it).
 * :class:`VisibleReply` streams a reply's content; in JSON mode it is cut just after
   its first complete JSON object.
 """
@@ -54,9 +55,12 @@ class JsonFormat:
 
     Attributes:
         schema: the JSON schema, or None for any JSON object.
+        strict: OpenAI's ``json_schema.strict``: a schema keyword that cannot be enforced is refused
+            (else it is ignored and the rest enforced).
     """
 
     schema: Mapping[str, Any] | None
+    strict: bool = False
 
     @classmethod
     def of(cls, response_format: Any) -> JsonFormat:
@@ -65,12 +69,9 @@ class JsonFormat:
         Raises:
             InvalidRequestError: an unsupported ``response_format``.
         """
-        return cls(json_schema_of(response_format))
-
-    @property
-    def prefix(self) -> str:
-        """``{`` when the reply must be a JSON object (pre-filled), else nothing."""
-        return "{" if self.schema is None or self.schema.get("type", "object") == "object" else ""
+        inner = response_format.get("json_schema") if isinstance(response_format, Mapping) else None
+        strict = isinstance(inner, Mapping) and inner.get("strict") is True
+        return cls(json_schema_of(response_format), strict)
 
     def instruction(self) -> str:
         """The instruction asking for a JSON reply."""

@@ -1,7 +1,6 @@
 """Running a chat request: where its decoding starts, and what its reply reports at the end.
 
-* :func:`request_events` is where every chat reply's decoding starts; :func:`start_reply`
-  adds the watch of a forced call's name among several tools. Both run a
+* :func:`request_events` is where every chat reply's decoding starts: it runs a
   :class:`~hvd_agents.chat.request.ChatRequest`
   (:func:`~hvd_agents.chat.request.build_chat_request` makes it).
 * :class:`ReplySummary` is what a reply's last delta reports (usage, method, stats), which
@@ -14,13 +13,11 @@ server and both adapters.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from hvd_agents.chat.forced_name import NameState, NameWatch
 from hvd_agents.chat.request import ChatRequest
 from hvd_agents.engine import RequestStats, TokenEvent
 
@@ -86,47 +83,3 @@ def request_events(request: ChatRequest, cancelled: threading.Event | None = Non
     return events
 
 
-def start_reply(request: ChatRequest, cancelled: threading.Event | None = None
-                ) -> tuple[ChatRequest, Iterator[TokenEvent]] | None:
-    """The request as it runs and its engine events; None when cancelled before the first event.
-
-    A forced call among several tools (``request.name_choices``) is watched until its name is
-    read (:class:`~hvd_agents.chat.forced_name.NameWatch`): a declared name goes on as written;
-    any other is dropped and the call decoded again with the closest declared name (and its first
-    required argument key) pre-filled.
-    """
-    events = request_events(request, cancelled)
-    if not request.name_choices:
-        return request, events
-    watch, seen = NameWatch(request.prefix, request.name_choices), []
-    try:
-        for event in events:
-            if cancelled is not None and cancelled.is_set():
-                events.close()
-                return None
-            seen.append(event)
-            state = watch.push(event.text)
-            if state is NameState.DECLARED or (state is NameState.PENDING and event.finish_reason is not None):
-                return request, _replayed(seen, events)
-            if state is NameState.UNDECLARED:
-                break
-    except BaseException:
-        events.close()
-        raise
-    events.close()
-    if watch.state is NameState.PENDING:  # the engine ended without a last event
-        return request, _replayed(seen, iter(()))
-    prefix, structure = request.call_to(watch.choice())
-    request = dataclasses.replace(request, structure=structure, prefix=prefix, name_choices=(), call_to=None)
-    return request, request_events(request, cancelled)
-
-
-def _replayed(seen: list[TokenEvent], events: Iterator[TokenEvent]) -> Iterator[TokenEvent]:
-    """The events read already, then the rest; closing it closes ``events``."""
-    try:
-        yield from seen
-        yield from events
-    finally:
-        close = getattr(events, "close", None)
-        if close is not None:
-            close()

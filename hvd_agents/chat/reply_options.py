@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hvd_agents.chat.json_reply import JsonFormat
-from hvd_agents.chat.toolcalls import TOOL_CALL_OPEN, named_call_prefix, normalize_tool, tool_list
+from hvd_agents.chat.toolcalls import normalize_tool, tool_list
 from hvd_agents.errors import InvalidRequestError
 
 
@@ -91,22 +91,6 @@ class ReplyOptions:
     def forbids_calls(self) -> bool:
         """Tools were given and ``tool_choice`` is ``"none"``."""
         return bool(self.tool_names) and self.tool_choice == "none"
-
-    @property
-    def name_choices(self) -> tuple[str, ...]:
-        """The names a forced call's name is kept to while it is written: the tools' with ``"required"``
-        and several tools (:mod:`hvd_agents.chat.forced_name`), else none."""
-        return self.tool_names if self.forces_call and self.tool_choice == "required" and len(self.tool_names) > 1 else ()
-
-    def call_prefix(self) -> str:
-        """The start of the reply that forces the call: ``""`` when none is forced; the call's opening up
-        to its arguments for a named choice or ``"required"`` with one tool; ``"<tool_call>\n"`` for
-        ``"required"`` with several (the name is kept to theirs while it is written)."""
-        if not self.forces_call:
-            return ""
-        if self.name_choices:
-            return f"{TOOL_CALL_OPEN}\n"
-        return named_call_prefix(self.tool_names[0] if self.tool_choice == "required" else self.tool_choice)
 
 
 def check_reply_options(

@@ -2,12 +2,12 @@
 
 Both adapters (``langchain_hvd.ChatHVD``, ``llama_index.llms.hvd.HVD``), the examples' loop
 and the server convert their framework's types to OpenAI-shape messages and tool schemas,
-then call :func:`build_chat_request`: it applies ``tool_choice`` (a forced choice
-pre-fills the start of the call and stops at ``</tool_call>``; ``"none"`` stops at
-``<tool_call>``) and ``response_format`` (JSON mode: the format is asked for at the end of
-the last user message, an object reply is pre-filled with ``{`` and cut after its first
-JSON object), calls :func:`hvd_agents.chat.conversation.prepare` (which registers the
-conversation in the engine's cache store) and returns a :class:`ChatRequest`, which
+then call :func:`build_chat_request`: it turns ``tool_choice``, the tools (``strict`` too)
+and ``response_format`` into one grammar the reply is decoded under
+(:mod:`~hvd_agents.chat.constraints`: a forced choice is exactly one valid call, ``"auto"``
+free text or valid calls, a ``response_format`` JSON valid against its schema; ``"none"``
+stops at ``<tool_call>``), calls :func:`hvd_agents.chat.conversation.prepare` (which
+registers the conversation in the engine's cache store) and returns a :class:`ChatRequest`, which
 :func:`~hvd_agents.chat.delta_stream.stream_reply_deltas` runs for every front end.
 
 The rest of a chat call has its own module, each re-exported here:
@@ -29,18 +29,19 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hvd_agents.chat.constraints import reply_constraint
 from hvd_agents.chat.conversation import prepare
 from hvd_agents.chat.engine_choice import check_method, resolve_engine
-from hvd_agents.chat.forced_name import arguments_start
 from hvd_agents.chat.json_reply import json_instruction, json_schema_of
 from hvd_agents.chat.reply_options import ReplyOptions, check_reply_options, normalize_tool_choice
 from hvd_agents.chat.settings import DECODE_FIELDS, DEFAULT_MODEL_NAME, SETTING_NAMES, ChatSettings, field_kwargs
 from hvd_agents.chat.toolcall_parser import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
-from hvd_agents.chat.toolcalls import named_call_prefix, normalize_tool, tool_list
+from hvd_agents.chat.toolcalls import tool_list
 from hvd_agents.engine import Engine, GenerationParams
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.structure import PromptStructure
@@ -72,16 +73,12 @@ class ChatRequest:
         engine: the engine that decodes it.
         structure: the analysed prompt (``structure.prompt_ids`` is the prompt).
         params: the engine parameters.
-        prefix: the forced start of the reply (a tool call's opening, ``{``, ...);
-            part of the reply, not generated.
+        prefix: the forced start of the reply (the caller's own pre-fill); part of
+            the reply, not generated.
         parse_tools: tools were given: ``<tool_call>`` blocks are split out.
-        forced_call: the prefix opens a tool call and ``</tool_call>`` is a stop string.
+        forced_call: ``tool_choice`` forces a call (the grammar holds the reply to one).
         json_mode: the reply is cut after its first JSON object.
         model_name: the model's name in the reply's metadata.
-        name_choices: the tool names a forced call's name is decoded among before
-            the call (:mod:`hvd_agents.chat.forced_name`); empty when the prefix holds it.
-        call_to: a forced call to the named tool: its pre-fill and the conversation
-            rendered with it (set with ``name_choices``).
     """
 
     engine: Engine
@@ -92,8 +89,6 @@ class ChatRequest:
     forced_call: bool = False
     json_mode: bool = False
     model_name: str = DEFAULT_MODEL_NAME
-    name_choices: tuple[str, ...] = ()
-    call_to: Callable[[str], tuple[str, PromptStructure]] | None = None
 
     def closes_open_call(self, finish_reason: str) -> bool:
         """How a call ends: whether a block still open when the reply ended is complete.
@@ -152,17 +147,17 @@ def build_chat_request(
         tools: OpenAI-shape tool schemas.
         settings: the generation settings (``settings.stop`` applies to every call).
         tool_choice: anything :func:`normalize_tool_choice` takes; with tools, a forced
-            choice pre-fills the call's start and stops at ``</tool_call>``, ``"none"``
-            stops at ``<tool_call>``; without tools it is ignored.
+            choice makes the reply exactly one valid call, ``"auto"`` free text or valid
+            calls, ``"none"`` stops at ``<tool_call>``; without tools it is ignored.
         stop: the call's own stop strings (after ``settings.stop``).
         session_id: the conversation key; None derives it from the first messages.
-        prefix: forced start of the reply when no tool call is forced and no
-            ``response_format`` is given.
+        prefix: forced start of the reply when the reply has no grammar (no tools, no
+            ``response_format``).
         response_format: JSON mode: ``"json"``, ``{"type": "json_object"}``, a JSON
-            schema or ``{"type": "json_schema", "json_schema": {"schema": ...}}``. The
-            format is asked for at the end of the last user message; an object reply
-            is pre-filled with ``{`` and cut after its first JSON object (unless a
-            forced tool call takes precedence).
+            schema or ``{"type": "json_schema", "json_schema": {"schema": ..., "strict": ...}}``:
+            the reply is JSON valid against the schema (decoded under its grammar), and the
+            format is asked for at the end of the last user message (unless a forced tool
+            call takes precedence).
         model_name: the model's name in the reply's :class:`~hvd_agents.chat.reply.ReplySummary`.
         options: ``tool_choice`` and ``response_format`` as :func:`check_reply_options`
             returned them for these tools (a front end that checked them already);
@@ -176,26 +171,17 @@ def build_chat_request(
     tools = tool_list(tools) or None
     if options is None:
         options = check_reply_options(tools, tool_choice, response_format)
+    json_format = options.json_format
+    constraint = reply_constraint(engine, tools, options.tool_choice if tools else None,
+                                  json_format.schema if json_format is not None else None,
+                                  json_mode=json_format is not None, json_strict=bool(json_format and json_format.strict))
     stops = merge_stops(settings.stop, stop)
-    json_mode = False
-    if options.json_format is not None:
-        messages = options.json_format.ask(messages)
-        prefix = options.json_format.prefix
-        json_mode = prefix == "{"
-    if options.forces_call:
-        prefix = options.call_prefix()
-        stops = merge_stops(stops, [TOOL_CALL_CLOSE])
-    elif options.forbids_calls:
+    if json_format is not None:
+        messages = json_format.ask(messages)
+    if constraint is not None:
+        prefix = ""  # the grammar writes the reply from its first token
+    if options.forbids_calls:
         stops = merge_stops(stops, [TOOL_CALL_OPEN])
-    params = settings.to_params(stops)
+    params = dataclasses.replace(settings.to_params(stops), constraint=constraint)
     structure = prepare(engine, messages, tools, session_id=session_id, assistant_prefix=prefix, require_fit=True)
-    forced = options.forces_call
-
-    functions = {function["name"]: function for function in map(normalize_tool, tools or ())}
-
-    def call_to(name: str) -> tuple[str, PromptStructure]:
-        start = named_call_prefix(name) + arguments_start(functions[name])
-        return start, prepare(engine, messages, tools, session_id=session_id, assistant_prefix=start, require_fit=True)
-
-    return ChatRequest(engine, structure, params, prefix, bool(tools), forced, json_mode and not forced, model_name,
-                       options.name_choices, call_to if options.name_choices else None)
+    return ChatRequest(engine, structure, params, prefix, bool(tools), options.forces_call, False, model_name)

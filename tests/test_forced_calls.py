@@ -66,7 +66,7 @@ def test_a_forced_call_is_one_valid_call_to_a_declared_tool(long_engine, stream,
     if stream:
         deltas = [c for chunk in chunks if chunk.choices for c in chunk.choices[0].delta.tool_calls or ()]
         calls = [(deltas[0].function.name, "".join(c.function.arguments for c in deltas))]
-        finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason][0]
+        finish = next(c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason)
     else:
         calls = [(c.function.name, c.function.arguments) for c in reply.choices[0].message.tool_calls]
         finish = reply.choices[0].finish_reason

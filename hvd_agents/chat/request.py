@@ -184,4 +184,8 @@ def build_chat_request(
         stops = merge_stops(stops, [TOOL_CALL_OPEN])
     params = dataclasses.replace(settings.to_params(stops), constraint=constraint)
     structure = prepare(engine, messages, tools, session_id=session_id, assistant_prefix=prefix, require_fit=True)
-    return ChatRequest(engine, structure, params, prefix, bool(tools), options.forces_call, False, model_name)
+    # a JSON object reply is also cut after its object (a scripted or foreign engine may not hold the grammar)
+    json_object = json_format is not None and (json_format.schema is None or json_format.schema.get("type", "object")
+                                               == "object")
+    return ChatRequest(engine, structure, params, prefix, bool(tools), options.forces_call,
+                       json_object and not options.forces_call, model_name)

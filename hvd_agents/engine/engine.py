@@ -55,7 +55,8 @@ from pathlib import Path
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from hvd_agents.draft_head import DraftHead
-from hvd_agents.drafters import CacheStore, Drafter
+from hvd_agents.drafters import CacheStore, Drafter, never_drafts
+from hvd_agents.drafters.grammar import ForcedText
 from hvd_agents.engine.batch import Batcher
 from hvd_agents.engine.drafter_set import DrafterSet
 from hvd_agents.engine.grammar import GrammarCompiler, GrammarState
@@ -338,6 +339,8 @@ class Engine:
         drafter = self.drafters.for_request(params.method, batched=self._batcher is not None)
         host = RequestHost(self.runner, self.prefix_cache, self.prefill_chunk, self.tokenizer, self.eos_token_ids)
         grammar = self._grammar(params)
+        if grammar is not None and not never_drafts(drafter):
+            drafter = ForcedText(drafter)  # the text the grammar forces, drafted first
         req = Request(host, prompt_ids, params, req_id or f"req-{next(_request_counter)}", drafter, structure, grammar)
         return self._scheduler.submit(req)
 

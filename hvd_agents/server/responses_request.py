@@ -161,7 +161,7 @@ class ResponsesRequest(BaseModel):
             schema = fmt.get("schema")
             if not isinstance(schema, Mapping):
                 raise invalid("text.format.schema must be an object", "text.format.schema")
-            return {"type": "json_schema", "json_schema": {"schema": dict(schema)}}
+            return {"type": "json_schema", "json_schema": {"schema": dict(schema), "strict": fmt.get("strict") is True}}
         raise invalid(f"text.format.type must be 'text', 'json_object' or 'json_schema', got {kind!r}",
                       "text.format.type")
 

@@ -175,11 +175,12 @@ class ChatHVD(BaseChatModel):
             tools: the tools.
             tool_choice: ``None`` / ``"auto"`` (the model decides), ``"none"`` (no call:
                 generation stops at ``<tool_call>``), ``"any"`` / ``"required"`` / ``True``
-                (some call: with one tool, that tool; with several, the call's name is kept
-                to theirs), a tool name or ``{"type": "function", "function": {"name": ...}}``
-                (that tool). A forced choice pre-fills the start of the call.
-            strict: accepted for API compatibility; the backend does not constrain
-                decoding to the schema, so arguments are parsed, not guaranteed.
+                (exactly one call to one of the tools), a tool name or
+                ``{"type": "function", "function": {"name": ...}}`` (that tool). Every call is
+                decoded under the tools' grammar: its name is a bound tool's and its arguments
+                are valid against that tool's schema.
+            strict: True marks every tool ``strict``: a schema keyword that cannot be
+                enforced is refused (naming it) instead of ignored.
             parallel_tool_calls: accepted for API compatibility; a forced choice
                 yields one call, otherwise the model may write several.
             **kwargs: further call arguments to bind.
@@ -194,7 +195,7 @@ class ChatHVD(BaseChatModel):
         formatted = []
         for index, tool in enumerate(tool_list(tools)):
             try:
-                formatted.append(convert_to_openai_tool(tool))
+                formatted.append(convert_to_openai_tool(tool, strict=strict))
             except (ValueError, TypeError, NotImplementedError) as exc:
                 raise InvalidRequestError(
                     f"tools[{index}] cannot be converted to a tool schema: {first_line(exc)}"
@@ -223,18 +224,16 @@ class ChatHVD(BaseChatModel):
         Args:
             schema: a Pydantic class (v2 or v1; the output is an instance), a TypedDict,
                 a JSON schema or an OpenAI tool schema (the output is a dict).
-            method: ``"json_schema"`` (default): the expected object (each key with its
-                description) is asked for at the end of the last user message, the
-                reply is pre-filled with ``{`` and its first JSON object is parsed;
-                ``"function_calling"``: the schema is bound as the only tool and the
-                call is forced by name (``tool_choice=<name>``), its arguments are
-                the output; ``"json_mode"``: like ``json_schema`` without the schema
-                (describe the format in the prompt). ``json_schema`` is the default
-                because small models follow it far more often than a forced call.
+            method: ``"json_schema"`` (default): the reply is decoded under the schema's
+                grammar (the expected object, each key with its description, is also asked
+                for at the end of the last user message); ``"function_calling"``: the schema
+                is bound as the only tool and the call is forced by name
+                (``tool_choice=<name>``), its arguments (valid against the schema) are the
+                output; ``"json_mode"``: any JSON object (describe the format in the prompt).
             include_raw: return ``{"raw": AIMessage, "parsed": ..., "parsing_error": ...}``
                 instead of raising on a parsing error.
-            strict: accepted for API compatibility (decoding is not constrained to
-                the schema; the output is parsed and validated, not guaranteed).
+            strict: True refuses a schema keyword that cannot be enforced (naming it);
+                otherwise such keywords are ignored and the rest enforced.
 
         Raises:
             ValueError: an unknown ``method`` or argument, or no ``schema`` where one is needed.
@@ -250,13 +249,15 @@ class ChatHVD(BaseChatModel):
         output_parser: Runnable
         if method == "function_calling":
             tool_name = convert_to_openai_tool(schema)["function"]["name"]
-            llm = self.bind_tools([schema], tool_choice=tool_name, ls_structured_output_format=ls_format)
+            llm = self.bind_tools([schema], tool_choice=tool_name, strict=strict, ls_structured_output_format=ls_format)
             if is_pydantic:
                 output_parser = PydanticToolsParser(tools=[schema], first_tool_only=True)
             else:
                 output_parser = JsonOutputKeyToolsParser(key_name=tool_name, first_tool_only=True)
         else:
-            response_format = convert_to_json_schema(schema) if method == "json_schema" else "json"
+            response_format = "json" if method == "json_mode" else {"type": "json_schema", "json_schema": {
+                "name": ls_format["schema"].__name__ if is_pydantic else "output", "strict": bool(strict),
+                "schema": convert_to_json_schema(schema)}}
             llm = self.bind(response_format=response_format, ls_structured_output_format=ls_format)
             output_parser = PydanticOutputParser(pydantic_object=schema) if is_pydantic else JsonOutputParser()
         if include_raw:

@@ -334,3 +334,44 @@ class _FixedTree:
 
     def stop(self, req_id) -> None:
         pass
+
+
+def test_the_grammars_forced_text_is_drafted_and_accepted(engine, tokenizer) -> None:
+    schema = {"type": "object", "properties": {"there": {"enum": ["thin thread", "thermal"]},
+                                               "city": {"type": "string", "maxLength": 4}},
+              "required": ["there", "city"], "additionalProperties": False}
+    ids = tokenizer.encode("abc", add_special_tokens=False)
+    reference = engine.generate(ids, constrained("ar", schema, 60))
+    result = engine.generate(ids, constrained("hvd-cache", schema, 60))
+    assert result.token_ids == reference.token_ids
+    grammar = result.stats.per_source["grammar"]
+    assert grammar.drafted >= 10 and grammar.accepted >= 10  # '{"there": "th', 'ermal", "city": "' ...
+    assert result.stats.steps < reference.stats.steps
+
+
+class Recording:
+    """A drafter that records what its observe is told."""
+
+    def __init__(self) -> None:
+        self.outcomes: list[DraftOutcome] = []
+
+    def start(self, req_id, prompt_ids, structure=None) -> None:
+        pass
+
+    def propose(self, ctx: DraftContext, k: int) -> Draft:
+        return Draft()
+
+    def observe(self, outcome: DraftOutcome) -> None:
+        self.outcomes.append(outcome)
+
+    def stop(self, req_id) -> None:
+        pass
+
+
+def test_a_step_drafted_by_the_grammar_reaches_the_drafter_as_one_it_did_not_draft(engine, tokenizer) -> None:
+    inner = Recording()
+    engine.add_drafter("recording", inner)
+    result = engine.generate(tokenizer.encode("abc", add_special_tokens=False), constrained("recording", SCHEMA, 60))
+    assert result.stats.per_source["grammar"].accepted > 0
+    assert all(not outcome.draft.token_ids and outcome.num_accepted == 0 for outcome in inner.outcomes)
+    assert sum(len(outcome.new_token_ids) for outcome in inner.outcomes) == len(result.token_ids)

@@ -43,13 +43,16 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from hvd_agents.errors import InvalidRequestError, ModelLoadError, ModelNotFoundError
-from hvd_agents.runtime import quant_loading, quant_native, quant_runner, quant_weights
 from hvd_agents.runtime.chat_template import set_chat_template
+from hvd_agents.runtime.cpu import native_forward
+from hvd_agents.runtime.cpu.kernels import check_linear_kernel_name, prepare_for_cpu
+from hvd_agents.runtime.cpu.loading import float32_bytes, load_native_only
+from hvd_agents.runtime.cpu.runner import NativeModel
+from hvd_agents.runtime.cpu.weights import WeightSet, from_gguf, from_model, unsupported_reason
 from hvd_agents.runtime.gguf_config import gguf_config
 from hvd_agents.runtime.gguf_file import GGUFFile
 from hvd_agents.runtime.gguf_tokenizer import gguf_tokenizer
 from hvd_agents.runtime.heap import freeze_loaded_objects, return_free_memory
-from hvd_agents.runtime.kernels import check_linear_kernel_name, prepare_for_cpu
 from hvd_agents.runtime.paths import cache_root
 from hvd_agents.runtime.progress import end_line, waiting
 
@@ -86,7 +89,7 @@ class LoadedModel:
         device: where the weights live.
         dtype: the weights' dtype.
         native: the model's weights in the native CPU forward
-            (:class:`~hvd_agents.runtime.quant_runner.NativeModel`: a GGUF file's blocks, int8 or int4),
+            (:class:`~hvd_agents.runtime.cpu.runner.NativeModel`: a GGUF file's blocks, int8 or int4),
             what its engines run; None when the model runs its own forward.
     """
 
@@ -95,7 +98,7 @@ class LoadedModel:
     name: str
     device: torch.device
     dtype: torch.dtype
-    native: quant_runner.NativeModel | None = None
+    native: NativeModel | None = None
 
     @property
     def context_window(self) -> int:
@@ -407,12 +410,12 @@ def load_model(
         device: see :func:`resolve_device`.
         dtype: weights dtype; defaults to the device's (float32 on CPU, bfloat16 on CUDA).
         cpu_linear: on a float32 CPU model, the kernel for the linear layers
-            (:mod:`hvd_agents.runtime.kernels`): "auto" (the row-streaming kernel where it
+            (:mod:`hvd_agents.runtime.cpu.kernels`): "auto" (the row-streaming kernel where it
             builds, else oneDNN's packed layers), "row", "packed", or "dense" to keep
             PyTorch's layers. The first two make multi-token verification forwards
             far cheaper.
         cpu_weights: on a float32 CPU llama-family model, the weights the native CPU
-            forward (:mod:`hvd_agents.runtime.quant_runner`) reads: "gguf" (a GGUF
+            forward (:mod:`hvd_agents.runtime.cpu.runner`) reads: "gguf" (a GGUF
             file's own blocks), "int8" or "int4" (quantized at load), "float32", or
             "none" to run the model's own forward. "auto" (the default; or
             ``HVD_AGENTS_CPU_WEIGHTS``) takes "gguf" for GGUF files and "none" otherwise.
@@ -479,11 +482,11 @@ def _check_cpu_weights(cpu_weights: str) -> str:
 
 def _load_native_only(kind: str, location: str, weights: str, dev: torch.device, dtype: torch.dtype,
                       display: str) -> LoadedModel | None:
-    """A GGUF file on the native forward with no float32 copy of its weights (:mod:`quant_loading`), or None when
+    """A GGUF file on the native forward with no float32 copy of its weights (:mod:`~hvd_agents.runtime.cpu.loading`), or None when
     the file needs the transformers load (its family, the device, the dtype or ``cpu_weights`` ask for it)."""
     if kind != "gguf" or weights not in ("auto", "gguf") or dev.type != "cpu" or dtype != torch.float32:
         return None
-    if not quant_native.available():
+    if not native_forward.available():
         return None
     gguf = Path(location)
     tokenizers: list = []
@@ -495,12 +498,12 @@ def _load_native_only(kind: str, location: str, weights: str, dev: torch.device,
     def full_load() -> torch.nn.Module:
         return _load_cached_gguf(gguf, dtype)[0].eval()
 
-    native, why = quant_loading.load_native_only(gguf, window, full_load)
+    native, why = load_native_only(gguf, window, full_load)
     if native is None:
         if why:
             logger.warning("%s runs transformers' float32 forward, not the native one (%s): %.1f GB of weights in "
                            "memory for a %.2f GB file, and slower decoding", display, why,
-                           quant_loading.float32_bytes(gguf) / 1e9, gguf.stat().st_size / 1e9)
+                           float32_bytes(gguf) / 1e9, gguf.stat().st_size / 1e9)
         return None
     loaded = LoadedModel(model=native.model, tokenizer=tokenizers[0], name=display, device=dev, dtype=dtype,
                          native=native)
@@ -508,7 +511,7 @@ def _load_native_only(kind: str, location: str, weights: str, dev: torch.device,
     return loaded
 
 
-def _native_forward(loaded: LoadedModel, weights: str, kind: str, location: str) -> quant_runner.NativeModel | None:
+def _native_forward(loaded: LoadedModel, weights: str, kind: str, location: str) -> NativeModel | None:
     """The native CPU forward over ``loaded.model`` as ``weights`` asks (see :func:`load_model`); None when the
     model runs its own forward."""
     model, explicit = loaded.model, weights != "auto"
@@ -522,18 +525,18 @@ def _native_forward(loaded: LoadedModel, weights: str, kind: str, location: str)
     elif weights == "gguf" and kind != "gguf":
         why = "the model is not a GGUF file"
     else:
-        why = quant_weights.unsupported_reason(model)
-    if not why and not quant_native.available():
-        why = quant_native.unavailable_reason()
+        why = unsupported_reason(model)
+    if not why and not native_forward.available():
+        why = native_forward.unavailable_reason()
     if not why:
         try:
             start = time.perf_counter()
-            def read() -> quant_weights.WeightSet:
+            def read() -> WeightSet:
                 if weights == "gguf":
-                    return quant_weights.from_gguf(location, model)
-                return quant_weights.from_model(model, weights)
+                    return from_gguf(location, model)
+                return from_model(model, weights)
 
-            native = quant_runner.NativeModel(model, read(), loaded.context_window, source=read)
+            native = NativeModel(model, read(), loaded.context_window, source=read)
             logger.info("native CPU forward on %s in %.1f s", native.summary, time.perf_counter() - start)
             return native
         except ValueError as exc:

@@ -1,7 +1,7 @@
 """GGUF blocks as the native formats' records, exactly: every weight's value is the file's.
 
 :func:`native_blocks` converts rows of a GGUF tensor's blocks to rows of records of a native format
-(:mod:`hvd_agents.runtime.quant_native`, ``native/tile_formats.h``), holding about the file's bytes:
+(:mod:`hvd_agents.runtime.cpu.native_forward`, ``native/tile_formats.h``), holding about the file's bytes:
 
 * Q4_1 and Q8_0 unchanged; Q4_0 as Q4_1 (its offset ``-8 d`` as the block's minimum, exact).
 * Q4_K as ``q4k``, Q5_K as ``q5k``: per super-block of 256 weights the file's ``d`` and ``-dmin`` (float16),
@@ -42,7 +42,7 @@ import functools
 
 import numpy as np
 
-from hvd_agents.runtime.quant_native import Q2K, Q4_1, Q4F, Q4K, Q5_0, Q5_1, Q5F, Q5K, Q6K, Q6S, Q8_0
+from hvd_agents.runtime.cpu.native_forward import Q2K, Q4_1, Q4F, Q4K, Q5_0, Q5_1, Q5F, Q5K, Q6K, Q6S, Q8_0
 
 _NIBBLE_SHIFTS = np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from hvd_agents import Engine, GenerationParams
 from hvd_agents.errors import InvalidRequestError
-from hvd_agents.runtime.cpu import gguf_blocks, native_forward
+from hvd_agents.runtime.cpu import gguf_blocks, gguf_iq_blocks, native_forward
 from hvd_agents.runtime.cpu import weights as quant_weights
 from hvd_agents.runtime.cpu.runner import NativeModel, QuantKV, QuantRunner, tree_rows
 from hvd_agents.runtime.runner import BatchCall
@@ -131,13 +131,13 @@ def test_iq4_blocks_convert_exactly() -> None:
     nl = rng.integers(0, 256, size=(8, 512 // 32, 18), dtype=np.uint8)
     nl[..., 0:2] = rng.uniform(-0.02, 0.02, size=(8, 512 // 32, 1)).astype(np.float16).view(np.uint8)
     nl = nl.reshape(8, -1)
-    converted = quant_weights.Weight(native_forward.Q8_0, 8, 512, gguf_blocks.iq4_nl_as_q8_0(nl))
+    converted = quant_weights.Weight(native_forward.Q8_0, 8, 512, gguf_iq_blocks.iq4_nl_as_q8_0(nl))
     expected = dequantize(nl.reshape(-1), T.IQ4_NL).reshape(8, 512)
     assert np.array_equal(module.dequantize(_matrix(module, converted)).numpy(), expected)
     xs = rng.integers(0, 256, size=(8, 512 // 256, 136), dtype=np.uint8)  # every 6-bit scale, signs of both kinds
     xs[..., 0:2] = rng.uniform(-0.01, 0.01, size=(8, 512 // 256, 1)).astype(np.float16).view(np.uint8)
     xs = xs.reshape(8, -1)
-    converted = quant_weights.Weight(native_forward.Q6S, 8, 512, gguf_blocks.iq4_xs_as_q6s(xs))
+    converted = quant_weights.Weight(native_forward.Q6S, 8, 512, gguf_iq_blocks.iq4_xs_as_q6s(xs))
     expected = dequantize(xs.reshape(-1), T.IQ4_XS).reshape(8, 512)
     got = module.dequantize(_matrix(module, converted)).numpy()
     assert np.array_equal(got, expected) and np.count_nonzero(expected) > 0.9 * expected.size

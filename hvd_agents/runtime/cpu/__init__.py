@@ -4,8 +4,8 @@
   for GGUF (and int8/int4) models on a CPU, and :class:`~.runner.NativeModel`, a model's weights in the native
   forward.
 * :mod:`.arch`: what the native forward computes for each decoder family; :mod:`.weights`: a model's matrices in
-  the native formats (a GGUF file's blocks as :mod:`.gguf_blocks` converts them, or int8/int4); :mod:`.loading`:
-  a GGUF file put on the native forward alone;
+  the native formats (a GGUF file's blocks as :mod:`.gguf_blocks` and :mod:`.gguf_iq_blocks` convert them, or
+  int8/int4); :mod:`.loading`: a GGUF file put on the native forward alone;
   :mod:`.embedding_file`: a GGUF file's embedding table memory-mapped as float32.
 * :mod:`.native_forward`: ``native/quant_forward.cpp`` built once per instruction-set path and chosen at run time;
   :mod:`.native_build`: building and loading a native kernel once per build key; ``native/``: the C++ sources.

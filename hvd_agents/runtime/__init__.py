@@ -9,9 +9,10 @@ Two rooms hold the runners, each with its own kernels; the shared modules beside
 * :mod:`.runner`: the :class:`~.runner.Runner` protocol, the one place the target's forward runs, and its
   implementation over a HuggingFace model; :mod:`.runner_choice`: which runner a model gets; :mod:`.target`: the
   :class:`~.target.Target` (model, runner, tokenizer, EOS ids) an engine is built over.
-* :mod:`.loading`: models from a hub id, a local path, a GGUF file or the embedded default; :mod:`.gguf_file`,
-  :mod:`.gguf_config`, :mod:`.gguf_tokenizer`: a GGUF file read once, its transformers config and its tokenizer
-  (for every device); :mod:`.chat_template`, :mod:`.tiktoken_tokenizer`, :mod:`.heap`.
+* :mod:`.loading`: models from a hub id, a local path, a GGUF file or the embedded default; :mod:`.device`: the
+  device and dtype a model is loaded with; :mod:`.weight_cache`: a GGUF file's dequantized float32 copy on disk;
+  :mod:`.gguf_file`, :mod:`.gguf_config`, :mod:`.gguf_tokenizer`: a GGUF file read once, its transformers config
+  and its tokenizer (for every device); :mod:`.chat_template`, :mod:`.tiktoken_tokenizer`, :mod:`.heap`.
 * :mod:`.kv`: the in-place KV cache and its rollback and tree compaction; :mod:`.hidden`: the target's last-layer
   hidden states for drafters that read them; :mod:`.tree_mask`: tree drafts' ancestors, depths and attention
   masks as device tensors; :mod:`.transfer`: host values to the device.

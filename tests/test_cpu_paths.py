@@ -48,7 +48,8 @@ TILE_BUILDS = [*(p for p in PATHS if p == "amx"), native_forward.EMULATED_AMX] i
 
 @pytest.mark.parametrize("path", [*PATHS, *TILE_BUILDS[-1:]])
 def test_every_path_computes_the_reference_bits_on_the_kernel(path) -> None:
-    assert native_forward.compare_paths(native_forward.build(native_forward.REFERENCE), native_forward.build(path)) == []
+    assert native_forward.compare_paths(native_forward.build(native_forward.REFERENCE),
+                                        native_forward.build(path)) == []
 
 
 def test_a_path_with_another_accumulation_order_fails_the_comparison() -> None:

@@ -36,9 +36,9 @@ VOCAB = 96
 
 
 # the GGUF type each native format converts here
-_GGUF_OF = {native_forward.Q4F: "Q4_K", native_forward.Q4K: "Q4_K", native_forward.Q5F: "Q5_K", native_forward.Q5K: "Q5_K",
-            native_forward.Q6S: "Q6_K", native_forward.Q6K: "Q6_K", native_forward.Q5_0: "Q5_0", native_forward.Q5_1: "Q5_1",
-            native_forward.Q2K: "Q2_K"}
+_GGUF_OF = {native_forward.Q4F: "Q4_K", native_forward.Q4K: "Q4_K", native_forward.Q5F: "Q5_K",
+            native_forward.Q5K: "Q5_K", native_forward.Q6S: "Q6_K", native_forward.Q6K: "Q6_K",
+            native_forward.Q5_0: "Q5_0", native_forward.Q5_1: "Q5_1", native_forward.Q2K: "Q2_K"}
 _WIDE = (native_forward.Q4F, native_forward.Q5F, native_forward.Q6S)
 
 

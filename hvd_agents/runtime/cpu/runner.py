@@ -61,8 +61,8 @@ class NativeModel:
         model: the model (its config, rope and, for engines, its tokenizer-facing parts).
         weights: the weights the native forward reads (packed into its tiles; not kept).
         context_window: most positions a request may hold.
-        path: the instruction-set path to run (``native_forward.PATHS``, or the test build ``native_forward.EMULATED_AMX``);
-            the one chosen for this machine when None.
+        path: the instruction-set path to run (``native_forward.PATHS``, or the test build
+            ``native_forward.EMULATED_AMX``); the one chosen for this machine when None.
         source: reads ``weights`` again (:meth:`reload`); None: :meth:`reload` raises.
         module: the compiled forward to run (:func:`native_forward.build`'s); None: the build of ``path``.
 

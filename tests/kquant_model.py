@@ -9,7 +9,8 @@ import numpy as np
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from hvd_agents.runtime import gguf_blocks, quant_weights
+from hvd_agents.runtime.cpu import gguf_blocks
+from hvd_agents.runtime.cpu import weights as quant_weights
 
 BLOCKS = {"Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210), "Q3_K": (256, 110), "Q5_0": (32, 22),
           "Q5_1": (32, 24)}  # weights and bytes a block

@@ -23,8 +23,9 @@ from hvd_agents.drafters import Draft
 from hvd_agents.engine.batch import allocate
 from hvd_agents.errors import ContextLengthError, InvalidRequestError
 from hvd_agents.policy import CostModel
-from hvd_agents.runtime import quant_native, quant_weights
-from hvd_agents.runtime.quant_runner import NativeModel, QuantRunner
+from hvd_agents.runtime.cpu import native_forward
+from hvd_agents.runtime.cpu import weights as quant_weights
+from hvd_agents.runtime.cpu.runner import NativeModel, QuantRunner
 from hvd_agents.runtime.target import Target
 from tests.drafters_for_tests import FixedDrafter, ScriptedDrafter, TreeDrafter
 from tests.test_engine_lossless import SMALL_VOCAB, chi_square, chi_square_critical, exact_two_token_distribution
@@ -38,7 +39,7 @@ def quant_model() -> NativeModel:
     return NativeModel(model, quant_weights.from_model(model, "int8"), 512)
 
 
-RUNNERS = ["native", "hf"] if quant_native.available() else ["hf"]
+RUNNERS = ["native", "hf"] if native_forward.available() else ["hf"]
 
 
 @pytest.fixture(scope="module", params=RUNNERS)

@@ -9,8 +9,8 @@ from transformers import DynamicCache
 
 from hvd_agents import Engine, GenerationParams
 from hvd_agents.errors import InvalidRequestError
-from hvd_agents.runtime import row_linear as native_linear
-from hvd_agents.runtime.kernels import (
+from hvd_agents.runtime.cpu import row_linear as native_linear
+from hvd_agents.runtime.cpu.kernels import (
     ATTENTION_NAME,
     LINEAR_ENV,
     PackedLinear,
@@ -21,9 +21,9 @@ from hvd_agents.runtime.kernels import (
     prepare_for_cpu,
     resolve_linear_kernel,
 )
+from hvd_agents.runtime.cpu.row_linear import RowLinear
 from hvd_agents.runtime.kv import cache_argument
 from hvd_agents.runtime.profile import profile_key
-from hvd_agents.runtime.row_linear import RowLinear
 from tests.drafters_for_tests import FixedDrafter
 from tests.tiny import make_tiny_llama
 

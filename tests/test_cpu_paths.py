@@ -1,6 +1,6 @@
 """The native forward's instruction-set paths: every path this CPU runs gives the AVX2 path's bits.
 
-Each path is the same source built with other flags (``runtime/native/isa.h``); the tests
+Each path is the same source built with other flags (``runtime/cpu/native/isa.h``); the tests
 compare every path this CPU can run against ``avx2`` on the kernel (every weight format, 1 to
 64 rows), on whole forwards of tiny models (prompts whole and chunked, drafts, trees) and, with
 the embedded model, on logits and engine outputs; attention alone on random queries, keys and values
@@ -31,42 +31,44 @@ import pytest
 import torch
 
 from hvd_agents import Engine, GenerationParams
-from hvd_agents.runtime import quant_native, quant_weights
-from hvd_agents.runtime.quant_runner import NativeModel, QuantRunner
+from hvd_agents.runtime.cpu import native_forward
+from hvd_agents.runtime.cpu import weights as quant_weights
+from hvd_agents.runtime.cpu.runner import NativeModel, QuantRunner
 from hvd_agents.runtime.target import Target
 from tests.kquant_model import kquant_weights, make_kquant_llama
 from tests.tiny import make_tiny_llama
 
-pytestmark = pytest.mark.skipif(not quant_native.available(), reason="the native kernel needs x86-64 with AVX2")
+pytestmark = pytest.mark.skipif(not native_forward.available(), reason="the native kernel needs x86-64 with AVX2")
 
 VOCAB = 96
-PATHS = quant_native.cpu_paths() if quant_native.available() else []
+PATHS = native_forward.cpu_paths() if native_forward.available() else []
 # the amx path's builds under test: the real one where this CPU and OS run it, and its emulation everywhere
-TILE_BUILDS = [*(p for p in PATHS if p == "amx"), quant_native.EMULATED_AMX] if PATHS else []
+TILE_BUILDS = [*(p for p in PATHS if p == "amx"), native_forward.EMULATED_AMX] if PATHS else []
 
 
 @pytest.mark.parametrize("path", [*PATHS, *TILE_BUILDS[-1:]])
 def test_every_path_computes_the_reference_bits_on_the_kernel(path) -> None:
-    assert quant_native.compare_paths(quant_native.build(quant_native.REFERENCE), quant_native.build(path)) == []
+    assert native_forward.compare_paths(native_forward.build(native_forward.REFERENCE),
+                                        native_forward.build(path)) == []
 
 
 def test_a_path_with_another_accumulation_order_fails_the_comparison() -> None:
     # the best path this CPU runs, built adding its groups of 8 blocks in reverse (one line under a macro)
     path = PATHS[-1]
-    mutated = quant_native.build(path, ("-DHVD_MUTATE_GROUP_ORDER",))
-    differences = quant_native.compare_paths(quant_native.build(quant_native.REFERENCE), mutated)
+    mutated = native_forward.build(path, ("-DHVD_MUTATE_GROUP_ORDER",))
+    differences = native_forward.compare_paths(native_forward.build(native_forward.REFERENCE), mutated)
     assert differences and any("800" in d for d in differences)  # 25 blocks of 32: four groups, the order shows
     assert not any("96" in d for d in differences)  # one group: nothing to reorder, the same bits
     # and on every format: the K-quants' super-blocks and the 5-bit records as much as the others
-    assert {d.split()[0] for d in differences} == {quant_native.FORMAT_NAMES[f] for f in quant_native.QUANTIZED}
+    assert {d.split()[0] for d in differences} == {native_forward.FORMAT_NAMES[f] for f in native_forward.QUANTIZED}
 
 
 @pytest.mark.parametrize("path", PATHS)
 def test_a_path_whose_attention_adds_a_score_otherwise_fails_the_comparison(path) -> None:
     # attention built adding a key's score lanes in another order where a pass holds several queries: the
     # comparison (which the self-check runs before a path is used) names the attention cases it changes
-    mutated = quant_native.build(path, ("-DHVD_MUTATE_ATTENTION_ORDER",))
-    differences = quant_native.attention_differences(quant_native.build(quant_native.REFERENCE), mutated,
+    mutated = native_forward.build(path, ("-DHVD_MUTATE_ATTENTION_ORDER",))
+    differences = native_forward.attention_differences(native_forward.build(native_forward.REFERENCE), mutated,
                                                      np.random.default_rng(0))
     assert any("attention of 24 queries, head_dim 64" in d for d in differences), differences
     assert not any("attention of 1 queries" in d for d in differences)  # one query a pass: nothing reordered
@@ -74,11 +76,11 @@ def test_a_path_whose_attention_adds_a_score_otherwise_fails_the_comparison(path
 
 def _tile_rows(module) -> list[int]:
     """The compared row counts with a pass on tiles in ``module`` (an amx build)."""
-    return [m for m in quant_native.COMPARED_ROWS if m >= module.TILE_MIN_ROWS]
+    return [m for m in native_forward.COMPARED_ROWS if m >= module.TILE_MIN_ROWS]
 
 
 def _rows_and_formats(differences: list[str]) -> tuple[set[int], set[str]]:
-    """The row counts and the formats the differences of :func:`quant_native.compare_paths` name."""
+    """The row counts and the formats the differences of :func:`native_forward.compare_paths` name."""
     linear = [d for d in differences if not d.startswith("attention")]
     return {int(d.split(", ")[1].split()[0]) for d in linear}, {d.split()[0] for d in linear}
 
@@ -88,19 +90,19 @@ def test_the_amx_path_gives_the_reference_bits_for_every_format_on_1_to_130_rows
     # every quantized format, a weight of several groups of blocks and a partial tile of weight rows, every row count
     # from 1 to 130: passes on the vector code (under TILE_MIN_ROWS rows), on tiles of 8 to 16 rows, and calls of
     # several passes whose last one is partial
-    reference, amx = quant_native.build(quant_native.REFERENCE), quant_native.build(path)
+    reference, amx = native_forward.build(native_forward.REFERENCE), native_forward.build(path)
     assert amx.ISA == path and 1 < amx.TILE_MIN_ROWS <= 16
     rng = np.random.default_rng(5)
-    for fmt in quant_native.QUANTIZED:
-        cols = 1280 if quant_native.RECORDS[fmt][0] == 8 else 800
+    for fmt in native_forward.QUANTIZED:
+        cols = 1280 if native_forward.RECORDS[fmt][0] == 8 else 800
         state = rng.bit_generator.state
-        wa = quant_native.random_weight(reference, fmt, 37, cols, rng)
+        wa = native_forward.random_weight(reference, fmt, 37, cols, rng)
         rng.bit_generator.state = state
-        wb = quant_native.random_weight(amx, fmt, 37, cols, rng)
+        wb = native_forward.random_weight(amx, fmt, 37, cols, rng)
         x = torch.from_numpy((rng.standard_normal((130, cols)) * rng.uniform(0.1, 10)).astype(np.float32))
         for m in range(1, 131):
             ya, yb = reference.linear(wa, x[:m]), amx.linear(wb, x[:m])
-            assert torch.equal(ya.view(torch.int32), yb.view(torch.int32)), (quant_native.FORMAT_NAMES[fmt], m)
+            assert torch.equal(ya.view(torch.int32), yb.view(torch.int32)), (native_forward.FORMAT_NAMES[fmt], m)
 
 
 @pytest.mark.parametrize("path", TILE_BUILDS)
@@ -108,11 +110,11 @@ def test_an_amx_path_whose_tile_passes_add_their_groups_otherwise_fails_the_comp
     # the float phase after a pass on tiles adding the groups of 8 blocks in reverse (one line under a macro): the
     # comparison names every format, on the weights of several groups and exactly the row counts with a pass on
     # tiles; a decode step and few-row calls (vector code) keep the bits, as do weights of one group
-    mutated = quant_native.build(path, ("-DHVD_MUTATE_AMX_GROUP_ORDER",))
-    differences = quant_native.compare_paths(quant_native.build(quant_native.REFERENCE), mutated)
+    mutated = native_forward.build(path, ("-DHVD_MUTATE_AMX_GROUP_ORDER",))
+    differences = native_forward.compare_paths(native_forward.build(native_forward.REFERENCE), mutated)
     rows, formats = _rows_and_formats(differences)
     assert rows == set(_tile_rows(mutated)), differences
-    assert formats == {quant_native.FORMAT_NAMES[f] for f in quant_native.QUANTIZED}
+    assert formats == {native_forward.FORMAT_NAMES[f] for f in native_forward.QUANTIZED}
     assert not any(" 16x256," in d or " 5x96," in d or d.startswith("attention") for d in differences)
 
 
@@ -120,8 +122,8 @@ def test_an_amx_path_whose_tile_passes_add_their_groups_otherwise_fails_the_comp
 def test_an_amx_path_without_the_half_block_split_fails_the_comparison(path) -> None:
     # the tiles taking a half-block format's dots as one product over the whole block (K 32, not two of 16): the
     # comparison names exactly the formats with a scale per 16 weights, on the row counts with a pass on tiles
-    mutated = quant_native.build(path, ("-DHVD_MUTATE_AMX_K_SPLIT",))
-    differences = quant_native.compare_paths(quant_native.build(quant_native.REFERENCE), mutated)
+    mutated = native_forward.build(path, ("-DHVD_MUTATE_AMX_K_SPLIT",))
+    differences = native_forward.compare_paths(native_forward.build(native_forward.REFERENCE), mutated)
     rows, formats = _rows_and_formats(differences)
     assert formats == {"q6s", "q6k", "q2k"} and rows == set(_tile_rows(mutated)), differences
 
@@ -131,7 +133,7 @@ def test_tile_products_are_the_instructions_definition(path) -> None:
     # c[m, n] += sum over k of a[m, k] b[k / 4, 4 n + k % 4], bytes signed or unsigned as the instruction says
     # (tdpbssd, tdpbsud, tdpbusd, tdpbuud), in int32 with wraparound: on an AMX CPU the hardware's results, in the
     # test build the model's, against the same definition
-    module = quant_native.build(path)
+    module = native_forward.build(path)
     rng = np.random.default_rng(9)
     for m, k, n in ((16, 64, 16), (16, 32, 16), (9, 16, 16), (1, 4, 1), (13, 40, 5)):
         for a_signed, b_signed in itertools.product((True, False), repeat=2):
@@ -150,62 +152,62 @@ def test_tile_products_are_the_instructions_definition(path) -> None:
 def test_the_amx_test_build_runs_the_self_check(monkeypatch, tmp_path) -> None:
     # the check a path passes before it runs on a machine, run on the amx path's test build (its verdict recorded
     # beside the build, as for a real path); it is never offered to run a model
-    quant_native.build(quant_native.REFERENCE), quant_native.build(quant_native.EMULATED_AMX)  # loaded before
+    native_forward.build(native_forward.REFERENCE), native_forward.build(native_forward.EMULATED_AMX)  # loaded before
     monkeypatch.setenv("HVD_AGENTS_CACHE", str(tmp_path))  # no recorded verdicts
-    assert quant_native.self_check(quant_native.EMULATED_AMX) == ""
+    assert native_forward.self_check(native_forward.EMULATED_AMX) == ""
     assert list(tmp_path.glob("native/*/selfcheck-*.json"))
-    assert quant_native.EMULATED_AMX not in quant_native.cpu_paths()
+    assert native_forward.EMULATED_AMX not in native_forward.cpu_paths()
 
 
 def test_the_self_checks_child_answers_what_this_process_compares() -> None:
     # the self-check compares in a child process that loads the same two libraries: the same list as compare_paths
     # here, for a path that agrees (none) and for a mutated build that does not (every difference, in order)
-    reference, best = quant_native.build(quant_native.REFERENCE), quant_native.build(PATHS[-1])
-    assert quant_native.compare_in_child(reference, best) == quant_native.compare_paths(reference, best) == []
-    mutated = quant_native.build(PATHS[-1], ("-DHVD_MUTATE_GROUP_ORDER",))
-    differences = quant_native.compare_in_child(reference, mutated)
-    assert differences and differences == quant_native.compare_paths(reference, mutated)
+    reference, best = native_forward.build(native_forward.REFERENCE), native_forward.build(PATHS[-1])
+    assert native_forward.compare_in_child(reference, best) == native_forward.compare_paths(reference, best) == []
+    mutated = native_forward.build(PATHS[-1], ("-DHVD_MUTATE_GROUP_ORDER",))
+    differences = native_forward.compare_in_child(reference, mutated)
+    assert differences and differences == native_forward.compare_paths(reference, mutated)
 
 
 def test_a_path_that_crashes_its_self_check_is_refused_and_this_process_goes_on(monkeypatch, tmp_path) -> None:
     # a build whose linear faults on 8 rows or more (__builtin_trap: SIGILL, as an instruction the CPU refuses would):
     # the child dies, the path is refused naming the signal, and the refusal is recorded like any verdict
     flags = ("-DHVD_MUTATE_CRASH",)
-    quant_native.build(quant_native.REFERENCE), quant_native.build(PATHS[-1], flags)  # built and loaded before
+    native_forward.build(native_forward.REFERENCE), native_forward.build(PATHS[-1], flags)  # built and loaded before
     monkeypatch.setenv("HVD_AGENTS_CACHE", str(tmp_path))  # no recorded verdicts
-    why = quant_native.self_check(PATHS[-1], flags)
+    why = native_forward.self_check(PATHS[-1], flags)
     assert why == "its self-check crashed (SIGILL, illegal instruction) in a child process"
-    records = list(tmp_path.glob(f"native/{quant_native.path_key(PATHS[-1], flags)}/selfcheck-*.json"))
+    records = list(tmp_path.glob(f"native/{native_forward.path_key(PATHS[-1], flags)}/selfcheck-*.json"))
     assert len(records) == 1 and json.loads(records[0].read_text()) == {"path": PATHS[-1], "why": why}
     # asked again (another process, the same build): the recorded verdict, no child
-    monkeypatch.setattr(quant_native, "compare_in_child", lambda a, b: pytest.fail("compared again"))
-    assert quant_native.self_check(PATHS[-1], flags) == why
+    monkeypatch.setattr(native_forward, "compare_in_child", lambda a, b: pytest.fail("compared again"))
+    assert native_forward.self_check(PATHS[-1], flags) == why
 
 
 def test_a_self_check_child_that_exits_hangs_or_cannot_start_is_read_as_such(monkeypatch) -> None:
     # the parent's reading of its child, on stand-in children (no builds run): a non-zero status once started is a
     # refusal with the child's last words, as is an answer too slow; a child that never started says nothing of the
     # builds (raised, not recorded); an exception in the comparison is raised with its text
-    reference = quant_native.build(quant_native.REFERENCE)
-    mark = quant_native._MARK
+    reference = native_forward.build(native_forward.REFERENCE)
+    mark = native_forward._MARK
 
     def child(code: str) -> None:
-        monkeypatch.setattr(quant_native, "_CHILD", code)
+        monkeypatch.setattr(native_forward, "_CHILD", code)
 
     child(f"import sys; print({mark!r}, flush=True); sys.exit('it went wrong')")
     exited = r"^its self-check exited with status 1 in a child process: it went wrong$"
-    with pytest.raises(quant_native.SelfCheckFault, match=exited):
-        quant_native.compare_in_child(reference, reference)
+    with pytest.raises(native_forward.SelfCheckFault, match=exited):
+        native_forward.compare_in_child(reference, reference)
     child("import time; time.sleep(30)")
     slow = r"^its self-check timed out after 0\.5 s in a child process$"
-    with pytest.raises(quant_native.SelfCheckFault, match=slow):
-        quant_native.compare_in_child(reference, reference, timeout=0.5)
+    with pytest.raises(native_forward.SelfCheckFault, match=slow):
+        native_forward.compare_in_child(reference, reference, timeout=0.5)
     child("raise ImportError('no hvd_agents here')")
     with pytest.raises(RuntimeError, match="could not start .status 1: ImportError: no hvd_agents here"):
-        quant_native.compare_in_child(reference, reference)
+        native_forward.compare_in_child(reference, reference)
     child(f"print({mark + json.dumps({'error': 'ValueError: odd'})!r})")
     with pytest.raises(RuntimeError, match="the self-check's comparison raised ValueError: odd"):
-        quant_native.compare_in_child(reference, reference)
+        native_forward.compare_in_child(reference, reference)
 
 
 def _on_path(model: torch.nn.Module, weights, path: str) -> QuantRunner:
@@ -230,7 +232,7 @@ def test_whole_forwards_are_bitwise_the_same_on_every_path(scheme) -> None:
         kv.rollback(280)
         tree = runner.forward(kv, ids[280:285], parents=[-1, 0, 0, 2])
         outputs[path] = (whole, draft, tree, kv.k[:, :, :285].clone())
-    reference = outputs[quant_native.REFERENCE]
+    reference = outputs[native_forward.REFERENCE]
     for path, got in outputs.items():
         assert all(torch.equal(a, b) for a, b in zip(got, reference)), path
 
@@ -241,8 +243,8 @@ def test_a_forward_on_tiles_is_what_a_mutated_tile_pass_changes(path) -> None:
     # a decode step: the forwards above did run their many-row passes on tiles
     model = make_kquant_llama(VOCAB, seed=4)
     weights = kquant_weights(model, wide=False, seed=4)
-    mutated = quant_native.build(path, ("-DHVD_MUTATE_AMX_K_SPLIT",))
-    reference = _on_path(model, weights, quant_native.REFERENCE)
+    mutated = native_forward.build(path, ("-DHVD_MUTATE_AMX_K_SPLIT",))
+    reference = _on_path(model, weights, native_forward.REFERENCE)
     changed = QuantRunner(NativeModel(model, weights, 512, path, module=mutated))
     ids = list(range(3, 19))
     assert torch.equal(reference.forward(reference.new_kv(), ids[:1]), changed.forward(changed.new_kv(), ids[:1]))
@@ -253,68 +255,68 @@ def test_a_forward_on_tiles_is_what_a_mutated_tile_pass_changes(path) -> None:
 def test_the_real_amx_build_compiles_and_refuses_to_load_without_tiles() -> None:
     # the production amx build (the tile instructions themselves) compiles here, and says why it cannot run
     with pytest.raises(ImportError, match="the amx path cannot run on this machine: it has no AMX tiles"):
-        quant_native.build("amx")
+        native_forward.build("amx")
 
 
 def test_a_forced_path_is_refused_with_its_cause(monkeypatch) -> None:
-    monkeypatch.setattr(quant_native, "_state", {})
-    monkeypatch.setenv(quant_native.ENV, "sse2")
+    monkeypatch.setattr(native_forward, "_state", {})
+    monkeypatch.setenv(native_forward.ENV, "sse2")
     with pytest.raises(ValueError, match="HVD_AGENTS_CPU_ISA='sse2' is not a CPU path"):
-        quant_native.available()
-    monkeypatch.setattr(quant_native, "_state", {})
-    monkeypatch.setenv(quant_native.ENV, "avx512-vnni")
-    monkeypatch.setattr(quant_native, "cpu_paths", lambda: ["avx2"])
+        native_forward.available()
+    monkeypatch.setattr(native_forward, "_state", {})
+    monkeypatch.setenv(native_forward.ENV, "avx512-vnni")
+    monkeypatch.setattr(native_forward, "cpu_paths", lambda: ["avx2"])
     with pytest.raises(ValueError, match="this CPU cannot run it"):
-        quant_native.available()
+        native_forward.available()
     # amx where the CPU has no tiles, or the OS does not grant them: the reason the reference build reads
-    monkeypatch.setattr(quant_native, "_state", {})
-    monkeypatch.setenv(quant_native.ENV, "amx")
-    monkeypatch.setattr(quant_native, "cpu_paths", lambda: ["avx2", "avx512-vnni"])
-    monkeypatch.setattr(quant_native, "cpu_refusal", lambda path: "it has no AMX tiles (AMX-TILE and AMX-INT8)")
+    monkeypatch.setattr(native_forward, "_state", {})
+    monkeypatch.setenv(native_forward.ENV, "amx")
+    monkeypatch.setattr(native_forward, "cpu_paths", lambda: ["avx2", "avx512-vnni"])
+    monkeypatch.setattr(native_forward, "cpu_refusal", lambda path: "it has no AMX tiles (AMX-TILE and AMX-INT8)")
     with pytest.raises(ValueError, match=r"=amx: this CPU cannot run it \(it has no AMX tiles .*; it runs avx2"):
-        quant_native.available()
+        native_forward.available()
     # the amx path's test build is never run for a model
-    monkeypatch.setattr(quant_native, "_state", {})
-    monkeypatch.setenv(quant_native.ENV, quant_native.EMULATED_AMX)
+    monkeypatch.setattr(native_forward, "_state", {})
+    monkeypatch.setenv(native_forward.ENV, native_forward.EMULATED_AMX)
     with pytest.raises(ValueError, match="a test build"):
-        quant_native.available()
+        native_forward.available()
 
 
 def test_auto_prefers_amx_among_the_paths_that_pass_their_check(monkeypatch, tmp_path, caplog) -> None:
     monkeypatch.setenv("HVD_AGENTS_CACHE", str(tmp_path))
-    monkeypatch.delenv(quant_native.ENV, raising=False)
-    monkeypatch.setattr(quant_native, "cpu_paths", lambda: list(quant_native.PATHS))
-    monkeypatch.setattr(quant_native, "build", lambda path, extra=(): path)
-    monkeypatch.setattr(quant_native, "path_key", lambda path, extra=(): f"key-{path}")
-    monkeypatch.setattr(quant_native, "_state", {})
-    monkeypatch.setattr(quant_native, "compare_in_child", lambda a, b: [])
-    assert quant_native.available() and quant_native.path() == "amx"
+    monkeypatch.delenv(native_forward.ENV, raising=False)
+    monkeypatch.setattr(native_forward, "cpu_paths", lambda: list(native_forward.PATHS))
+    monkeypatch.setattr(native_forward, "build", lambda path, extra=(): path)
+    monkeypatch.setattr(native_forward, "path_key", lambda path, extra=(): f"key-{path}")
+    monkeypatch.setattr(native_forward, "_state", {})
+    monkeypatch.setattr(native_forward, "compare_in_child", lambda a, b: [])
+    assert native_forward.available() and native_forward.path() == "amx"
     # amx failing its check (another cache: no verdicts): the next best path, and the reason logged
     monkeypatch.setenv("HVD_AGENTS_CACHE", str(tmp_path / "other"))
-    monkeypatch.setattr(quant_native, "_state", {})
-    monkeypatch.setattr(quant_native, "compare_in_child", lambda a, b: ["q4k 37x1280, 16 rows"] if b == "amx" else [])
-    with caplog.at_level(logging.WARNING, logger="hvd_agents.runtime.quant_native"):
-        assert quant_native.available() and quant_native.path() == "avx512-vnni"
+    monkeypatch.setattr(native_forward, "_state", {})
+    monkeypatch.setattr(native_forward, "compare_in_child", lambda a, b: ["q4k 37x1280, 16 rows"] if b == "amx" else [])
+    with caplog.at_level(logging.WARNING, logger="hvd_agents.runtime.cpu.native_forward"):
+        assert native_forward.available() and native_forward.path() == "avx512-vnni"
     assert "amx not used: its results differ from avx2's (q4k 37x1280, 16 rows)" in caplog.text
 
 
 def test_a_path_that_fails_its_self_check_is_not_used(monkeypatch, tmp_path, caplog) -> None:
     monkeypatch.setenv("HVD_AGENTS_CACHE", str(tmp_path))  # a fresh machine: no recorded verdicts
-    monkeypatch.setattr(quant_native, "_state", {})
-    monkeypatch.delenv(quant_native.ENV, raising=False)
-    monkeypatch.setattr(quant_native, "cpu_paths", lambda: ["avx2", "avx512-vnni"])
-    monkeypatch.setattr(quant_native, "build", lambda path, extra=(): path)
-    monkeypatch.setattr(quant_native, "compare_in_child", lambda a, b: ["q4_1 37x800, 16 rows"])
-    with caplog.at_level(logging.WARNING, logger="hvd_agents.runtime.quant_native"):
-        assert quant_native.available() and quant_native.path() == "avx2"
+    monkeypatch.setattr(native_forward, "_state", {})
+    monkeypatch.delenv(native_forward.ENV, raising=False)
+    monkeypatch.setattr(native_forward, "cpu_paths", lambda: ["avx2", "avx512-vnni"])
+    monkeypatch.setattr(native_forward, "build", lambda path, extra=(): path)
+    monkeypatch.setattr(native_forward, "compare_in_child", lambda a, b: ["q4_1 37x800, 16 rows"])
+    with caplog.at_level(logging.WARNING, logger="hvd_agents.runtime.cpu.native_forward"):
+        assert native_forward.available() and native_forward.path() == "avx2"
     assert "avx512-vnni not used: its results differ from avx2's (q4_1 37x800, 16 rows)" in caplog.text
     # the verdict is recorded beside the build: the next process does not compare again
-    monkeypatch.setattr(quant_native, "compare_in_child", lambda a, b: pytest.fail("compared again"))
-    assert quant_native.self_check("avx512-vnni").startswith("its results differ")
-    monkeypatch.setenv(quant_native.ENV, "avx512-vnni")
-    monkeypatch.setattr(quant_native, "_state", {})
+    monkeypatch.setattr(native_forward, "compare_in_child", lambda a, b: pytest.fail("compared again"))
+    assert native_forward.self_check("avx512-vnni").startswith("its results differ")
+    monkeypatch.setenv(native_forward.ENV, "avx512-vnni")
+    monkeypatch.setattr(native_forward, "_state", {})
     with pytest.raises(ValueError, match="failed its self-check"):
-        quant_native.available()
+        native_forward.available()
 
 
 @pytest.mark.real_model
@@ -333,7 +335,7 @@ def test_the_embedded_model_gives_the_same_bits_and_tokens_on_every_path(real_en
         logits = runner.forward(runner.new_kv(), ids, logits_to_keep=4)
         tokens = engine.generate(ids, GenerationParams(method="hvd", max_new_tokens=24)).token_ids
         results[path] = (logits, tokens)
-    reference = results[quant_native.REFERENCE]
+    reference = results[native_forward.REFERENCE]
     for path, (logits, tokens) in results.items():
         assert torch.equal(logits, reference[0]) and tokens == reference[1], path
 
@@ -347,4 +349,4 @@ def test_bench_paths_prints_every_path_and_their_bits(real_engine, capsys) -> No
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.split()[:1] and line.split()[0] in PATHS]
     assert [row[0] for row in rows] == PATHS and all(row[-1] == "yes" for row in rows)
     assert all(float(v) > 0 for row in rows for v in row[1:-1])
-    assert real_engine.runner.native.path == quant_native.path()  # the engine's own path is untouched
+    assert real_engine.runner.native.path == native_forward.path()  # the engine's own path is untouched

@@ -24,11 +24,13 @@ import torch
 from transformers import AutoConfig, AutoTokenizer
 
 from hvd_agents.bench.gguf_files import gguf_tensors, write_gguf
-from hvd_agents.runtime import quant_native, quant_runner, quant_weights
+from hvd_agents.runtime.cpu import native_forward
+from hvd_agents.runtime.cpu import weights as quant_weights
+from hvd_agents.runtime.cpu.loading import skeleton
+from hvd_agents.runtime.cpu.runner import NativeModel, QuantRunner
 from hvd_agents.runtime.gguf_config import gguf_config
 from hvd_agents.runtime.gguf_file import GGUFFile, StringArray
 from hvd_agents.runtime.gguf_tokenizer import gguf_tokenizer
-from hvd_agents.runtime.quant_loading import skeleton
 from tests.arch_models import FAMILIES, make_model
 from tests.tiny_gguf import write_tiny_gguf
 
@@ -116,7 +118,7 @@ def _mapped_file(address: int) -> str:
     return ""
 
 
-@pytest.mark.skipif(not quant_native.available(), reason="the native kernel needs x86-64 with AVX2")
+@pytest.mark.skipif(not native_forward.available(), reason="the native kernel needs x86-64 with AVX2")
 def test_a_native_load_keeps_the_blocks_once_and_maps_its_embedding(files, tmp_path, monkeypatch) -> None:
     from hvd_agents.runtime.loading import load_model
 
@@ -141,10 +143,10 @@ def test_a_native_load_keeps_the_blocks_once_and_maps_its_embedding(files, tmp_p
                                                                          output.shape[0])))
     # the same logits as the file's weights attached directly
     ids = list(range(3, 40))
-    runner = quant_runner.QuantRunner(native)
+    runner = QuantRunner(native)
     got = runner.forward(runner.new_kv(), ids)
     model = skeleton(parsed)
-    direct = quant_runner.QuantRunner(quant_runner.NativeModel(model, quant_weights.from_gguf(parsed, model), 512))
+    direct = QuantRunner(NativeModel(model, quant_weights.from_gguf(parsed, model), 512))
     assert torch.equal(got, direct.forward(direct.new_kv(), ids))
     # the weights can be read again (another CPU path is built this way)
     assert native.reload().formats == native.info.formats
@@ -234,12 +236,12 @@ def test_f16_matrices_are_held_in_16_bits_and_give_the_float32_files_logits(tmp_
     f16 = GGUFFile(write_gguf(model, tmp_path / "f16.gguf", "F16"))
     weights32 = quant_weights.from_gguf(f32, skeleton(f32))
     weights16 = quant_weights.from_gguf(f16, skeleton(f16))
-    assert {w.fmt for w in weights16.layers[0].values()} == {quant_native.F16}
+    assert {w.fmt for w in weights16.layers[0].values()} == {native_forward.F16}
     assert sum(w.nbytes for w in weights16.layers[0].values()) * 2 == sum(w.nbytes for w in weights32.layers[0].values())
     ids = list(range(3, 60))
     outputs = []
     for parsed, weights in ((f32, weights32), (f16, weights16)):
-        runner = quant_runner.QuantRunner(quant_runner.NativeModel(skeleton(parsed), weights, 512))
+        runner = QuantRunner(NativeModel(skeleton(parsed), weights, 512))
         kv = runner.new_kv()
         outputs.append((runner.forward(kv, ids[:40]), runner.forward(kv, ids[40:]), kv.k[:, :, :57].clone()))
     assert all(torch.equal(a, b) for a, b in zip(*outputs))

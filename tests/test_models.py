@@ -1,4 +1,5 @@
-"""Tests for hvd_agents.runtime.loading: source resolution, the GGUF disk cache, devices, EOS ids.
+"""Tests for model loading (hvd_agents.runtime.loading, .weight_cache, .device): source resolution, the GGUF disk
+cache, devices, EOS ids.
 
 Everything here uses a tiny in-process Llama and WordLevel tokenizer; no real model is
 loaded (the embedded SmolLM2 is exercised by tests/test_real_model.py).
@@ -20,6 +21,8 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from hvd_agents.errors import HVDError, InvalidRequestError, ModelLoadError, ModelNotFoundError
 from hvd_agents.runtime import loading as models
+from hvd_agents.runtime import weight_cache
+from hvd_agents.runtime.paths import cache_root
 from tests.tiny import make_tiny_llama
 
 SPECIALS = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -61,14 +64,14 @@ def fake_gguf(tmp_path, cache_env, monkeypatch):
         calls.append(gguf)
         return make_model(), make_tokenizer()
 
-    monkeypatch.setattr(models, "_load_gguf_uncached", fake_loader)
+    monkeypatch.setattr(weight_cache, "dequantize", fake_loader)
     return path, calls
 
 
 def test_write_then_validate_ok(tmp_path):
     target = tmp_path / "c" / "entry"
-    assert models._write_cache(make_model(), make_tokenizer(), target, "src.gguf") is True
-    assert models._validate_cache(target) is None
+    assert weight_cache.write(make_model(), make_tokenizer(), target, "src.gguf") is True
+    assert weight_cache.validate(target) is None
     manifest = json.loads((target / "manifest.json").read_text())
     assert manifest["format"] == 1 and manifest["source"] == "src.gguf"
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(manifest["files"])
@@ -79,14 +82,14 @@ def test_write_then_validate_ok(tmp_path):
 @pytest.fixture
 def valid_cache(tmp_path) -> Path:
     target = tmp_path / "entry"
-    models._write_cache(make_model(), make_tokenizer(), target, "src.gguf")
+    weight_cache.write(make_model(), make_tokenizer(), target, "src.gguf")
     return target
 
 
 def test_truncated_weights_detected(valid_cache):
     weights = valid_cache / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-10])
-    assert "model.safetensors" in models._validate_cache(valid_cache)
+    assert "model.safetensors" in weight_cache.validate(valid_cache)
 
 
 def test_flipped_byte_detected(valid_cache):
@@ -94,35 +97,35 @@ def test_flipped_byte_detected(valid_cache):
     data = bytearray(weights.read_bytes())
     data[len(data) // 2] ^= 0xFF
     weights.write_bytes(bytes(data))
-    problem = models._validate_cache(valid_cache)
+    problem = weight_cache.validate(valid_cache)
     assert "model.safetensors" in problem and "SHA-256" in problem
 
 
 def test_missing_manifest_detected(valid_cache):
     (valid_cache / "manifest.json").unlink()
-    assert "manifest.json is missing" in models._validate_cache(valid_cache)
+    assert "manifest.json is missing" in weight_cache.validate(valid_cache)
 
 
 def test_corrupt_manifest_detected(valid_cache):
     (valid_cache / "manifest.json").write_text('{"format": 1, "files": {')
-    assert "unreadable" in models._validate_cache(valid_cache)
+    assert "unreadable" in weight_cache.validate(valid_cache)
 
 
 def test_missing_listed_file_and_unknown_format_detected(valid_cache):
     (valid_cache / "tokenizer.json").unlink()
-    assert "tokenizer.json is missing" in models._validate_cache(valid_cache)
+    assert "tokenizer.json is missing" in weight_cache.validate(valid_cache)
     (valid_cache / "manifest.json").write_text(json.dumps({"format": 99, "files": {}}))
-    assert "format" in models._validate_cache(valid_cache)
+    assert "format" in weight_cache.validate(valid_cache)
 
 
 def test_unlisted_file_detected(valid_cache):
     (valid_cache / "stray.safetensors").write_bytes(b"x")
-    assert "stray.safetensors" in models._validate_cache(valid_cache)
+    assert "stray.safetensors" in weight_cache.validate(valid_cache)
 
 
 def test_concurrent_builder_keeps_existing_target(valid_cache):
     before = (valid_cache / "manifest.json").read_bytes()
-    assert models._write_cache(make_model(), make_tokenizer(), valid_cache, "other.gguf") is False
+    assert weight_cache.write(make_model(), make_tokenizer(), valid_cache, "other.gguf") is False
     assert (valid_cache / "manifest.json").read_bytes() == before
     assert [p.name for p in valid_cache.parent.iterdir()] == ["entry"]
 
@@ -133,7 +136,7 @@ def test_gguf_cache_build_rebuild_and_reuse(fake_gguf, cache_env, caplog):
     assert len(calls) == 1
     entries = list((cache_env / "models").iterdir())
     assert len(entries) == 1 and entries[0].name.startswith("tiny-model-") and len(entries[0].name) == 27
-    assert models._validate_cache(entries[0]) is None
+    assert weight_cache.validate(entries[0]) is None
 
     ids = torch.tensor([[4, 5, 6, 7]])
     with torch.no_grad():  # before corrupting: the loaded weights may be memory-mapped from the cache
@@ -141,11 +144,11 @@ def test_gguf_cache_build_rebuild_and_reuse(fake_gguf, cache_env, caplog):
     del first
     weights = entries[0] / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
-    with caplog.at_level(logging.WARNING, logger="hvd_agents.runtime.loading"):
+    with caplog.at_level(logging.WARNING, logger="hvd_agents.runtime.weight_cache"):
         second = models.load_model(str(path), device="cpu")
     assert len(calls) == 2
     assert any("invalid" in r.getMessage() and "model.safetensors" in r.getMessage() for r in caplog.records)
-    assert models._validate_cache(entries[0]) is None
+    assert weight_cache.validate(entries[0]) is None
 
     third = models.load_model(path, device="cpu")
     assert len(calls) == 2  # served from the cache, no dequantization
@@ -180,12 +183,12 @@ def test_get_model_loads_once_under_concurrency(fake_gguf, monkeypatch):
 
 def test_cache_root_env(monkeypatch, tmp_path):
     monkeypatch.setenv("HVD_AGENTS_CACHE", str(tmp_path / "mine"))
-    assert models.cache_root() == tmp_path / "mine"
+    assert cache_root() == tmp_path / "mine"
     monkeypatch.delenv("HVD_AGENTS_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert models.cache_root() == tmp_path / "xdg" / "hvd-agents"
+    assert cache_root() == tmp_path / "xdg" / "hvd-agents"
     monkeypatch.delenv("XDG_CACHE_HOME")
-    assert models.cache_root() == Path.home() / ".cache" / "hvd-agents"
+    assert cache_root() == Path.home() / ".cache" / "hvd-agents"
 
 
 def test_resolve_device_cpu():

@@ -1,4 +1,4 @@
-"""The native forward's own thread team (``runtime/native/team.h``).
+"""The native forward's own thread team (``runtime/cpu/native/team.h``).
 
 It replaces OpenMP in the quantized forward, so its work-sharing and barriers carry the
 forward's correctness: whatever the number of threads, whichever Python threads call at
@@ -13,11 +13,12 @@ import threading
 import pytest
 import torch
 
-from hvd_agents.runtime import quant_native, quant_weights
-from hvd_agents.runtime.quant_runner import NativeModel, QuantRunner
+from hvd_agents.runtime.cpu import native_forward
+from hvd_agents.runtime.cpu import weights as quant_weights
+from hvd_agents.runtime.cpu.runner import NativeModel, QuantRunner
 from tests.tiny import make_tiny_llama
 
-pytestmark = pytest.mark.skipif(not quant_native.available(), reason="the native forward needs AVX2 and a compiler")
+pytestmark = pytest.mark.skipif(not native_forward.available(), reason="the native forward needs AVX2 and a compiler")
 
 VOCAB = 97
 

@@ -25,14 +25,15 @@ from transformers import AutoModelForCausalLM
 
 from hvd_agents import Engine, GenerationParams
 from hvd_agents.bench.gguf_files import write_gguf
-from hvd_agents.runtime import quant_native, quant_weights
-from hvd_agents.runtime.quant_arch import architecture
-from hvd_agents.runtime.quant_runner import NativeModel, QuantRunner
+from hvd_agents.runtime.cpu import native_forward
+from hvd_agents.runtime.cpu import weights as quant_weights
+from hvd_agents.runtime.cpu.arch import architecture
+from hvd_agents.runtime.cpu.runner import NativeModel, QuantRunner
 from hvd_agents.runtime.target import Target
 from tests.arch_models import FAMILIES, VOCAB, WINDOW, make_model
 from tests.drafters_for_tests import ScriptedDrafter, TreeDrafter
 
-pytestmark = pytest.mark.skipif(not quant_native.available(), reason="the native kernel needs x86-64 with AVX2")
+pytestmark = pytest.mark.skipif(not native_forward.available(), reason="the native kernel needs x86-64 with AVX2")
 
 CONTEXT = 512
 
@@ -186,7 +187,7 @@ def test_every_cpu_path_gives_the_avx2_bits(files, family) -> None:
     weights = quant_weights.from_gguf(files[family][1], model)
     ids = _ids(70, seed=8)
     logits = {}
-    for path in quant_native.cpu_paths():
+    for path in native_forward.cpu_paths():
         runner = QuantRunner(NativeModel(model, weights, CONTEXT, path=path))
         kv = runner.new_kv()
         logits[path] = torch.cat([runner.forward(kv, ids[:40]), *(runner.forward(kv, [t]) for t in ids[40:])])
@@ -231,7 +232,7 @@ def test_a_gguf_file_loads_with_no_float32_copy_of_its_layers(files, own_cache) 
 
 def test_a_family_the_native_forward_lacks_loads_through_transformers_with_a_notice(files, own_cache, monkeypatch,
                                                                                    caplog) -> None:
-    from hvd_agents.runtime import quant_arch
+    from hvd_agents.runtime.cpu import arch as quant_arch
     from hvd_agents.runtime.loading import load_model
 
     monkeypatch.setattr(quant_arch, "FAMILIES", tuple(f for f in quant_arch.FAMILIES if f != "qwen3"))

@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 from hvd_agents import Engine, GenerationParams
 from hvd_agents.draft_head import DraftHead, DraftHeadConfig, HeadCache
 from hvd_agents.draft_head.model import init_weights, target_signature
-from hvd_agents.runtime import quant_native
-from hvd_agents.runtime.quant_linear import QuantLinear
+from hvd_agents.runtime.cpu import native_forward
+from hvd_agents.runtime.cpu.quant_linear import QuantLinear
 from tests.tiny import make_tiny_llama
 
-pytestmark = pytest.mark.skipif(not quant_native.available(), reason="the native kernel needs x86-64 with AVX2")
+pytestmark = pytest.mark.skipif(not native_forward.available(), reason="the native kernel needs x86-64 with AVX2")
 VOCAB = 64
 
 
@@ -74,9 +74,9 @@ def test_quantized_layers_are_close_to_the_float_ones_and_train_on_them(target) 
 def test_many_rows_run_on_the_kernel_a_call_at_a_time(target, monkeypatch) -> None:
     # a catch-up over a long context goes through the kernel too, in calls of at most MAX_ROWS rows; a row's
     # result does not depend on the rows beside it, so it is the row's own product, bit for bit
-    from hvd_agents.runtime import quant_linear
+    from hvd_agents.runtime.cpu import quant_linear
 
-    assert quant_linear.MAX_ROWS == quant_native.module().MAX_ROWS
+    assert quant_linear.MAX_ROWS == native_forward.module().MAX_ROWS
     head = quantized_head(target)
     x = torch.randn(11, 2 * head.config.hidden_size, generator=torch.Generator().manual_seed(5))
     with torch.inference_mode():

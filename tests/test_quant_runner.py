@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 
 from hvd_agents import Engine, GenerationParams
 from hvd_agents.errors import InvalidRequestError
-from hvd_agents.runtime import gguf_blocks, quant_native, quant_weights
-from hvd_agents.runtime.quant_runner import NativeModel, QuantKV, QuantRunner, tree_rows
+from hvd_agents.runtime.cpu import gguf_blocks, gguf_iq_blocks, native_forward
+from hvd_agents.runtime.cpu import weights as quant_weights
+from hvd_agents.runtime.cpu.runner import NativeModel, QuantKV, QuantRunner, tree_rows
 from hvd_agents.runtime.runner import BatchCall
 from hvd_agents.runtime.target import Target
 from tests.drafters_for_tests import FixedDrafter, RandomQDrafter, ScriptedDrafter, TreeDrafter
@@ -29,23 +30,23 @@ from tests.kquant_model import BLOCKS, gguf_weight, kind, kquant_weights, make_k
 from tests.test_engine_lossless import assert_samples_follow
 from tests.tiny import make_tiny_llama
 
-pytestmark = pytest.mark.skipif(not quant_native.available(), reason="the native kernel needs x86-64 with AVX2")
+pytestmark = pytest.mark.skipif(not native_forward.available(), reason="the native kernel needs x86-64 with AVX2")
 
 VOCAB = 96
 
 
 # the GGUF type each native format converts here
-_GGUF_OF = {quant_native.Q4F: "Q4_K", quant_native.Q4K: "Q4_K", quant_native.Q5F: "Q5_K", quant_native.Q5K: "Q5_K",
-            quant_native.Q6S: "Q6_K", quant_native.Q6K: "Q6_K", quant_native.Q5_0: "Q5_0", quant_native.Q5_1: "Q5_1",
-            quant_native.Q2K: "Q2_K"}
-_WIDE = (quant_native.Q4F, quant_native.Q5F, quant_native.Q6S)
+_GGUF_OF = {native_forward.Q4F: "Q4_K", native_forward.Q4K: "Q4_K", native_forward.Q5F: "Q5_K",
+            native_forward.Q5K: "Q5_K", native_forward.Q6S: "Q6_K", native_forward.Q6K: "Q6_K",
+            native_forward.Q5_0: "Q5_0", native_forward.Q5_1: "Q5_1", native_forward.Q2K: "Q2_K"}
+_WIDE = (native_forward.Q4F, native_forward.Q5F, native_forward.Q6S)
 
 
 def _weights(fmt: int, rows: int, cols: int, seed: int) -> quant_weights.Weight:
     w = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
-    if fmt == quant_native.Q8_0:
+    if fmt == native_forward.Q8_0:
         return quant_weights.Weight(fmt, rows, cols, quant_weights.quantize_q8_0(w))
-    if fmt == quant_native.Q4_1:
+    if fmt == native_forward.Q4_1:
         return quant_weights.Weight(fmt, rows, cols, quant_weights.quantize_q4_1(w))
     if fmt in _GGUF_OF:  # random GGUF blocks as the loader converts them (or in the wide layout)
         return gguf_weight(_GGUF_OF[fmt], rows, cols, seed, wide=fmt in _WIDE)
@@ -69,17 +70,17 @@ def invariance_failures(module, w: quant_weights.Weight, seed: int = 0) -> int:
     return failures
 
 
-FORMATS = [*quant_native.QUANTIZED, quant_native.F32]
+FORMATS = [*native_forward.QUANTIZED, native_forward.F32]
 
 
-@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: quant_native.FORMAT_NAMES[f])
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: native_forward.FORMAT_NAMES[f])
 def test_kernel_rows_are_bitwise_the_same_alone_and_in_1_to_130_rows(fmt) -> None:
     # a float32 tail past the 8-lane loop; quantized rows of several groups of 8 blocks and a partial one
-    cols = 100 if fmt == quant_native.F32 else (1280 if _GGUF_OF.get(fmt, "").endswith("_K") else 800)
+    cols = 100 if fmt == native_forward.F32 else (1280 if _GGUF_OF.get(fmt, "").endswith("_K") else 800)
     w = _weights(fmt, 45, cols, seed=fmt)
-    assert invariance_failures(quant_native.module(), w) == 0
+    assert invariance_failures(native_forward.module(), w) == 0
     # and the products are the products: against the dequantized weight, to int8 activation precision
-    module = quant_native.module()
+    module = native_forward.module()
     x = torch.randn(5, cols)
     dense = x @ module.dequantize(_matrix(module, w)).T
     got = module.linear(_matrix(module, w), x)
@@ -89,25 +90,25 @@ def test_kernel_rows_are_bitwise_the_same_alone_and_in_1_to_130_rows(fmt) -> Non
 def test_a_mutated_accumulation_order_fails_the_invariance_check() -> None:
     # the kernel built with its multi-row calls adding the groups of blocks in reverse order (one line
     # under a macro); 800 columns are 4 groups, so the order shows
-    mutated = quant_native.build(quant_native.REFERENCE, ("-DHVD_MUTATE_MULTIROW_ORDER",))
-    w = _weights(quant_native.Q4_1, 45, 800, seed=1)
-    assert invariance_failures(quant_native.module(), w) == 0
+    mutated = native_forward.build(native_forward.REFERENCE, ("-DHVD_MUTATE_MULTIROW_ORDER",))
+    w = _weights(native_forward.Q4_1, 45, 800, seed=1)
+    assert invariance_failures(native_forward.module(), w) == 0
     assert invariance_failures(mutated, w) > 0
 
 
-@pytest.mark.parametrize("path", quant_native.cpu_paths() if quant_native.available() else [])
+@pytest.mark.parametrize("path", native_forward.cpu_paths() if native_forward.available() else [])
 def test_16_bit_float_weights_give_the_bits_of_their_float32_values(path) -> None:
     # F16 and BF16 matrices (a GGUF file's F16 / BF16 tensors) are read as float32 where the kernel reads them:
     # every product is the one the same values held as float32 give, on 1 to 17 rows, whole and partial vectors
     from gguf import GGMLQuantizationType as T
 
-    module = quant_native.build(path)
+    module = native_forward.build(path)
     rng = np.random.default_rng(11)
-    for fmt, dtype in ((quant_native.F16, torch.float16), (quant_native.BF16, torch.bfloat16)):
+    for fmt, dtype in ((native_forward.F16, torch.float16), (native_forward.BF16, torch.bfloat16)):
         for rows, cols in ((37, 800), (16, 107)):
             w = torch.from_numpy(rng.standard_normal((rows, cols)).astype(np.float32)).to(dtype)
             half = module.Matrix(fmt, rows, cols, w.view(torch.uint8).reshape(-1).contiguous())
-            full = module.Matrix(quant_native.F32, rows, cols, w.float().contiguous())
+            full = module.Matrix(native_forward.F32, rows, cols, w.float().contiguous())
             assert half.nbytes * 2 == full.nbytes
             assert torch.equal(module.dequantize(half), w.float())
             x = torch.from_numpy(rng.standard_normal((17, cols)).astype(np.float32))
@@ -116,7 +117,7 @@ def test_16_bit_float_weights_give_the_bits_of_their_float32_values(path) -> Non
     # a GGUF BF16 tensor (2 bytes a value) keeps its bytes
     values = torch.from_numpy(rng.standard_normal((4, 64)).astype(np.float32)).to(torch.bfloat16)
     weight = quant_weights._converted(T.BF16, values.view(torch.uint8).numpy(), 4, 64)
-    assert weight.fmt == quant_native.BF16 and np.array_equal(quant_weights.dense(weight), values.float().numpy())
+    assert weight.fmt == native_forward.BF16 and np.array_equal(quant_weights.dense(weight), values.float().numpy())
 
 
 def test_iq4_blocks_convert_exactly() -> None:
@@ -125,24 +126,24 @@ def test_iq4_blocks_convert_exactly() -> None:
     from gguf import GGMLQuantizationType as T
     from gguf.quants import dequantize
 
-    module = quant_native.module()
+    module = native_forward.module()
     rng = np.random.default_rng(7)
     nl = rng.integers(0, 256, size=(8, 512 // 32, 18), dtype=np.uint8)
     nl[..., 0:2] = rng.uniform(-0.02, 0.02, size=(8, 512 // 32, 1)).astype(np.float16).view(np.uint8)
     nl = nl.reshape(8, -1)
-    converted = quant_weights.Weight(quant_native.Q8_0, 8, 512, gguf_blocks.iq4_nl_as_q8_0(nl))
+    converted = quant_weights.Weight(native_forward.Q8_0, 8, 512, gguf_iq_blocks.iq4_nl_as_q8_0(nl))
     expected = dequantize(nl.reshape(-1), T.IQ4_NL).reshape(8, 512)
     assert np.array_equal(module.dequantize(_matrix(module, converted)).numpy(), expected)
     xs = rng.integers(0, 256, size=(8, 512 // 256, 136), dtype=np.uint8)  # every 6-bit scale, signs of both kinds
     xs[..., 0:2] = rng.uniform(-0.01, 0.01, size=(8, 512 // 256, 1)).astype(np.float16).view(np.uint8)
     xs = xs.reshape(8, -1)
-    converted = quant_weights.Weight(quant_native.Q6S, 8, 512, gguf_blocks.iq4_xs_as_q6s(xs))
+    converted = quant_weights.Weight(native_forward.Q6S, 8, 512, gguf_iq_blocks.iq4_xs_as_q6s(xs))
     expected = dequantize(xs.reshape(-1), T.IQ4_XS).reshape(8, 512)
     got = module.dequantize(_matrix(module, converted)).numpy()
     assert np.array_equal(got, expected) and np.count_nonzero(expected) > 0.9 * expected.size
     assert {"IQ4_NL", "IQ4_XS"} <= set(quant_weights.NATIVE_GGUF_TYPES)
-    assert gguf_blocks.native_blocks(T.IQ4_NL, nl)[0] == quant_native.Q8_0
-    assert gguf_blocks.native_blocks(T.IQ4_XS, xs)[0] == quant_native.Q6S
+    assert gguf_blocks.native_blocks(T.IQ4_NL, nl)[0] == native_forward.Q8_0
+    assert gguf_blocks.native_blocks(T.IQ4_XS, xs)[0] == native_forward.Q6S
 
 
 # the grid types: bytes a block of 256 weights, and the float16 ``d``'s byte offset (IQ1_M: in the scales' top nibbles)
@@ -175,16 +176,16 @@ def test_iq_grid_blocks_convert_exactly(name) -> None:
     from gguf import GGMLQuantizationType as T
     from gguf.quants import dequantize
 
-    module = quant_native.module()
+    module = native_forward.module()
     raw = _random_iq_blocks(name, 8, 1024, seed=len(name))
     expected = dequantize(raw.reshape(-1), T[name]).astype(np.float32).reshape(8, 1024)
     fmt, data = gguf_blocks.native_blocks(T[name], raw)
-    assert fmt == quant_native.Q6S and data.nbytes == 8 * 1024 // 32 * 40
+    assert fmt == native_forward.Q6S and data.nbytes == 8 * 1024 // 32 * 40
     got = module.dequantize(_matrix(module, quant_weights.Weight(fmt, 8, 1024, data))).numpy()
     assert np.isfinite(expected).all() and np.count_nonzero(expected) > 0.9 * expected.size
     assert np.array_equal(got.view(np.int32), expected.view(np.int32))  # bit for bit, zeros' signs too
     loaded = quant_weights._converted(T[name], raw, 8, 1024)
-    assert loaded.fmt == quant_native.Q6S and np.array_equal(quant_weights.dense(loaded).view(np.int32), expected.view(np.int32))
+    assert loaded.fmt == native_forward.Q6S and np.array_equal(quant_weights.dense(loaded).view(np.int32), expected.view(np.int32))
     assert name in quant_weights.NATIVE_GGUF_TYPES
     # the kernel's products with them: as the float32 weights' products, to int8 activation precision
     x = torch.from_numpy(np.random.default_rng(2).standard_normal((3, 1024)).astype(np.float32))
@@ -242,7 +243,7 @@ def _q2_k_reference(raw: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize(
-    "path", [*quant_native.cpu_paths(), quant_native.EMULATED_AMX] if quant_native.available() else []
+    "path", [*native_forward.cpu_paths(), native_forward.EMULATED_AMX] if native_forward.available() else []
 )
 def test_q2_k_blocks_convert_exactly_and_compute_the_reference_bits(path) -> None:
     # Q2_K (d * sc * q - dmin * m per 16 weights, 2-bit q) as q2k: the file's bytes reordered (10.5 per 32); the
@@ -253,13 +254,13 @@ def test_q2_k_blocks_convert_exactly_and_compute_the_reference_bits(path) -> Non
     from gguf import GGMLQuantizationType as T
     from gguf.quants import dequantize
 
-    module = quant_native.build(path)
+    module = native_forward.build(path)
     rng = np.random.default_rng(3)
     for rows, cols, seed in ((1, 512, 1), (3, 1280, 2), (17, 768, 3), (64, 512, 4)):
         raw = _random_q2_k_blocks(rows, cols, seed)
         fmt, data = gguf_blocks.native_blocks(T.Q2_K, raw)
-        assert fmt == quant_native.Q2K and data.nbytes == raw.nbytes == rows * cols // 32 * 10.5
-        assert quant_native.bytes_per_block(fmt) == 10.5
+        assert fmt == native_forward.Q2K and data.nbytes == raw.nbytes == rows * cols // 32 * 10.5
+        assert native_forward.bytes_per_block(fmt) == 10.5
         matrix = _matrix(module, quant_weights.Weight(fmt, rows, cols, data))
         expected = dequantize(raw.reshape(-1), T.Q2_K).astype(np.float32).reshape(rows, cols)
         assert np.isfinite(expected).all() and np.count_nonzero(expected) > 0.9 * expected.size
@@ -272,7 +273,7 @@ def test_q2_k_blocks_convert_exactly_and_compute_the_reference_bits(path) -> Non
     # the loader reads Q2_K natively
     raw = _random_q2_k_blocks(4, 256, 9)
     loaded = quant_weights._converted(T.Q2_K, raw, 4, 256)
-    assert loaded.fmt == quant_native.Q2K and "Q2_K" in quant_weights.NATIVE_GGUF_TYPES
+    assert loaded.fmt == native_forward.Q2K and "Q2_K" in quant_weights.NATIVE_GGUF_TYPES
     expected = dequantize(raw.reshape(-1), T.Q2_K).astype(np.float32).reshape(4, 256)
     assert np.array_equal(quant_weights.dense(loaded).view(np.int32), expected.view(np.int32))
 
@@ -281,7 +282,7 @@ def test_q2_k_blocks_convert_exactly_and_compute_the_reference_bits(path) -> Non
 def test_gguf_block_conversions_are_exact(wide) -> None:
     from gguf.quants import dequantize
 
-    module = quant_native.module()
+    module = native_forward.module()
     for name in BLOCKS:  # the K-quants of Q4_K_M / Q5_K_M files (Q3_K of Q3_K_M) and the legacy 5-bit blocks
         raw = random_blocks(name, 8, 512, seed=5)
         fmt, data = gguf_blocks.native_blocks(kind(name), raw, wide=wide)
@@ -303,7 +304,7 @@ def test_gguf_block_conversions_are_exact(wide) -> None:
 def test_compact_records_compute_the_wide_formats_bits(name) -> None:
     # the compact records compute each block's scale and minimum at run time (d * sc, (-dmin) * m, d * -16): the
     # same float32 products the wide formats hold, so every output is the same bits, on 1 to 64 rows
-    module = quant_native.module()
+    module = native_forward.module()
     cols = 1280 if name.endswith("_K") else 800
     compact, wide = (_matrix(module, gguf_weight(name, 37, cols, seed=7, wide=w)) for w in (False, True))
     x = torch.from_numpy(np.random.default_rng(8).standard_normal((64, cols)).astype(np.float32))
@@ -392,13 +393,13 @@ def test_attention_cut_into_jobs_of_any_shape_gives_the_same_bits(tiny_quant) ->
         assert all(torch.equal(a, b) for a, b in zip(got, results[1])), threads
 
 
-@pytest.mark.parametrize("path", quant_native.cpu_paths() if quant_native.available() else [])
+@pytest.mark.parametrize("path", native_forward.cpu_paths() if native_forward.available() else [])
 def test_a_mutated_attention_order_fails_the_rows_alone_check(path) -> None:
     # attention built so that passes over several queries add a key's score lanes in another order (under a
     # macro): a draft's rows then differ from the same rows decoded alone
     model = make_tiny_llama(VOCAB, seed=0, dtype=torch.float32)
     weights = quant_weights.from_model(model, "float32")  # (int8 inputs of the output projection would round it away)
-    mutated = quant_native.build(path, ("-DHVD_MUTATE_ATTENTION_ORDER",))  # each path's own passes
+    mutated = native_forward.build(path, ("-DHVD_MUTATE_ATTENTION_ORDER",))  # each path's own passes
     ids = torch.randint(0, VOCAB, (60,), generator=torch.Generator().manual_seed(0)).tolist()
 
     def differing(native: NativeModel) -> int:
@@ -415,30 +416,30 @@ def test_a_mutated_attention_order_fails_the_rows_alone_check(path) -> None:
 
 
 def _attention_alone_differs(module, seed: int) -> list[tuple[int, int, int]]:
-    """The cases of quant_native.ATTENTION_CASES whose queries' results differ computed in one call and alone."""
+    """The cases of native_forward.ATTENTION_CASES whose queries' results differ computed in one call and alone."""
     rng = np.random.default_rng(seed)
     differing = []
-    for queries, hd, slots in quant_native.ATTENTION_CASES:
-        case = quant_native.attention_case(rng, queries, hd, slots)
+    for queries, hd, slots in native_forward.ATTENTION_CASES:
+        case = native_forward.attention_case(rng, queries, hd, slots)
         together, alone = module.attention(*case), module.attention(*case, alone=True)
         if not torch.equal(together.view(torch.int32), alone.view(torch.int32)):
             differing.append((queries, hd, slots))
     return differing
 
 
-@pytest.mark.parametrize("path", quant_native.cpu_paths() if quant_native.available() else [])
+@pytest.mark.parametrize("path", native_forward.cpu_paths() if native_forward.available() else [])
 def test_attention_of_real_head_sizes_is_the_same_alone_or_among_other_queries(path) -> None:
     # head sizes of real models (64, 80, 128; the tiny models' are 8): the passes over several queries (pairs of
     # keys, transposed chunks, values of several queries at once) give each query its result alone; a build adding
     # a key's score lanes in another order in those passes does not
     for seed in (0, 1):
-        assert _attention_alone_differs(quant_native.build(path), seed) == []
-    mutated = quant_native.build(path, ("-DHVD_MUTATE_ATTENTION_ORDER",))
+        assert _attention_alone_differs(native_forward.build(path), seed) == []
+    mutated = native_forward.build(path, ("-DHVD_MUTATE_ATTENTION_ORDER",))
     assert (24, 64, 300) in _attention_alone_differs(mutated, 0)
 
 
 def test_attention_refuses_queries_that_see_no_slot() -> None:
-    module = quant_native.build(quant_native.REFERENCE)
+    module = native_forward.build(native_forward.REFERENCE)
     q, kv = torch.zeros(2, 64), torch.zeros(10, 64, dtype=torch.float16)
     with pytest.raises(RuntimeError, match=r"query 1 sees \[4, 4\) of 10 slots"):
         module.attention(q, kv, kv, [0, 4], [3, 4], 0.125)
@@ -653,7 +654,7 @@ def test_the_embedded_model_runs_its_gguf_blocks(real_engine) -> None:
     with torch.no_grad():  # the model's own forward (its first call loads the float32 weights)
         expected = real_engine.model(torch.tensor([ids])).logits[0, -1]
     # the blocks are the file's: dequantized, they are the float32 model's weights exactly
-    module = quant_native.module()
+    module = native_forward.module()
     layer = real_engine.model.model.layers[5]
     for name, weight in (("attn_q", layer.self_attn.q_proj.weight), ("attn_k", layer.self_attn.k_proj.weight),
                          ("ffn_down", layer.mlp.down_proj.weight)):

@@ -8,9 +8,10 @@ import torch
 from hvd_agents import Engine, GenerationParams
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.policy.cost import CostModel
-from hvd_agents.runtime import quant_native, quant_weights
+from hvd_agents.runtime.cpu import native_forward
+from hvd_agents.runtime.cpu import weights as quant_weights
+from hvd_agents.runtime.cpu.runner import NativeModel, QuantRunner
 from hvd_agents.runtime.loading import LoadedModel
-from hvd_agents.runtime.quant_runner import NativeModel, QuantRunner
 from hvd_agents.runtime.runner import HFRunner
 from hvd_agents.runtime.target import Target, default_eos
 from tests.helpers import make_byte_tokenizer
@@ -63,7 +64,7 @@ def test_a_target_from_a_loaded_model_takes_its_tokenizer_eos_and_window() -> No
     assert Target.of(model, tokenizer).eos_token_ids == default_eos(model, tokenizer)
 
 
-@pytest.mark.skipif(not quant_native.available(), reason="the native forward needs AVX2 and a compiler")
+@pytest.mark.skipif(not native_forward.available(), reason="the native forward needs AVX2 and a compiler")
 def test_a_loaded_models_native_forward_is_its_targets_runner_and_its_siblings() -> None:
     tokenizer = make_byte_tokenizer()
     model = make_tiny_llama(len(tokenizer), dtype=torch.float32)

@@ -1,4 +1,4 @@
-"""Threads on the CPU hot path (``runtime/threads.py``).
+"""Threads on the CPU hot path (``runtime/cpu/threads.py``).
 
 A CPU engine step is a native forward on its own thread team, then torch's small ops on
 the logits. Those ops must not start OpenMP regions (torch's, or MKL's vector math): the
@@ -19,8 +19,9 @@ import torch
 
 from hvd_agents.engine import Engine, GenerationParams
 from hvd_agents.policy.cost import CostModel
-from hvd_agents.runtime import quant_native, quant_weights, threads
-from hvd_agents.runtime.quant_runner import NativeModel, QuantRunner
+from hvd_agents.runtime.cpu import native_forward, threads
+from hvd_agents.runtime.cpu import weights as quant_weights
+from hvd_agents.runtime.cpu.runner import NativeModel, QuantRunner
 from tests.tiny import make_tiny_llama
 
 needs_openmp = pytest.mark.skipif("OpenMP" not in torch.__config__.parallel_info(),
@@ -91,7 +92,7 @@ def test_the_step_scope_leaves_a_torch_runner_alone(two_threads) -> None:
         assert torch.get_num_threads() == 2
 
 
-@pytest.mark.skipif(not quant_native.available(), reason="the native forward needs AVX2 and a compiler")
+@pytest.mark.skipif(not native_forward.available(), reason="the native forward needs AVX2 and a compiler")
 @needs_openmp
 def test_engine_steps_run_the_native_team_full_and_torch_on_one_thread(two_threads, byte_tokenizer) -> None:
     model = make_tiny_llama(len(byte_tokenizer), seed=5, dtype=torch.float32)

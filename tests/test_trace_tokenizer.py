@@ -7,6 +7,7 @@ import torch
 
 from hvd_agents.errors import ModelNotFoundError
 from hvd_agents.runtime import loading as models
+from hvd_agents.runtime import weight_cache
 from tests.helpers import make_byte_tokenizer
 from tests.tiny import make_tiny_llama
 
@@ -33,8 +34,8 @@ def test_saved_tokenizer_directory(tmp_path) -> None:
 
 
 def test_gguf_uses_the_validated_cache_without_loading_weights(fake_gguf, cache_env, monkeypatch) -> None:
-    target = models._gguf_cache_dir(fake_gguf)
-    assert models._write_cache(make_tiny_llama(264, dtype=torch.float32), make_byte_tokenizer(), target, "test")
+    target = weight_cache.cache_dir(fake_gguf)
+    assert weight_cache.write(make_tiny_llama(264, dtype=torch.float32), make_byte_tokenizer(), target, "test")
     monkeypatch.setattr(models, "AutoModelForCausalLM", None)  # any weight load would fail
     tok = models.load_tokenizer(fake_gguf)
     assert tok.convert_tokens_to_ids("<|im_end|>") == 258

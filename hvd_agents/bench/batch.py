@@ -108,7 +108,7 @@ def step_ms_by_thread(engine: Engine, context: int = 300, steps: int = 20) -> tu
     """Median milliseconds of a one-token decode step on the calling thread, then on a new thread.
 
     Async chat calls, the batcher and the server run forwards on worker threads, so a step
-    must cost there what it costs on the main thread (see ``runtime/native/team.h``).
+    must cost there what it costs on the main thread (see ``runtime/cpu/native/team.h``).
     """
     kv = engine.runner.new_kv()
     engine.runner.forward(kv, [(7 * i) % 1000 + 1 for i in range(context)], logits_to_keep=1)

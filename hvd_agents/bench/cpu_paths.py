@@ -1,7 +1,7 @@
 """CPU path benchmark (``hvd-agents bench-paths``): the native forward on every instruction-set path this CPU runs.
 
 One model is loaded once; its GGUF weights get a native forward (and a runner) on each
-path (:mod:`hvd_agents.runtime.quant_native`), and every path is timed on the same
+path (:mod:`hvd_agents.runtime.cpu.native_forward`), and every path is timed on the same
 prompt in the same run, interleaved round by round:
 
 1. **Step and verification**: a one-token step after ``context`` cached tokens
@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hvd_agents.runtime import quant_native
+from hvd_agents.runtime.cpu import native_forward
+from hvd_agents.runtime.cpu.runner import NativeModel, QuantRunner
 from hvd_agents.runtime.loading import load_model
-from hvd_agents.runtime.quant_runner import NativeModel, QuantRunner
 
 DRAFT_LENGTHS = (1, 2, 4, 8, 16, 32, 64)
 PREFILL_LENGTHS = (512, 3000)
@@ -87,7 +87,7 @@ def run_path_benchmark(model: str | None = None, *, rounds: int = 2, repeats: in
     ids = loaded.tokenizer(text)["input_ids"]
     need = max(max(prefills), context + 1 + max(drafts))
     ids = (ids * (need // max(1, len(ids)) + 1))[:need]
-    paths = quant_native.cpu_paths()
+    paths = native_forward.cpu_paths()
     weights = native.reload()
     runners = {path: QuantRunner(NativeModel(native.model, weights, native.context_window, path)) for path in paths}
     del weights
@@ -102,7 +102,7 @@ def run_path_benchmark(model: str | None = None, *, rounds: int = 2, repeats: in
     header = "path           step ms  " + "  ".join(f"v({d})" for d in drafts)
     header += "  " + "  ".join(f"prefill {n} tok/s" for n in prefills) + "  same bits as avx2"
     print(header)
-    reference = figures[quant_native.REFERENCE].logits
+    reference = figures[native_forward.REFERENCE].logits
     for path, f in figures.items():
         same = all(torch.equal(a, b) for a, b in zip(f.logits, reference))
         row = f"{path:<14} {f.step * 1e3:7.2f}  " + "  ".join(f"{f.verify[d] / f.step:5.2f}" for d in drafts)

@@ -41,7 +41,8 @@ from hvd_agents.bench.prompts import agent_prompts, chat_prompts
 from hvd_agents.chat.render import encode_prompt
 from hvd_agents.engine import Engine, GenerationParams
 from hvd_agents.errors import InvalidRequestError
-from hvd_agents.runtime.loading import load_model, resolve_device
+from hvd_agents.runtime.device import resolve_device
+from hvd_agents.runtime.loading import load_model
 from hvd_agents.runtime.runner import HFRunner
 from hvd_agents.runtime.static import Buckets, StaticRunner
 

@@ -2,9 +2,9 @@
 
 The same model is loaded once per kernel available here: the model's own forward
 with PyTorch's ``dense`` ``nn.Linear`` layers, oneDNN's ``packed`` layers or the
-native float32 ``row`` kernel (:mod:`hvd_agents.runtime.kernels`), and ``quant``,
+native float32 ``row`` kernel (:mod:`hvd_agents.runtime.cpu.kernels`), and ``quant``,
 the native forward over the GGUF file's own blocks
-(:mod:`hvd_agents.runtime.quant_runner`; GGUF models only). First one layer's
+(:mod:`hvd_agents.runtime.cpu.runner`; GGUF models only). First one layer's
 product on every kernel that could hold quantized weights
 (:mod:`hvd_agents.bench.layer_kernels`), then two parts, interleaved so every
 kernel sees the same machine state:
@@ -38,11 +38,11 @@ KERNELS = ("dense", "packed", "row", "quant")
 def available_kernels(gguf: bool = True) -> tuple[str, ...]:
     """The kernels of :data:`KERNELS` that run here (``row`` and ``quant`` need their native kernels,
     ``packed`` oneDNN, ``quant`` a GGUF model)."""
-    from hvd_agents.runtime import quant_native
-    from hvd_agents.runtime import row_linear as native_linear
+    from hvd_agents.runtime.cpu import native_forward
+    from hvd_agents.runtime.cpu import row_linear as native_linear
 
     usable = {"dense": True, "packed": torch.backends.mkldnn.is_available(), "row": native_linear.available(),
-              "quant": gguf and quant_native.available()}
+              "quant": gguf and native_forward.available()}
     return tuple(kernel for kernel in KERNELS if usable[kernel])
 
 

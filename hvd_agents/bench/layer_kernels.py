@@ -5,7 +5,7 @@ projection of the embedded model), rows alone and in calls of 9 and 33 rows
 (minimum milliseconds), and how many of 130 rows computed inside calls of 2 to 64
 rows differ from the same rows computed alone. Kernels: PyTorch's weight-only
 ``int8`` and ``int4`` CPU kernels, PyTorch's float32 ``F.linear``, and the native
-runner's Q4_1 and Q8_0 kernels (:mod:`hvd_agents.runtime.quant_native`).
+runner's Q4_1 and Q8_0 kernels (:mod:`hvd_agents.runtime.cpu.native_forward`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ SIZES = (2, 5, 9, 17, 33, 64)
 
 
 def _kernels(w: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
-    from hvd_agents.runtime import quant_native, quant_weights
+    from hvd_agents.runtime.cpu import native_forward
+    from hvd_agents.runtime.cpu import weights as quant_weights
 
     n, k = w.shape
     kernels: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}
@@ -34,10 +35,10 @@ def _kernels(w: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.Tensor
     except (AttributeError, RuntimeError):  # a torch build without the int4 CPU kernel
         pass
     kernels["torch float32 F.linear"] = lambda x: torch.nn.functional.linear(x, w)
-    if quant_native.available():
-        module = quant_native.module()
-        for name, fmt, quantize in (("native q4_1", quant_native.Q4_1, quant_weights.quantize_q4_1),
-                                    ("native q8_0", quant_native.Q8_0, quant_weights.quantize_q8_0)):
+    if native_forward.available():
+        module = native_forward.module()
+        for name, fmt, quantize in (("native q4_1", native_forward.Q4_1, quant_weights.quantize_q4_1),
+                                    ("native q8_0", native_forward.Q8_0, quant_weights.quantize_q8_0)):
             matrix = module.Matrix(fmt, n, k, torch.from_numpy(quantize(w.numpy()).reshape(-1).copy()))
             kernels[name] = lambda x, m=matrix: module.linear(m, x)
     return kernels

@@ -32,9 +32,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hvd_agents.runtime import quant_linear
-from hvd_agents.runtime.quant_linear import QuantLinear, quant_product
-from hvd_agents.runtime.row_linear import RowLinear, row_linear
+from hvd_agents.runtime.cpu import quant_linear
+from hvd_agents.runtime.cpu.quant_linear import QuantLinear, quant_product
+from hvd_agents.runtime.cpu.row_linear import RowLinear, row_linear
 
 
 @dataclass(frozen=True)
@@ -186,9 +186,9 @@ class DraftHead(nn.Module):
 
     def quantize_for_cpu(self, threads: int = quant_linear.DRAFT_THREADS) -> int:
         """Draft on the native int8 kernel: every linear layer becomes a
-        :class:`~hvd_agents.runtime.quant_linear.QuantLinear` and the LM projection reads ``lm_rows`` as Q8_0
+        :class:`~hvd_agents.runtime.cpu.quant_linear.QuantLinear` and the LM projection reads ``lm_rows`` as Q8_0
         blocks, on ``threads`` of the native forward's thread team (0: the caller's team size,
-        :data:`~hvd_agents.runtime.quant_linear.DRAFT_THREADS` by default). Returns the layers moved (0:
+        :data:`~hvd_agents.runtime.cpu.quant_linear.DRAFT_THREADS` by default). Returns the layers moved (0:
         the kernel is unavailable here, or the head is not float32 on the CPU; nothing changes).
 
         For an attached head used for drafting only (inference; training keeps the float layers): a quarter

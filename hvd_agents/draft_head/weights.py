@@ -21,7 +21,7 @@ from torch import nn
 
 from hvd_agents.draft_head.model import DraftHead, DraftHeadConfig, target_signature
 from hvd_agents.errors import HVDError
-from hvd_agents.runtime.kernels import match_linear_kernel
+from hvd_agents.runtime.cpu.kernels import match_linear_kernel
 
 logger = logging.getLogger(__name__)
 SHIPPED_DIR = "weights"

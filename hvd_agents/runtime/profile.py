@@ -32,12 +32,12 @@ import numpy as np
 import torch
 
 from hvd_agents.policy.cost import FALLBACK_VERIFY_COST, CostModel
-from hvd_agents.runtime.kernels import linear_kernel
+from hvd_agents.runtime.cpu.kernels import linear_kernel
+from hvd_agents.runtime.cpu.row_linear import build_key
+from hvd_agents.runtime.cpu.threads import team_threads
 from hvd_agents.runtime.kv import cache_argument, new_cache
 from hvd_agents.runtime.paths import cache_root
 from hvd_agents.runtime.progress import waiting
-from hvd_agents.runtime.row_linear import build_key
-from hvd_agents.runtime.threads import team_threads
 
 logger = logging.getLogger(__name__)
 
@@ -187,7 +187,7 @@ def cached_cost_model(model: torch.nn.Module, directory: Path | None = None, *, 
     only tunes how much the ``hvd`` policy drafts, and never fails a load.
 
     ``min_cpu_share``: for a runner whose forwards keep every thread busy (the native CPU forward), the
-    least share of its team's cores (:func:`~hvd_agents.runtime.threads.team_threads`) this process must
+    least share of its team's cores (:func:`~hvd_agents.runtime.cpu.threads.team_threads`) this process must
     have run on while it measured;
     below it, other load took the cores and the timings are disturbed (under sustained load a profile
     comes out too flat or too steep, and a cached one would misprice drafts on this machine for good), so

@@ -38,7 +38,7 @@ Contract, per request::
   ``forward`` verifies; the engine cuts a longer tree to its first that many nodes.
 * ``runs_own_threads`` (optional, default False): the forward runs on the runner's own
   threads rather than torch's; the engine then runs its steps inside
-  :func:`hvd_agents.runtime.threads.step_threads`, so torch's small ops between forwards
+  :func:`hvd_agents.runtime.cpu.threads.step_threads`, so torch's small ops between forwards
   stay on the calling thread and never compete with the forward's threads for cores.
 
 :class:`HFRunner` implements it over any HuggingFace causal LM with the

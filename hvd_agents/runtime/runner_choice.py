@@ -1,8 +1,8 @@
 """Which runner a model's forwards go through.
 
 * a model given with its native CPU forward (a
-  :class:`~hvd_agents.runtime.quant_runner.NativeModel`: GGUF weights, int8/int4 on the CPU):
-  :class:`~hvd_agents.runtime.quant_runner.QuantRunner`;
+  :class:`~hvd_agents.runtime.cpu.runner.NativeModel`: GGUF weights, int8/int4 on the CPU):
+  :class:`~hvd_agents.runtime.cpu.runner.QuantRunner`;
 * a supported model (:func:`~hvd_agents.runtime.static.decoder.supports`) on CUDA:
   :class:`~hvd_agents.runtime.static.runner.StaticRunner`, the static KV cache and
   captured decode steps;
@@ -20,7 +20,7 @@ import os
 import torch
 
 from hvd_agents.policy.cost import CostModel
-from hvd_agents.runtime.quant_runner import NativeModel, QuantRunner
+from hvd_agents.runtime.cpu.runner import NativeModel, QuantRunner
 from hvd_agents.runtime.runner import HFRunner, Runner
 from hvd_agents.runtime.static.decoder import supports
 from hvd_agents.runtime.static.runner import StaticRunner

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from hvd_agents.policy.cost import CostModel
+from hvd_agents.runtime.cpu.runner import NativeModel
 from hvd_agents.runtime.loading import LoadedModel
-from hvd_agents.runtime.quant_runner import NativeModel
 from hvd_agents.runtime.runner import Runner
 from hvd_agents.runtime.runner_choice import runner_for
 

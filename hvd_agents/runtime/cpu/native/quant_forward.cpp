@@ -20,7 +20,7 @@
 // (isa.h). So a token's logits and KV are bitwise the same decoded alone, verified in a draft or a tree,
 // prefilled whole or in chunks of any size, batched with other requests, on AVX2, AVX-512 or AMX.
 //
-// Compiled at first use by hvd_agents/runtime/quant_native.py, once per instruction-set path.
+// Compiled at first use by hvd_agents/runtime/cpu/native_forward.py, once per instruction-set path.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>

@@ -1,11 +1,11 @@
 """The target's weights as the native forward reads them: GGUF blocks as the file holds them, or int8/int4.
 
 A :class:`WeightSet` lists a llama-family model's matrices in the native formats
-of :mod:`hvd_agents.runtime.quant_native` (each a :class:`Weight`: format, shape,
+of :mod:`hvd_agents.runtime.cpu.native_forward` (each a :class:`Weight`: format, shape,
 bytes):
 
 * **From a GGUF file** (:func:`from_gguf`): each matrix keeps the file's own blocks, as records of about the
-  file's bytes (:mod:`hvd_agents.runtime.gguf_blocks`): Q4_1 and Q8_0 as they are; Q4_0 as Q4_1 (its offset
+  file's bytes (:mod:`hvd_agents.runtime.cpu.gguf_blocks`): Q4_1 and Q8_0 as they are; Q4_0 as Q4_1 (its offset
   ``-8 d`` as the block's minimum); Q4_K, Q5_K and Q6_K as ``q4k``, ``q5k`` and ``q6k`` (the super-block's
   ``d``, ``dmin``, integer scales and packed weights), Q3_K as ``q6k``, Q2_K as ``q2k`` (``d``, ``dmin``, the
   file's 4-bit scale and minimum per 16 weights, 2-bit weights: the file's 10.5 bytes per 32); Q5_0 and Q5_1
@@ -23,7 +23,7 @@ bytes):
   Q8_0 (one float16 scale per 32 weights, symmetric), ``int4`` to Q4_1 (float16 scale
   and minimum per 32 weights), ``float32`` keeps the weights as they are.
 
-Architectures: those of :mod:`hvd_agents.runtime.quant_arch` (llama, mistral, qwen2, qwen3, gemma3,
+Architectures: those of :mod:`hvd_agents.runtime.cpu.arch` (llama, mistral, qwen2, qwen3, gemma3,
 phi3); :func:`unsupported_reason` says why a model cannot run on the native forward.
 """
 
@@ -37,12 +37,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hvd_agents.runtime import quant_native
-from hvd_agents.runtime.gguf_blocks import native_blocks
+from hvd_agents.runtime.cpu import native_forward
+from hvd_agents.runtime.cpu.arch import GGUF_FAMILIES, Architecture, UnsupportedArchitecture, architecture
+from hvd_agents.runtime.cpu.arch import unsupported_reason as _unsupported_reason
+from hvd_agents.runtime.cpu.gguf_blocks import native_blocks
+from hvd_agents.runtime.cpu.native_forward import BF16, F16, F32, Q4_1, Q8_0
 from hvd_agents.runtime.gguf_file import GGUFFile
-from hvd_agents.runtime.quant_arch import GGUF_FAMILIES, Architecture, UnsupportedArchitecture, architecture
-from hvd_agents.runtime.quant_arch import unsupported_reason as _unsupported_reason
-from hvd_agents.runtime.quant_native import BF16, F16, F32, Q4_1, Q8_0
 
 QK = 32
 WEIGHT_SCHEMES = ("gguf", "int8", "int4", "float32")
@@ -293,7 +293,7 @@ def dense(w: Weight) -> np.ndarray:
     """A native weight's values as float32 ``[rows, cols]``: exactly what the native forward reads."""
     if w.fmt == F32:
         return np.ascontiguousarray(w.data, dtype=np.float32).reshape(w.rows, w.cols)
-    native = quant_native.module()
+    native = native_forward.module()
     return native.dequantize(native.Matrix(w.fmt, w.rows, w.cols, torch.from_numpy(w.data.reshape(-1)))).numpy()
 
 

@@ -10,8 +10,8 @@ or a chunk of one, several requests batched), runs in ``native/quant_forward.cpp
 the whole forward in one call and one parallel region (its own thread team,
 ``native/team.h``), linear layers on the weights' own blocks with per-block int8
 activations, attention over a float16 KV cache, on the instruction-set path this
-CPU runs (:mod:`~hvd_agents.runtime.quant_native`), for each family of
-:mod:`~hvd_agents.runtime.quant_arch`. Every output element is computed
+CPU runs (:mod:`~hvd_agents.runtime.cpu.native_forward`), for each family of
+:mod:`~hvd_agents.runtime.cpu.arch`. Every output element is computed
 in one order whatever the number of rows and whatever the path, so a position's
 logits and KV are bitwise the same decoded alone, verified in a draft or a tree,
 prefilled whole or in chunks, resumed from the prefix cache or batched, on any
@@ -36,13 +36,13 @@ from types import ModuleType
 import torch
 
 from hvd_agents.policy.cost import CostModel
-from hvd_agents.runtime import quant_native
+from hvd_agents.runtime.cpu import native_forward
+from hvd_agents.runtime.cpu.arch import architecture
+from hvd_agents.runtime.cpu.threads import team_threads
+from hvd_agents.runtime.cpu.weights import MATRICES, WeightInfo, WeightSet
 from hvd_agents.runtime.kv import LayerKV
 from hvd_agents.runtime.profile import cached_cost_model, machine_key_parts, measure_runner_cost
-from hvd_agents.runtime.quant_arch import architecture
-from hvd_agents.runtime.quant_weights import MATRICES, WeightInfo, WeightSet
 from hvd_agents.runtime.runner import BatchCall, add_hidden
-from hvd_agents.runtime.threads import team_threads
 
 MAX_NATIVE_ROWS = 64  # rows a request may verify in one step (a draft, a tree) and rows of a batched step's calls
 PREFILL_ROWS = 256  # rows per native call of a longer chain (a prefill): any split gives the same bits
@@ -61,10 +61,10 @@ class NativeModel:
         model: the model (its config, rope and, for engines, its tokenizer-facing parts).
         weights: the weights the native forward reads (packed into its tiles; not kept).
         context_window: most positions a request may hold.
-        path: the instruction-set path to run (``quant_native.PATHS``, or the test build ``quant_native.EMULATED_AMX``);
-            the one chosen for this machine when None.
+        path: the instruction-set path to run (``native_forward.PATHS``, or the test build
+            ``native_forward.EMULATED_AMX``); the one chosen for this machine when None.
         source: reads ``weights`` again (:meth:`reload`); None: :meth:`reload` raises.
-        module: the compiled forward to run (:func:`quant_native.build`'s); None: the build of ``path``.
+        module: the compiled forward to run (:func:`native_forward.build`'s); None: the build of ``path``.
 
     Raises:
         RuntimeError: the native kernel is unavailable here.
@@ -72,8 +72,8 @@ class NativeModel:
 
     def __init__(self, model: torch.nn.Module, weights: WeightSet, context_window: int, path: str | None = None,
                  source: Callable[[], WeightSet] | None = None, module: ModuleType | None = None) -> None:
-        native = module or (quant_native.build(path) if path else quant_native.module())
-        self.path = path or quant_native.path()
+        native = module or (native_forward.build(path) if path else native_forward.module())
+        self.path = path or native_forward.path()
         arch = architecture(model)
         self.arch = arch
         self.source = source
@@ -85,7 +85,7 @@ class NativeModel:
         self.cos, self.sin = [t[0] for t in tables], [t[1] for t in tables]  # [P, rotary dims / 2] each
 
         def matrix(w):
-            data = torch.from_numpy(w.data.reshape(-1).view("uint8") if w.fmt != quant_native.F32 else w.data.reshape(-1))
+            data = torch.from_numpy(w.data.reshape(-1).view("uint8") if w.fmt != native_forward.F32 else w.data.reshape(-1))
             bias = torch.from_numpy(w.bias) if w.bias is not None else None
             return native.Matrix(w.fmt, w.rows, w.cols, data, bias)
 
@@ -238,7 +238,7 @@ class QuantRunner:
     def profile(self) -> CostModel:
         if self._cost_model is None:
             key = hashlib.sha256("\n".join(
-                ["quant-runner", self.native.key, quant_native.path_key(self.native.path), *machine_key_parts()]).encode()).hexdigest()[:24]
+                ["quant-runner", self.native.key, native_forward.path_key(self.native.path), *machine_key_parts()]).encode()).hexdigest()[:24]
             self._cost_model = cached_cost_model(self.model, key=key, measure=lambda: measure_runner_cost(self),
                                                  min_cpu_share=MIN_CPU_SHARE)
         return self._cost_model

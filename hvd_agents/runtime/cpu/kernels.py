@@ -9,7 +9,7 @@ one-token step, for two reasons, each fixed here at load time:
   see ``docs/benchmarks.md``). Three kernels can hold the
   linear layers (:data:`LINEAR_KERNELS`):
 
-  - ``row``: :class:`hvd_agents.runtime.row_linear.RowLinear`, a small native kernel
+  - ``row``: :class:`hvd_agents.runtime.cpu.row_linear.RowLinear`, a small native kernel
     that streams each weight row once for all input rows (x86-64 with AVX2; built
     at first use). Verifying a short draft costs little more than one token, and
     a row's result is bitwise independent of how many rows share the call.
@@ -43,9 +43,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hvd_agents.runtime import row_linear as native_linear
-from hvd_agents.runtime.packed_linear import PackedLinear
-from hvd_agents.runtime.row_linear import RowLinear
+from hvd_agents.runtime.cpu import row_linear as native_linear
+from hvd_agents.runtime.cpu.packed_linear import PackedLinear
+from hvd_agents.runtime.cpu.row_linear import RowLinear
 
 logger = logging.getLogger(__name__)
 ATTENTION_NAME = "hvd_cpu_sdpa"

@@ -18,7 +18,7 @@ The kernel is compiled with ``torch.utils.cpp_extension`` (a C++ compiler and
 ninja, once per build key) into ``<cache>/native/<key>/`` and reused by later
 processes. It needs an x86-64 CPU with AVX2 and FMA; elsewhere, or when it
 cannot be built, :func:`available` is False and the loader falls back to the
-oneDNN kernels of :mod:`hvd_agents.runtime.kernels` (the reason is logged once).
+oneDNN kernels of :mod:`hvd_agents.runtime.cpu.kernels` (the reason is logged once).
 Set ``HVD_AGENTS_CPU_LINEAR`` to choose the kernel by hand (``row``, ``packed``, ``dense``).
 """
 
@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hvd_agents.runtime import native_build
-from hvd_agents.runtime.packed_linear import require_float32_cpu
+from hvd_agents.runtime.cpu import native_build
+from hvd_agents.runtime.cpu.packed_linear import require_float32_cpu
 from hvd_agents.runtime.paths import cache_root
 
 logger = logging.getLogger(__name__)

@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hvd_agents.runtime.cpu.weights import dense_rows
 from hvd_agents.runtime.gguf_file import GGUFFile
 from hvd_agents.runtime.paths import cache_root
-from hvd_agents.runtime.quant_weights import dense_rows
 
 CHUNK_ROWS = 4096  # rows dequantized at a time while writing
 _FORMAT = 1

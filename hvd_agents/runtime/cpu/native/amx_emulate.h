@@ -1,6 +1,6 @@
 // hvd_amx_emulate: a software model of the AMX tile state and of the instructions amx.h uses, for a test build.
 //
-// Compiled in place of the tile instructions when HVD_AMX_EMULATE is defined (quant_native.py's "amx-emulated"
+// Compiled in place of the tile instructions when HVD_AMX_EMULATE is defined (native_forward.py's "amx-emulated"
 // build, never a path a model runs on), so the amx path's tiling, packing and float phase run, and are compared
 // bit for bit with the avx2 path, on a CPU without AMX. It models what those instructions do, as Intel's SDM
 // defines them:

@@ -2,9 +2,9 @@
 
 :func:`load_native_only` reads the config and the tokenizer from the file, builds the transformers model as a
 skeleton on PyTorch's ``meta`` device (its modules, config and shapes; no weight memory), and attaches the
-native forward (:mod:`~hvd_agents.runtime.quant_runner`) over the file's own blocks, which then live only in
+native forward (:mod:`~hvd_agents.runtime.cpu.runner`) over the file's own blocks, which then live only in
 the native model's tiles. The input and output embeddings are float32 tables memory-mapped from a cache
-file (:mod:`~hvd_agents.runtime.embedding_file`, dequantized exactly from the file), for what reads their
+file (:mod:`~hvd_agents.runtime.cpu.embedding_file`, dequantized exactly from the file), for what reads their
 rows (a draft head): only the rows read are resident. Resident memory is then about the file's size and
 the KV cache, where the transformers load dequantizes every weight to float32 (about eight times a Q4 file).
 
@@ -21,11 +21,12 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from hvd_agents.runtime import quant_runner, quant_weights
-from hvd_agents.runtime.embedding_file import mapped_table
+from hvd_agents.runtime.cpu.arch import unsupported_reason
+from hvd_agents.runtime.cpu.embedding_file import mapped_table
+from hvd_agents.runtime.cpu.runner import NativeModel
+from hvd_agents.runtime.cpu.weights import from_gguf
 from hvd_agents.runtime.gguf_config import gguf_config
 from hvd_agents.runtime.gguf_file import GGUFFile
-from hvd_agents.runtime.quant_arch import unsupported_reason
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ def _full_weights_on_first_forward(model: torch.nn.Module, full_load: Callable[[
 
 
 def load_native_only(gguf: Path, context_window: Callable[[torch.nn.Module], int],
-                     full_load: Callable[[], torch.nn.Module]) -> tuple[quant_runner.NativeModel | None, str]:
+                     full_load: Callable[[], torch.nn.Module]) -> tuple[NativeModel | None, str]:
     """``(native, "")``: the file's native forward, ``native.model`` its model; ``(None, why)`` when the file
     needs transformers' forward (``why`` is "" when transformers cannot read its config: its own load then says
     why).
@@ -98,8 +99,8 @@ def load_native_only(gguf: Path, context_window: Callable[[torch.nn.Module], int
         return None, why
     window = context_window(model)
     try:  # each layer converted as it is packed: one layer's arrays at a time besides the tiles
-        weights = quant_weights.from_gguf(parsed, model, lazy=True)
-        native = quant_runner.NativeModel(model, weights, window, source=lambda: quant_weights.from_gguf(gguf, model))
+        weights = from_gguf(parsed, model, lazy=True)
+        native = NativeModel(model, weights, window, source=lambda: from_gguf(gguf, model))
     except ValueError as exc:
         return None, str(exc)
     del weights  # the blocks now live in the native model's tiles only

@@ -1,7 +1,7 @@
 // hvd_isa: the vector operations of the quantized linear kernel (tile_linear.h) and of attention (attention.h),
 // one set per instruction set.
 //
-// The native forward is compiled once per path (hvd_agents/runtime/quant_native.py): AVX2 (every x86-64 CPU
+// The native forward is compiled once per path (hvd_agents/runtime/cpu/native_forward.py): AVX2 (every x86-64 CPU
 // it runs on), AVX-512 with VNNI where the CPU has it, and AMX: the AVX-512 VNNI code, with the integer block
 // dots of passes of many rows on AMX-INT8 tiles (amx.h). Every path computes every output element with the
 // same integer block dots (exact, whatever instructions add them up) and the same float operations in the same

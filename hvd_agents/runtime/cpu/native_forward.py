@@ -41,7 +41,7 @@ from types import ModuleType
 import numpy as np
 import torch
 
-from hvd_agents.runtime.native_build import (
+from hvd_agents.runtime.cpu.native_build import (
     NATIVE_DIR,
     build_key,
     build_python_module,
@@ -262,7 +262,8 @@ def attention_case(rng: np.random.Generator, queries: int, hd: int, slots: int) 
 # how long the self-check's child may take to load two builds and compare them (seconds where it runs normally)
 SELF_CHECK_TIMEOUT = 300.0
 # what the child runs, and the mark it prints once it runs (a line), then before its answer (a JSON object)
-_CHILD = "import sys; from hvd_agents.runtime import quant_native; sys.exit(quant_native._compare_child(sys.argv[1:]))"
+_CHILD = ("import sys; from hvd_agents.runtime.cpu import native_forward; "
+          "sys.exit(native_forward._compare_child(sys.argv[1:]))")
 _MARK = "hvd-agents-self-check:"
 
 
@@ -288,7 +289,7 @@ def compare_in_child(a: ModuleType, b: ModuleType, timeout: float = SELF_CHECK_T
             not importable there): nothing said about the builds.
     """
     env = dict(os.environ)
-    package_root = str(Path(__file__).resolve().parents[2])  # the directory holding hvd_agents/
+    package_root = str(Path(__file__).resolve().parents[3])  # the directory holding hvd_agents/
     env["PYTHONPATH"] = os.pathsep.join([package_root, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
     env[ENV] = REFERENCE
     command = [sys.executable, "-c", _CHILD, str(a.__file__), str(b.__file__)]

@@ -1,7 +1,7 @@
 """A drafter's linear layers on the native forward's int8 kernel and thread team.
 
 A draft head drafts one token at a time between the target's forwards, inside the
-engine's step, where torch runs on one thread (:mod:`hvd_agents.runtime.threads`
+engine's step, where torch runs on one thread (:mod:`hvd_agents.runtime.cpu.threads`
 keeps torch's OpenMP workers off the native team's cores). A float32 product there
 reads every weight at 4 bytes on one core. :class:`QuantLinear` holds an
 ``nn.Linear``'s weight a second time as Q8_0 blocks (one float16 scale per 32 int8
@@ -11,7 +11,7 @@ kernel's :data:`MAX_ROWS` rows a call: a quarter of the bytes. A catch-up of 112
 rows through the shipped head's five layers takes 2.4 ms on one thread there against
 11 ms in float32 (2-core AMD EPYC). ``threads`` says how many of the team's threads a
 product takes (0: the caller's team size,
-:func:`~hvd_agents.runtime.threads.team_threads`). A drafter's matrices are small
+:func:`~hvd_agents.runtime.cpu.threads.team_threads`). A drafter's matrices are small
 (0.3 to 4.5 MB as Q8_0), so a product is over in tens of microseconds and a second
 thread mostly adds a hand-over: on the 2-core benchmark machine, with other work on
 it, the shipped head's drafted token took 0.65 ms on one thread against 2.1 ms on two
@@ -33,9 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hvd_agents.runtime import quant_native
-from hvd_agents.runtime.quant_weights import QK, quantize_q8_0
-from hvd_agents.runtime.threads import team_threads
+from hvd_agents.runtime.cpu import native_forward
+from hvd_agents.runtime.cpu.threads import team_threads
+from hvd_agents.runtime.cpu.weights import QK, quantize_q8_0
 
 MAX_ROWS = 1024  # rows per call of the native kernel (quant_forward.cpp's kMaxRows): more go in several calls
 DRAFT_THREADS = 1  # a drafter's products run on the calling thread (see the module docstring)
@@ -46,7 +46,7 @@ def supported(linear: nn.Linear) -> bool:
     and the native kernel available here."""
     weight = linear.weight
     return (weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.shape[1] % QK == 0
-            and quant_native.available())
+            and native_forward.available())
 
 
 class QuantLinear(nn.Module):
@@ -66,7 +66,7 @@ class QuantLinear(nn.Module):
         self.threads = threads
         if not supported(linear):
             raise ValueError("QuantLinear takes a float32 CPU linear layer with columns in blocks of 32, "
-                             f"and the native kernel ({quant_native.unavailable_reason() or 'available'})")
+                             f"and the native kernel ({native_forward.unavailable_reason() or 'available'})")
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
@@ -84,8 +84,8 @@ def quantized_matrix(weight: torch.Tensor, bias: torch.Tensor | None = None):
     """The native module's ``Matrix`` of a float32 ``[N, K]`` weight as Q8_0 blocks (K a multiple of 32)."""
     rows, cols = weight.shape
     blocks = torch.from_numpy(quantize_q8_0(weight.detach().float().contiguous().numpy()).reshape(-1))
-    native = quant_native.module()
-    return native.Matrix(quant_native.Q8_0, rows, cols, blocks,
+    native = native_forward.module()
+    return native.Matrix(native_forward.Q8_0, rows, cols, blocks,
                          None if bias is None else bias.detach().float().contiguous())
 
 
@@ -98,7 +98,7 @@ def quant_product(x: torch.Tensor, matrix, weight: torch.Tensor, bias: torch.Ten
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if torch.is_grad_enabled() or x.dtype != torch.float32 or rows == 0:
         return F.linear(x, weight, bias)
-    native, team = quant_native.module(), threads or team_threads()
+    native, team = native_forward.module(), threads or team_threads()
     flat = x.reshape(rows, x.shape[-1])
     if rows <= MAX_ROWS:
         y = native.linear(matrix, flat, threads=team)

@@ -1,6 +1,6 @@
 // hvd_cpu: which of the native forward's instruction-set paths this CPU, and for amx the OS, can run.
 //
-// The loader (hvd_agents/runtime/quant_native.py) asks the AVX2 build before it builds or loads another: a build
+// The loader (hvd_agents/runtime/cpu/native_forward.py) asks the AVX2 build before it builds or loads another: a build
 // for instructions the CPU lacks would fault at its first use. GCC's own CPUID reading says what the CPU has; the
 // amx path also needs the OS to grant the process the tile state (amx.h).
 #pragma once

@@ -3,7 +3,7 @@
 //
 // A format's *record* is what a row holds for `blocks` blocks of 32 weights: one block, or a K-quant super-block
 // of 8 (256 weights, a group of tile_linear.h). A record is a list of fields, each `count` units of `unit` bytes;
-// the converters (runtime/gguf_blocks.py) write rows of records, and a tile holds each field as
+// the converters (runtime/cpu/gguf_blocks.py) write rows of records, and a tile holds each field as
 // [count][NT rows][unit], so one vector load reads a unit of every row of the tile. The last field is the
 // weights: per block, 4 words of nibbles (the low nibbles weights 0-15, the high ones 16-31, 4 a word) and 0,
 // 1 or 2 words of high bits (a *plane*), or 8 words of a byte a weight, or (Q2K) 2 words of 2-bit weights

@@ -1,8 +1,11 @@
 """The one chat reply pipeline, :func:`~hvd_agents.chat.delta_stream.stream_reply_deltas`, for every front end.
 
 A cancel flag ends a batched request at once; the same scripted replies (a forced call closed by
-its stop string, a call cut by ``max_tokens``, a forced call that does not parse, content and a
-call, two calls, a block that is no call) end the same way for the server, ``ChatHVD`` and ``HVD``.
+its own ``</tool_call>``, a call closed by the stop string ``</tool_call>``, a forced call that
+ended before its end tag, a call cut by ``max_tokens``, a forced call that does not parse, content
+and a call, two calls, a block that is no call) end the same way for the server, ``ChatHVD`` and
+``HVD``. The scripted engine ignores the grammar a forced call is decoded under, so it can write
+what the grammar would not.
 """
 
 from __future__ import annotations
@@ -81,23 +84,33 @@ class Case:
     tool_choice: str | None
     outcome: Outcome
     engine_finish: str = "stop"
+    stop: tuple[str, ...] = ()  # the call's stop strings
     server_content: str | None = None  # the server's content when it shows a block that is no call
 
 
 UNTERMINATED = "unterminated <tool_call> block"
+OPENING = '<tool_call>\n{"name": "get_weather", "arguments": '
 CASES = {
-    # the engine consumed the stop string "</tool_call>": the call is complete
-    "forced call closed by its stop string": Case(
-        ['{"city": ', '"Paris"}', "}"], "get_weather",
+    # a forced call is written whole under its grammar, its own "</tool_call>" included: the call is complete
+    "forced call closed by its own end tag": Case(
+        [OPENING + '{"city": ', '"Paris"}', "}\n</tool_call>"], "get_weather",
         Outcome("", (("call_0", "get_weather", {"city": "Paris"}),), (), "tool_calls")),
+    # the engine consumed the stop string "</tool_call>" (parallel_tool_calls=False): the call is complete
+    "call closed by its stop string": Case(
+        [OPENING + '{"city": ', '"Paris"}}'], None,
+        Outcome("", (("call_0", "get_weather", {"city": "Paris"}),), (), "tool_calls"), stop=("</tool_call>",)),
+    # a forced call has no stop string (its grammar ends it): a reply that ends before its end tag left it open
+    "forced call ended before its end tag": Case(
+        [OPENING + '{"city": ', '"Paris"}}'], "get_weather",
+        Outcome("", (), (("call_0", "get_weather", UNTERMINATED),), "invalid_tool_call")),
     "call cut by max_tokens": Case(
-        ['{"city": "Pa'], "get_weather", Outcome("", (), (("call_0", "get_weather", UNTERMINATED),), "length"),
+        [OPENING + '{"city": "Pa'], "get_weather", Outcome("", (), (("call_0", "get_weather", UNTERMINATED),), "length"),
         engine_finish="length"),
     "forced call that does not parse": Case(
-        ["Paris", " is sunny"], "get_weather",
+        [OPENING, "Paris", " is sunny}\n</tool_call>"], "get_weather",
         Outcome("", (), (("call_0", "get_weather", "invalid JSON: Expecting value: line 1 column 38 (char 37)"),),
                 "invalid_tool_call"),
-        server_content='<tool_call>\n{"name": "get_weather", "arguments": Paris is sunny</tool_call>'),
+        server_content=OPENING + "Paris is sunny}\n</tool_call>"),
     "content and a call": Case(
         ["Let me", " check.\n", (CALL % "Paris")[:30], (CALL % "Paris")[30:]], None,
         Outcome("Let me check.", (("call_0", "get_weather", {"city": "Paris"}),), (), "tool_calls")),
@@ -136,12 +149,16 @@ def by_llama_index(llm, response) -> Outcome:
 def test_every_front_end_ends_a_reply_by_the_same_rule(scripted, fixed_call_ids, case) -> None:
     """The server's collected deltas, ChatHVD (invoke and summed stream) and HVD (chat and stream) agree."""
     engine = scripted(case.pieces, finish=case.engine_finish)
-    request = build_chat_request(engine, ASK, [WEATHER], settings=ChatSettings(), tool_choice=case.tool_choice)
+    request = build_chat_request(engine, ASK, [WEATHER], settings=ChatSettings(), tool_choice=case.tool_choice,
+                                 stop=list(case.stop))
+    # every call is decoded under the tools' grammar; only the call's own stop strings end it at "</tool_call>"
+    assert request.params.constraint.kind == "lark"
+    assert ("</tool_call>" in request.params.stop) == ("</tool_call>" in case.stop)
     reply = collect(stream_reply_deltas(request))
     # the server shows a block read whole that is no call as written (OpenAI's reply has no place for it)
     assert reply.content == (case.server_content if case.server_content is not None else case.outcome.content)
-    chat_hvd = ChatHVD(engine=engine).bind_tools([WEATHER], tool_choice=case.tool_choice)
-    llm = HVD(engine=engine)
+    chat_hvd = ChatHVD(engine=engine, stop=list(case.stop)).bind_tools([WEATHER], tool_choice=case.tool_choice)
+    llm = HVD(engine=engine, stop=list(case.stop))
     llama_kwargs = llm._prepare_chat_with_tools(LLAMA_TOOLS, user_msg=ASK[0]["content"], tool_choice=case.tool_choice)
     outcomes = {
         "server": by_server(reply),

@@ -27,8 +27,9 @@ def prompt_text(engine, index: int = -1) -> str:
 
 
 def test_forced_tool_choice_streams_the_arguments(scripted) -> None:
-    # the forced prefix '<tool_call>\n{"name": "get_weather", "arguments": ' is not generated; the model goes on
-    engine = scripted(['{"city": ', '"Par', 'is"', "}}"], finish="stop")
+    # nothing is pre-filled: the model writes the whole call, under the call grammar (the scripted engine ignores it)
+    engine = scripted(['<tool_call>\n{"name": "get_weather", "arguments": {"city": ', '"Par', 'is"',
+                       "}}\n</tool_call>"], finish="stop")
     with running_server(engine) as url:
         client = client_of(url)
         forced = {"type": "function", "function": {"name": "get_weather"}}
@@ -40,8 +41,10 @@ def test_forced_tool_choice_streams_the_arguments(scripted) -> None:
     assert message.content is None
     assert [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls] == [
         ("get_weather", {"city": "Paris"})]
-    assert prompt_text(engine).endswith('<tool_call>\n{"name": "get_weather", "arguments": ')
-    assert "</tool_call>" in engine.requests[-1][1].stop
+    params = engine.requests[-1][1]
+    assert prompt_text(engine).endswith("<|im_start|>assistant\n")
+    assert params.constraint.kind == "lark" and '"get_weather"' in params.constraint.source
+    assert "</tool_call>" not in params.stop  # the grammar ends the reply
     calls = [call for chunk in chunks if chunk.choices for call in chunk.choices[0].delta.tool_calls or ()]
     assert calls[0].function.name == "get_weather" and calls[0].id.startswith("call_") and calls[0].type == "function"
     assert all(len(chunk.choices[0].delta.tool_calls or ()) <= 1 for chunk in chunks if chunk.choices)
@@ -77,15 +80,18 @@ def test_tool_choice_none_and_parallel_calls_off_set_stops(scripted) -> None:
 
 
 def test_json_schema_reply_is_cut_after_its_object(scripted) -> None:
-    engine = scripted(['"name": "Ann", ', '"age": 7}', " and more text"], finish="stop")
+    # the model writes the whole object, '{' included; what an engine that ignores the grammar adds is cut
+    engine = scripted(['{"name": "Ann", ', '"age": 7}', " and more text"], finish="stop")
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}}
     with running_server(engine) as url:
         reply = client_of(url).chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "A person."}],
             response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}})
-    assert json.loads(reply.choices[0].message.content) == {"name": "Ann", "age": 7}
+    assert reply.choices[0].message.content == '{"name": "Ann", "age": 7}'
     prompt = prompt_text(engine)
-    assert "Respond only with a JSON object with these keys" in prompt and prompt.endswith("{")
+    assert "Respond only with a JSON object with these keys" in prompt and prompt.endswith("<|im_start|>assistant\n")
+    constraint = engine.requests[-1][1].constraint
+    assert constraint.kind == "json_schema" and constraint.schema()["properties"] == schema["properties"]
 
 
 def test_sessions_come_from_the_header_or_the_user_field(scripted) -> None:
@@ -205,7 +211,8 @@ def test_openai_like_reassembles_a_streamed_call_whole(scripted) -> None:
         """Weather of a city."""
         return "sunny"
 
-    engine = scripted(['{"city": "Paris"}', "}"], finish="stop")
+    engine = scripted(['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}', "}\n</tool_call>"],
+                      finish="stop")
     with running_server(engine) as url:
         llm = OpenAILike(model=MODEL, api_base=f"{url}/v1", api_key="unused", is_chat_model=True,
                          is_function_calling_model=True, context_window=512, max_retries=0)

@@ -136,32 +136,38 @@ def test_bad_json_is_reported_never_raised(scripted) -> None:
     assert last.message.additional_kwargs["invalid_tool_calls"][0]["name"] == "get_weather"
 
 
-def test_tool_required_prefills_the_call_and_a_choice_policy_is_applied(scripted) -> None:
-    engine = scripted(['{"city": "Paris"}}\n'])  # the engine stops at "</tool_call>", which it does not return
+def test_tool_required_constrains_the_reply_to_one_call_and_a_choice_policy_is_applied(scripted) -> None:
+    # nothing is pre-filled: the model writes the whole call, "</tool_call>" included, under the call grammar
+    engine = scripted(['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'])
     llm = HVD(engine=engine, stop=["Observation:"])
     response = llm.chat_with_tools(TOOLS, user_msg="Weather in Paris?", tool_choice="get_weather")
     assert [(c.tool_name, c.tool_kwargs) for c in llm.get_tool_calls_from_response(response)] == [
         ("get_weather", {"city": "Paris"})]
+    assert response.raw["finish_reason"] == "tool_calls"
     prompt_ids, params, _ = engine.requests[-1]
-    assert params.stop == ("Observation:", "</tool_call>")
-    assert engine.tokenizer.decode(prompt_ids).endswith(
-        '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": ')
+    assert params.stop == ("Observation:",)  # the grammar ends the call, not a stop string
+    assert params.constraint.kind == "lark"
+    assert '"get_weather"' in params.constraint.source and '"get_local_time"' not in params.constraint.source
+    assert engine.tokenizer.decode(prompt_ids).endswith("<|im_start|>assistant\n")
 
-    engine.pieces = ['{"name": "get_weather", "arguments": {"city": "Paris"}}\n']
-    llm.chat_with_tools(TOOLS, user_msg="Weather?", tool_required=True)
-    assert engine.tokenizer.decode(engine.requests[-1][0]).endswith("<|im_start|>assistant\n<tool_call>\n")
+    llm.chat_with_tools(TOOLS, user_msg="Weather?", tool_required=True)  # one call to either tool
+    prompt_ids, params, _ = engine.requests[-1]
+    assert engine.tokenizer.decode(prompt_ids).endswith("<|im_start|>assistant\n")
+    assert params.constraint.kind == "lark"
+    assert '"get_weather"' in params.constraint.source and '"get_local_time"' in params.constraint.source
 
     seen: list[int] = []
     policy = HVD(engine=engine, tool_choice=lambda messages: seen.append(len(messages)) or "none")
     policy.chat_with_tools(TOOLS, chat_history=[_user("a"), _user("b")])
     assert seen == [2] and engine.requests[-1][1].stop == ("<tool_call>",)
+    assert engine.requests[-1][1].constraint is None  # "none": no grammar, the reply stops before a call
 
 
 def test_predict_and_call_and_structured_predict_use_forced_calls(scripted) -> None:
     from llama_index.core.bridge.pydantic import BaseModel
     from llama_index.core.prompts import PromptTemplate
 
-    engine = scripted(['{"city": "Paris"}}\n'])
+    engine = scripted(['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'])
     llm = HVD(engine=engine)
     TOOL_LOG.clear()
     response = llm.predict_and_call(TOOLS, user_msg="Weather in Paris?", tool_choice="get_weather")
@@ -173,21 +179,24 @@ def test_predict_and_call_and_structured_predict_use_forced_calls(scripted) -> N
 
         name: str
 
-    # structured_predict forces a call with one tool (tool_required): that tool's name is pre-filled
-    engine.pieces = ['{"name": "Paris"}}\n']
+    # structured_predict forces a call with one tool (tool_required): the grammar holds it to that tool
+    engine.pieces = ['<tool_call>\n{"name": "City", "arguments": {"name": "Paris"}}\n</tool_call>']
     assert llm.structured_predict(City, PromptTemplate("Name a city.")) == City(name="Paris")
-    assert engine.tokenizer.decode(engine.requests[-1][0]).endswith(
-        '<|im_start|>assistant\n<tool_call>\n{"name": "City", "arguments": ')
+    prompt_ids, params, _ = engine.requests[-1]
+    assert engine.tokenizer.decode(prompt_ids).endswith("<|im_start|>assistant\n")
+    assert params.constraint.kind == "lark" and '"City"' in params.constraint.source
 
 
 def test_json_mode_asks_for_an_object_and_cuts_the_reply_after_it(scripted) -> None:
-    engine = scripted(['"city": "Oslo", ', '"country": "Norway"}', "\nThat is all."])
+    # the model writes the whole object under the grammar; an engine that ignores it is cut after the object
+    engine = scripted(['{"city": "Oslo", ', '"country": "Norway"}', "\nThat is all."])
     llm = HVD(engine=engine, json_mode=True)
     response = llm.chat([_user("A city and its country, as JSON.")])
-    assert json.loads(response.message.content) == {"city": "Oslo", "country": "Norway"}
+    assert response.message.content == '{"city": "Oslo", "country": "Norway"}'
     prompt = engine.tokenizer.decode(engine.requests[-1][0])
     assert "as JSON.\n\nRespond only with a JSON object.<|im_end|>" in prompt
-    assert prompt.endswith("<|im_start|>assistant\n{")
+    assert prompt.endswith("<|im_start|>assistant\n")
+    assert engine.requests[-1][1].constraint.schema() == {"type": "object"}  # any JSON object
     streamed = list(llm.stream_chat([_user("A city and its country, as JSON.")]))
     assert "".join(r.delta for r in streamed) == streamed[-1].message.content == response.message.content
     assert llm.complete("A city and its country, as JSON.").text == response.message.content
@@ -197,8 +206,10 @@ def test_json_mode_asks_for_an_object_and_cuts_the_reply_after_it(scripted) -> N
     assert plain.chat([_user("Name a city.")], response_format=schema).message.content == response.message.content
     prompt = engine.tokenizer.decode(engine.requests[-1][0])
     assert 'with these keys: {"city": "the city", "country": "string"}<|im_end|>' in prompt
+    constraint = engine.requests[-1][1].constraint
+    assert constraint.kind == "json_schema" and constraint.schema()["properties"] == schema["properties"]
     plain.chat([_user("Name a city.")])
-    assert not engine.tokenizer.decode(engine.requests[-1][0]).endswith("assistant\n{")  # JSON mode is off
+    assert engine.requests[-1][1].constraint is None  # JSON mode is off
     with pytest.raises(InvalidRequestError, match="response_format"):
         plain.chat([_user("Name a city.")], response_format="yaml")
 

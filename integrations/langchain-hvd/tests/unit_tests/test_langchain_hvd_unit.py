@@ -167,7 +167,8 @@ def test_any_split_streams_the_whole_reply_parse(scripted, text) -> None:
 
 
 def test_a_forced_calls_name_streams_with_the_first_chunk(scripted) -> None:
-    engine = scripted(['{"city": ', '"Paris"}', "}"])  # the engine stops at "</tool_call>", which it does not return
+    # the model writes the whole call under its grammar, "</tool_call>" included
+    engine = scripted(['<tool_call>\n{"name": "get_weather", "arguments": {"city": ', '"Paris"}', "}\n</tool_call>"])
     chunks = list(ChatHVD(engine=engine).bind_tools([WEATHER_SCHEMA], tool_choice="get_weather").stream("Weather?"))
     first = chunks[0].tool_call_chunks
     assert [(c["name"], c["args"], c["index"]) for c in first] == [("get_weather", '{"city": ', 0)]
@@ -261,17 +262,18 @@ def test_an_unreadable_tail_keeps_any_argument_text_from_reading_as_a_call(text)
 @pytest.mark.parametrize(
     "choice", ["required", "get_weather", {"type": "function", "function": {"name": "get_weather"}}]
 )
-def test_forced_tool_choice_prefills_the_call_and_stops_at_its_end(scripted, choice) -> None:
-    # "required" with one tool is that tool: its name is pre-filled as for a named choice
-    engine = scripted(['{"city": "Paris"}}\n'])  # the engine stops at "</tool_call>", which it does not return
+def test_forced_tool_choice_constrains_the_reply_to_one_call(scripted, choice) -> None:
+    # "required" with one tool is that tool; nothing is pre-filled: the grammar holds the whole call, its end included
+    engine = scripted(['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'])
     message = ChatHVD(engine=engine, stop=["Observation:"]).bind_tools([WEATHER_SCHEMA], tool_choice=choice).invoke(
         "Weather in Paris?", stop=["\n\n"]
     )
     assert _calls(message) == [("get_weather", {"city": "Paris"})]
+    assert message.response_metadata["finish_reason"] == "tool_calls"
     prompt_ids, params, _ = engine.requests[-1]
-    assert params.stop == ("Observation:", "\n\n", "</tool_call>")
-    assert engine.tokenizer.decode(prompt_ids).endswith(
-        '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": ')
+    assert params.stop == ("Observation:", "\n\n")  # the grammar ends the call, not a stop string
+    assert params.constraint.kind == "lark" and '"get_weather"' in params.constraint.source
+    assert engine.tokenizer.decode(prompt_ids).endswith("<|im_start|>assistant\n")
 
 
 def test_tool_choice_none_stops_at_a_tool_call(scripted) -> None:
@@ -320,8 +322,9 @@ def test_session_id_comes_from_the_thread_id(scripted) -> None:
     assert derived and engine.requests[-1][2].session_id == derived  # prepare derives it from the first messages
 
 
-def test_json_response_format_is_prefilled_and_trimmed_to_the_object(scripted) -> None:
-    engine = scripted(['"setup": "Why?", ', '"punchline": "Because {braces} \\" in strings"}', " and more text"])
+def test_json_response_format_is_constrained_and_trimmed_to_the_object(scripted) -> None:
+    # the model writes the whole object under the schema's grammar; an engine that ignores it is cut after the object
+    engine = scripted(['{"setup": "Why?", ', '"punchline": "Because {braces} \\" in strings"}', " and more text"])
     schema = {"type": "object", "properties": {"setup": {"type": "string", "description": "the question"},
                                                "punchline": {"type": "string"}}}
     model = ChatHVD(engine=engine).bind(response_format=schema)
@@ -330,16 +333,19 @@ def test_json_response_format_is_prefilled_and_trimmed_to_the_object(scripted) -
     assert "".join(chunk.content for chunk in model.stream("Tell me a joke.")) == message.content
     prompt = engine.tokenizer.decode(engine.requests[-1][0])
     assert 'with these keys: {"setup": "the question", "punchline": "string"}<|im_end|>' in prompt
-    assert prompt.endswith("<|im_start|>assistant\n{")
+    assert prompt.endswith("<|im_start|>assistant\n")
+    constraint = engine.requests[-1][1].constraint
+    assert constraint.kind == "json_schema" and constraint.schema()["properties"] == schema["properties"]
 
 
 def test_json_mode_asks_for_an_object_and_parses_the_first_one(scripted) -> None:
-    engine = scripted(['"city": "Oslo", ', '"country": "Norway"}', "\nThat is all."])
+    engine = scripted(['{"city": "Oslo", ', '"country": "Norway"}', "\nThat is all."])
     runnable = ChatHVD(engine=engine).with_structured_output(method="json_mode")
     assert runnable.invoke("A city and its country, as JSON.") == {"city": "Oslo", "country": "Norway"}
     prompt = engine.tokenizer.decode(engine.requests[-1][0])
     assert "as JSON.\n\nRespond only with a JSON object.<|im_end|>" in prompt
-    assert prompt.endswith("<|im_start|>assistant\n{")
+    assert prompt.endswith("<|im_start|>assistant\n")
+    assert engine.requests[-1][1].constraint.schema() == {"type": "object"}  # any JSON object
     message = ChatHVD(engine=engine).invoke("A city, as JSON.", response_format={"type": "json_object"})
     assert message.content == '{"city": "Oslo", "country": "Norway"}'
 
@@ -353,14 +359,18 @@ def test_structured_output_parses_json_schema_and_function_calling(scripted) -> 
         name: str = Field(description="The name")
         age: int
 
-    json_engine = scripted(['"name": "Ada", "age": 36}'])
+    json_engine = scripted(['{"name": "Ada", "age": 36}'])
     assert ChatHVD(engine=json_engine).with_structured_output(Person).invoke("Ada is 36.") == Person(name="Ada", age=36)
-    call_engine = scripted(['{"name": "Ada", "age": 36}}\n'])
+    constraint = json_engine.requests[-1][1].constraint
+    assert constraint.kind == "json_schema" and set(constraint.schema()["properties"]) == {"name", "age"}
+    call_engine = scripted(['<tool_call>\n{"name": "Person", "arguments": {"name": "Ada", "age": 36}}\n</tool_call>'])
     runnable = ChatHVD(engine=call_engine).with_structured_output(Person, method="function_calling", include_raw=True)
     result = runnable.invoke("Ada is 36.")
     assert result["parsed"] == Person(name="Ada", age=36) and result["parsing_error"] is None
     assert _calls(result["raw"]) == [("Person", {"name": "Ada", "age": 36})]
-    bad = ChatHVD(engine=scripted(['"name": "Ada"}'])).with_structured_output(Person, include_raw=True).invoke("x")
+    constraint = call_engine.requests[-1][1].constraint
+    assert constraint.kind == "lark" and '"Person"' in constraint.source
+    bad = ChatHVD(engine=scripted(['{"name": "Ada"}'])).with_structured_output(Person, include_raw=True).invoke("x")
     assert bad["parsed"] is None and bad["parsing_error"] is not None
 
 

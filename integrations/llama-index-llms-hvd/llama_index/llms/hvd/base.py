@@ -13,7 +13,10 @@ and tool-call parsing all live in hvd-agents.
   the async forms run it in a worker thread that feeds an asyncio queue
   (:func:`hvd_agents.chat.async_stream.iterate_in_thread`), so the event loop never
   blocks; cancelling the consuming task closes the engine's iterator.
-* Tool calls are Hermes ``<tool_call>`` blocks in the reply. While streaming, the text
+* Tool calls are Hermes ``<tool_call>`` blocks in the reply, decoded under the tools'
+  grammar (:mod:`hvd_agents.chat.constraints`: a forced ``tool_choice`` is exactly one
+  call to one of the tools, or to the named one, with arguments valid against that tool's
+  schema, its ``</tool_call>`` included). While streaming, the text
   outside the blocks is streamed; the calls are aggregated, and the last response's
   message holds the content and one ``ToolCallBlock`` per call. A call that does not
   parse goes to ``additional_kwargs["invalid_tool_calls"]`` (id, name, text, error),
@@ -21,8 +24,8 @@ and tool-call parsing all live in hvd-agents.
   reply has no valid call.
 * JSON mode (``json_mode=True``, as in LlamaIndex's Ollama LLM, or a call's
   ``response_format="json"`` / JSON schema, as in its OpenAI LLM) is the neutral
-  layer's: the format is asked for in the last user message, the reply is pre-filled
-  with ``{`` and cut after its first JSON object.
+  layer's: the format is asked for in the last user message, the reply is decoded under
+  the schema's grammar (any JSON object without one) and cut after its first JSON object.
 * The engine is injected (``engine=``) or created lazily on first use with
   :func:`hvd_agents.engine.shared.shared_engine`: constructing an ``HVD`` loads nothing.
 """
@@ -128,8 +131,8 @@ class HVD(FunctionCallingLLM):
         default=False,
         description=(
             "Reply with a JSON object: the request for one is added to the last user message, the reply is "
-            "pre-filled with '{' and cut after the object. A call's response_format ('json' or a JSON schema) "
-            "takes precedence."
+            "decoded under the grammar of a JSON object and cut after the object. A call's response_format "
+            "('json' or a JSON schema) takes precedence."
         ),
     )
     tool_choice: Any = Field(

@@ -5,7 +5,8 @@ The route runs a Messages request through the chat pipeline of ``/v1/chat/comple
 module only translates: ``system`` and ``messages`` to chat messages (:mod:`.anthropic_input`), tools
 (``{"name", "description", "input_schema"}``) to chat tools, ``tool_choice`` (``auto``, ``any``,
 ``tool`` + ``name``, ``none``; ``disable_parallel_tool_use`` stops after the first call),
-``stop_sequences``, ``max_tokens`` (required, as Anthropic's API requires it), ``temperature``,
+``output_config.format`` (structured output: the chat call's ``response_format``, so it behaves
+exactly as on the chat route; ``output_config.effort`` is ignored), ``stop_sequences``, ``max_tokens`` (required, as Anthropic's API requires it), ``temperature``,
 ``top_p`` and ``top_k``.
 
 Accepted and ignored, because they do not change the output: ``metadata`` (its ``user_id`` names
@@ -93,6 +94,7 @@ class MessagesRequest(CountTokensRequest):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0)
     metadata: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None
     # HVD's extensions, as on the chat route
     seed: int | None = Field(None, ge=0, lt=2**64)
     method: str | None = None
@@ -115,9 +117,26 @@ class MessagesRequest(CountTokensRequest):
             if not stop:
                 raise invalid("stop sequences must be non-empty", f"stop_sequences[{index}]")
         try:
-            return check_reply_options(tools, choice)
+            return check_reply_options(tools, choice, self.response_format())
         except InvalidRequestError as exc:
             raise invalid(str(exc), param_of(str(exc)) or "tool_choice") from exc
+
+    def response_format(self) -> dict[str, Any] | None:
+        """``output_config.format`` (``{"type": "json_schema", "schema"}``) as the chat call's ``response_format``.
+
+        Raises:
+            APIError: 400 for a format of another type or without a schema object.
+        """
+        fmt = (self.output_config or {}).get("format")
+        if fmt is None:
+            return None
+        if not isinstance(fmt, Mapping) or fmt.get("type") != "json_schema":
+            raise invalid("output_config.format must be {'type': 'json_schema', 'schema': {...}}",
+                          "output_config.format")
+        schema = fmt.get("schema")
+        if not isinstance(schema, Mapping):
+            raise invalid("output_config.format.schema must be a JSON schema object", "output_config.format.schema")
+        return {"type": "json_schema", "json_schema": {"schema": dict(schema)}}
 
     def stops(self) -> list[str]:
         """``stop_sequences``; with ``disable_parallel_tool_use`` also the end of the first call."""
@@ -157,7 +176,8 @@ def _chat_tool(index: int, tool: Mapping[str, Any]) -> dict[str, Any]:
     schema = tool.get("input_schema")
     if not isinstance(schema, Mapping):
         raise invalid("a tool needs an input_schema object (a JSON schema)", f"{where}.input_schema")
-    function: dict[str, Any] = {"name": name, "parameters": dict(schema)}
+    function: dict[str, Any] = {"name": name}
     if isinstance(tool.get("description"), str):
         function["description"] = tool["description"]
+    function["parameters"] = dict(schema)  # the key order of an OpenAI tool: the same prompt as the chat route
     return {"type": "function", "function": function}

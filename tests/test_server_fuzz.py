@@ -47,8 +47,13 @@ def test_the_served_schema_holds_under_fuzzing(served_schema, server_url, mode) 
         body = case.body
         if isinstance(body, dict) and isinstance(body.get("model"), str):
             body["model"] = MODEL  # reach the engine rather than stop at 404 model_not_found
-            if "max_tokens" not in body and "max_completion_tokens" not in body:
+            if case.path.startswith("/api/"):  # Ollama's bound is an option
+                options = body.get("options")
+                body["options"] = {**(options if isinstance(options, dict) else {}), "num_predict": 4}
+            elif "max_tokens" not in body and "max_completion_tokens" not in body:
                 body["max_tokens"] = 4  # keep generations short
+            elif case.path == "/v1/messages" and isinstance(body["max_tokens"], int) and body["max_tokens"] > 4:
+                body["max_tokens"] = 4  # required there, so always generated: keep it short too
         # Every check but one: a schema cannot say that tool_choice must name one of the tools or that
         # the prompt must fit the context window, so a schema-valid request may rightly get a 400.
         response = case.call_and_validate(headers=AUTH, excluded_checks=[checks.positive_data_acceptance])
@@ -60,6 +65,8 @@ def test_the_served_schema_holds_under_fuzzing(served_schema, server_url, mode) 
     assert not [key for key in answered if key[1].startswith("5")], answered
     if mode == schemathesis.GenerationMode.POSITIVE:  # the fuzzer reached the engine, not only the checks
         assert answered.get(("/v1/chat/completions", "200"), 0) + answered.get(("/v1/completions", "200"), 0) > 0
+    for route in ("/v1/messages", "/v1/messages/count_tokens", "/api/chat", "/api/generate", "/api/show"):
+        assert any(key[0] == route for key in answered), f"the fuzzer never reached {route}"
 
 
 def statuses(url: str) -> dict[tuple[str, str], float]:

@@ -154,3 +154,14 @@ def test_client_errors_and_the_key(engine) -> None:
             keyed.chat(model=MODEL, messages=[{"role": "user", "content": "word " * 4000}], stream=False)
         assert too_long.value.status_code == 400 and "context window" in too_long.value.error
         assert keyed.chat(model=MODEL, messages=ASK, options={"num_predict": 2}).done
+
+
+def test_tool_choice_extension(scripted) -> None:
+    engine = scripted(['{"city": ', '"Paris"}}'], finish="stop")
+    with running_server(engine) as url:
+        forced = httpx.post(f"{url}/api/chat", json={"model": MODEL, "messages": ASK, "tools": [WEATHER],
+                                                     "tool_choice": "get_weather", "stream": False}).json()
+        refused = httpx.post(f"{url}/api/chat", json={"model": MODEL, "messages": ASK, "tool_choice": "required"})
+    assert forced["message"]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": {"city": "Paris"}}
+    assert prompt_text(engine).endswith('<tool_call>\n{"name": "get_weather", "arguments": ')
+    assert refused.status_code == 400 and "no tools" in refused.json()["error"]

@@ -80,6 +80,9 @@ class CountTokensRequest(BaseModel):
             name = choice.get("name")
             if not isinstance(name, str) or not name:
                 raise invalid("tool_choice of type 'tool' needs the tool's name", "tool_choice.name")
+            names = [tool.get("name") for tool in self.tools or ()]
+            if name not in names:
+                raise invalid(f"tool_choice names {name!r}, which is not among the tools {names}", "tool_choice.name")
             return name
         return {"auto": None, "any": "required", "none": "none"}[kind]
 

@@ -16,6 +16,9 @@ translates:
   chat template applies, as in Ollama); with ``raw: true`` the prompt is sent as it is, without
   a template, as on ``/v1/completions``.
 
+HVD's own extension fields, as on the chat route: ``tool_choice`` on ``/api/chat`` (Ollama's API
+has none; ``auto``, ``none``, ``required`` or a tool's name), ``method`` and ``num_draft_tokens``.
+
 ``keep_alive`` and ``think`` are accepted and ignored (the model stays loaded; the served models do
 not reason). ``stream`` defaults to true, as in Ollama. What cannot be honoured is refused with a
 400 naming the field: ``images``, ``suffix``, a ``template`` other than the model's, ``context``.
@@ -112,12 +115,12 @@ class _OllamaBody(BaseModel):
             timeout=timeout,
         )
 
-    def _check_options(self, tools: list[dict[str, Any]] | None) -> ReplyOptions:
+    def _check_options(self, tools: list[dict[str, Any]] | None, tool_choice: Any = None) -> ReplyOptions:
         self.stops()
         try:
-            return check_reply_options(tools, None, self.response_format())
+            return check_reply_options(tools, tool_choice, self.response_format())
         except InvalidRequestError as exc:
-            raise invalid(str(exc), param_of(str(exc)) or "format") from exc
+            raise invalid(str(exc), param_of(str(exc)) or ("tool_choice" if tool_choice else "format")) from exc
 
 
 class ChatBody(_OllamaBody):
@@ -125,6 +128,8 @@ class ChatBody(_OllamaBody):
 
     messages: list[dict[str, Any]] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
+    # HVD's own: Ollama's API has no tool_choice; the chat route's values (auto, none, required, a name)
+    tool_choice: str | dict[str, Any] | None = None
 
     def check(self) -> ReplyOptions:
         """Refuse what the server cannot do, naming the field; returns ``format`` as the chat layer checked it.
@@ -137,7 +142,9 @@ class ChatBody(_OllamaBody):
             if tool.get("type", "function") != "function" or not isinstance(function, Mapping):
                 raise invalid("a tool must be {'type': 'function', 'function': {...}}", f"tools[{index}]")
         self.chat_messages()
-        return self._check_options(self.tools)
+        if self.tool_choice not in (None, "auto", "none") and not self.tools:
+            raise invalid("tool_choice forces a tool call, but no tools were given", "tool_choice")
+        return self._check_options(self.tools, self.tool_choice)
 
     def chat_messages(self) -> list[dict[str, Any]]:
         """The messages as the chat layer takes them (tool-call arguments as JSON text).

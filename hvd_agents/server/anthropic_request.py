@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
 from hvd_agents.chat.reply_options import ReplyOptions, check_reply_options
 from hvd_agents.chat.settings import ChatSettings
@@ -90,18 +90,18 @@ class CountTokensRequest(BaseModel):
 class MessagesRequest(CountTokensRequest):
     """The body of ``POST /v1/messages``."""
 
-    max_tokens: int = Field(ge=1)
+    max_tokens: StrictInt = Field(ge=1)
     stop_sequences: list[str] | None = None
     stream: StrictBool = False
-    temperature: float | None = Field(None, ge=0.0, le=1.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0)
+    temperature: StrictFloat | None = Field(None, ge=0.0, le=1.0)
+    top_p: StrictFloat | None = Field(None, gt=0.0, le=1.0)
+    top_k: StrictInt | None = Field(None, ge=0)
     metadata: dict[str, Any] | None = None
     output_config: dict[str, Any] | None = None
     # HVD's extensions, as on the chat route
-    seed: int | None = Field(None, ge=0, lt=2**64)
+    seed: StrictInt | None = Field(None, ge=0, lt=2**64)
     method: str | None = None
-    num_draft_tokens: int | None = Field(None, ge=0)
+    num_draft_tokens: StrictInt | None = Field(None, ge=0)
 
     def check(self) -> ReplyOptions:
         """Refuse what the server cannot do, naming the field.

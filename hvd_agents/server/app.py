@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP server: :func:`create_app` builds it, :func:`serve` runs it.
+"""The OpenAI-, Anthropic- and Ollama-compatible HTTP server: :func:`create_app` builds it, :func:`serve` runs it.
 
 ::
 
@@ -6,11 +6,13 @@
     client = openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
 
 Routes (:mod:`.routes`): ``POST /v1/chat/completions``, ``POST /v1/completions``,
-``POST /v1/responses`` (:mod:`.responses`),
+``POST /v1/responses`` (:mod:`.responses`), Anthropic's ``POST /v1/messages`` and
+``POST /v1/messages/count_tokens`` (:mod:`.anthropic`), Ollama's ``/api/chat``,
+``/api/generate``, ``/api/tags``, ``/api/show`` and ``/api/version`` (:mod:`.ollama`),
 ``GET /v1/models``, ``GET /health`` (503 while the model loads), ``GET /metrics``
-(Prometheus), ``GET /openapi.json`` (:mod:`.openapi`). Every error is an OpenAI error
-envelope (:mod:`.errors`): 400 naming the field for a bad request, 401 without the key,
-404 for an unknown model or route, 413 for a body over the bound, 503 with
+(Prometheus), ``GET /openapi.json`` (:mod:`.openapi`). Every error is in its API's envelope
+(:mod:`.errors`: OpenAI's, Anthropic's on ``/v1/messages``, Ollama's on ``/api/``): 400
+naming the field for a bad request, 401 without the key, 404 for an unknown model or route, 413 for a body over the bound, 503 with
 ``Retry-After`` while loading or when the queue is full; a 500 only for a bug
 (:mod:`.crashes`).
 

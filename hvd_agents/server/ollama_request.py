@@ -30,7 +30,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
 from hvd_agents.chat.reply_options import ReplyOptions, check_reply_options
 from hvd_agents.chat.settings import ChatSettings
@@ -47,11 +47,11 @@ class OllamaOptions(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0)
-    seed: int | None = Field(None, ge=0, lt=2**64)
-    num_predict: int | None = Field(None, ge=-2)
+    temperature: StrictFloat | None = Field(None, ge=0.0, le=2.0)
+    top_p: StrictFloat | None = Field(None, gt=0.0, le=1.0)
+    top_k: StrictInt | None = Field(None, ge=0)
+    seed: StrictInt | None = Field(None, ge=0, lt=2**64)
+    num_predict: StrictInt | None = Field(None, ge=-2)
     stop: str | list[str] | None = None
 
 
@@ -68,7 +68,7 @@ class _OllamaBody(BaseModel):
     think: StrictBool | str | None = None
     # HVD's own
     method: str | None = None
-    num_draft_tokens: int | None = Field(None, ge=0)
+    num_draft_tokens: StrictInt | None = Field(None, ge=0)
 
     def model_name(self) -> str:
         """``model`` without Ollama's default tag (``name:latest`` is ``name``)."""

@@ -210,7 +210,9 @@ def test_count_tokens_with_tools(scripted) -> None:
     ({"messages": ASK, "max_tokens": 5, "tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}},
      "nope"),
     ({"messages": ASK, "max_tokens": 5, "tool_choice": {"type": "any"}}, "no tools"),
-    ({"messages": [{"role": "system", "content": "x"}], "max_tokens": 5}, "messages[0].role"),
+    ({"messages": [{"role": "tool", "content": "x"}], "max_tokens": 5}, "messages[0].role"),
+    ({"messages": [*ASK, {"role": "system", "content": [{"type": "image"}]}], "max_tokens": 5},
+     "messages[1].content[0]: images"),
 ])
 def test_invalid_requests_in_anthropic_shape(url, body, fragment) -> None:
     response = httpx.post(f"{url}/v1/messages", json={"model": MODEL, **body})
@@ -272,3 +274,17 @@ def test_structured_output_is_the_chat_routes_response_format(scripted) -> None:
             "type": "json_schema", "json_schema": {"name": "person", "schema": schema}})
     assert json.loads(message.content[0].text) == {"name": "Ann", "age": 7}
     assert prompt_text(engine, 0) == prompt_text(engine, 1) and prompt_text(engine, 0).endswith("{")
+
+
+def test_system_messages_in_the_conversation(scripted) -> None:
+    """Claude Code sends system messages among the turns: each is a system message where it stands."""
+    engine = scripted(["ok"], finish="stop")
+    note = "Available agent types: none."
+    with running_server(engine, api_key="k") as url:
+        anthropic_of(url, api_key="k").messages.create(model=MODEL, max_tokens=4, messages=[
+            *ASK, {"role": "system", "content": [{"type": "text", "text": note}]}])
+        client_of(url).with_options(api_key="k").chat.completions.create(model=MODEL, max_tokens=4, messages=[
+            *ASK, {"role": "system", "content": note}])
+        root = httpx.head(f"{url}/")  # where Claude Code probes the server: open, like /health
+    assert prompt_text(engine, 0) == prompt_text(engine, 1) and note in prompt_text(engine, 0)
+    assert root.status_code == 200

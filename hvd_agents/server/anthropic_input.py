@@ -2,7 +2,8 @@
 pipeline renders.
 
 * ``system`` is a string or text blocks (``cache_control`` accepted, as on every block), joined with
-  newlines into one system message;
+  newlines into one system message; a ``system`` message inside ``messages`` (Claude Code sends
+  them mid-conversation) is a system message where it stands;
 * a user message's ``text`` blocks are its content; each ``tool_result`` block
   (``{"tool_use_id", "content", "is_error"}``) is a ``tool`` message answering its call, placed
   before the message's text (Anthropic puts the results of a turn's calls first); a result with
@@ -86,8 +87,10 @@ def chat_messages(system: str | list[Any] | None, messages: list[Any]) -> list[d
             out += _user(where, message.get("content"))
         elif role == "assistant":
             out.append(_assistant(where, message.get("content")))
+        elif role == "system":  # a system message in the conversation, as Claude Code sends them
+            out.append({"role": "system", "content": _system_message(where, message.get("content"))})
         else:
-            raise invalid(f"{where}.role must be 'user' or 'assistant', got {role!r}", f"{where}.role")
+            raise invalid(f"{where}.role must be 'user', 'assistant' or 'system', got {role!r}", f"{where}.role")
     return out
 
 
@@ -100,6 +103,16 @@ def _blocks(where: str, content: Any) -> list[Mapping[str, Any]]:
         if not isinstance(block, Mapping) or not isinstance(block.get("type"), str):
             raise invalid(f"{where}.content[{number}] must be a content block with a type", f"{where}.content[{number}]")
     return content
+
+
+def _system_message(where: str, content: Any) -> str:
+    texts = []
+    for number, block in enumerate(_blocks(where, content)):
+        at = f"{where}.content[{number}]"
+        if block["type"] != "text":
+            _refuse(at, block["type"])
+        texts.append(_string(at, block, "text"))
+    return "\n".join(texts)
 
 
 def _user(where: str, content: Any) -> list[dict[str, Any]]:

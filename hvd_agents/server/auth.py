@@ -1,4 +1,4 @@
-"""API keys: with a key configured, every path but ``/health`` and ``/openapi.json`` needs
+"""API keys: with a key configured, every path but ``/``, ``/health`` and ``/openapi.json`` needs
 ``Authorization: Bearer <key>`` or, as Anthropic's clients send it, ``x-api-key: <key>``.
 
 The comparison takes constant time. A missing or wrong key is a 401 in the route's
@@ -16,7 +16,7 @@ from typing import Any
 
 from hvd_agents.server.errors import APIError, send_error
 
-OPEN_PATHS = frozenset({"/health", "/openapi.json"})
+OPEN_PATHS = frozenset({"/", "/health", "/openapi.json"})
 
 
 def check_api_key(path: str, authorization: str | None, api_key: str | None, x_api_key: str | None = None) -> None:

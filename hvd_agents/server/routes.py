@@ -67,6 +67,13 @@ async def health(request: Request) -> JSONResponse:
     return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": str(slot.retry_after_s)})
 
 
+@router.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
+async def root() -> PlainTextResponse:
+    """A liveness answer at the root, where clients probe a server (Claude Code sends ``HEAD /``; Ollama
+    answers ``GET /`` with a line of text)."""
+    return PlainTextResponse("hvd-agents is running")
+
+
 @router.get("/openapi.json", include_in_schema=False)
 async def openapi(request: Request) -> JSONResponse:
     """The OpenAPI document (:mod:`hvd_agents.server.openapi`)."""

@@ -22,7 +22,7 @@ versioned types) and ``mcp_servers`` are refused by name. Defaults are the proje
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
@@ -31,6 +31,16 @@ from hvd_agents.chat.settings import ChatSettings
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.server.anthropic_input import chat_messages
 from hvd_agents.server.errors import invalid, param_of
+from hvd_agents.server.request_schemas import (
+    ANTHROPIC_MESSAGES,
+    ANTHROPIC_OUTPUT,
+    ANTHROPIC_SYSTEM,
+    ANTHROPIC_TOOL_CHOICE,
+    ANTHROPIC_TOOLS,
+    METHOD,
+    NON_EMPTY_STRINGS,
+    NOTHING,
+)
 
 _CHOICES = ("auto", "any", "tool", "none")
 
@@ -41,12 +51,12 @@ class CountTokensRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    system: str | list[dict[str, Any]] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: dict[str, Any] | None = None
+    messages: Annotated[list[dict[str, Any]], ANTHROPIC_MESSAGES] = Field(min_length=1)
+    system: Annotated[str | list[dict[str, Any]] | None, ANTHROPIC_SYSTEM] = None
+    tools: Annotated[list[dict[str, Any]] | None, ANTHROPIC_TOOLS] = None
+    tool_choice: Annotated[dict[str, Any] | None, ANTHROPIC_TOOL_CHOICE] = None
     thinking: dict[str, Any] | None = None
-    mcp_servers: list[Any] | None = None
+    mcp_servers: Annotated[list[Any] | None, NOTHING] = None
 
     def chat_messages(self) -> list[dict[str, Any]]:
         """``system`` and ``messages`` as chat messages (Claude Code's billing header dropped)."""
@@ -91,16 +101,16 @@ class MessagesRequest(CountTokensRequest):
     """The body of ``POST /v1/messages``."""
 
     max_tokens: StrictInt = Field(ge=1)
-    stop_sequences: list[str] | None = None
+    stop_sequences: Annotated[list[str] | None, NON_EMPTY_STRINGS] = None
     stream: StrictBool = False
     temperature: StrictFloat | None = Field(None, ge=0.0, le=1.0)
     top_p: StrictFloat | None = Field(None, gt=0.0, le=1.0)
     top_k: StrictInt | None = Field(None, ge=0)
     metadata: dict[str, Any] | None = None
-    output_config: dict[str, Any] | None = None
+    output_config: Annotated[dict[str, Any] | None, ANTHROPIC_OUTPUT] = None
     # HVD's extensions, as on the chat route
     seed: StrictInt | None = Field(None, ge=0, lt=2**64)
-    method: str | None = None
+    method: Annotated[str | None, METHOD] = None
     num_draft_tokens: StrictInt | None = Field(None, ge=0)
 
     def check(self) -> ReplyOptions:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
@@ -36,6 +36,15 @@ from hvd_agents.chat.reply_options import ReplyOptions, check_reply_options
 from hvd_agents.chat.settings import ChatSettings
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.server.errors import invalid, param_of
+from hvd_agents.server.request_schemas import (
+    CHAT_TOOL_CHOICE,
+    CHAT_TOOLS,
+    METHOD,
+    NOTHING,
+    OLLAMA_FORMAT,
+    OLLAMA_MESSAGES,
+    STOP,
+)
 
 _ROLES = ("system", "user", "assistant", "tool")
 # num_predict values that mean "no bound" in Ollama (-1: infinite, -2: fill the context)
@@ -52,7 +61,7 @@ class OllamaOptions(BaseModel):
     top_k: StrictInt | None = Field(None, ge=0)
     seed: StrictInt | None = Field(None, ge=0, lt=2**64)
     num_predict: StrictInt | None = Field(None, ge=-2)
-    stop: str | list[str] | None = None
+    stop: Annotated[str | list[str] | None, STOP] = None
 
 
 class _OllamaBody(BaseModel):
@@ -61,13 +70,13 @@ class _OllamaBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str
-    format: str | dict[str, Any] | None = None
+    format: Annotated[str | dict[str, Any] | None, OLLAMA_FORMAT] = None
     options: OllamaOptions | None = None
     stream: StrictBool = True
     keep_alive: str | int | float | None = None
     think: StrictBool | str | None = None
     # HVD's own
-    method: str | None = None
+    method: Annotated[str | None, METHOD] = None
     num_draft_tokens: StrictInt | None = Field(None, ge=0)
 
     def model_name(self) -> str:
@@ -126,10 +135,10 @@ class _OllamaBody(BaseModel):
 class ChatBody(_OllamaBody):
     """The body of ``POST /api/chat``."""
 
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    tools: list[dict[str, Any]] | None = None
+    messages: Annotated[list[dict[str, Any]], OLLAMA_MESSAGES] = Field(min_length=1)
+    tools: Annotated[list[dict[str, Any]] | None, CHAT_TOOLS] = None
     # HVD's own: Ollama's API has no tool_choice; the chat route's values (auto, none, required, a name)
-    tool_choice: str | dict[str, Any] | None = None
+    tool_choice: Annotated[str | dict[str, Any] | None, CHAT_TOOL_CHOICE] = None
 
     def check(self) -> ReplyOptions:
         """Refuse what the server cannot do, naming the field; returns ``format`` as the chat layer checked it.
@@ -161,10 +170,10 @@ class GenerateBody(_OllamaBody):
     prompt: str = ""
     system: str | None = None
     raw: StrictBool = False
-    suffix: str | None = None
-    template: str | None = None
-    context: list[int] | None = None
-    images: list[Any] | None = None
+    suffix: Annotated[str | None, NOTHING] = None
+    template: Annotated[str | None, NOTHING] = None
+    context: Annotated[list[int] | None, NOTHING] = None
+    images: Annotated[list[Any] | None, NOTHING] = None
 
     def check(self) -> ReplyOptions:
         """Refuse what the server cannot do, naming the field.

@@ -159,3 +159,73 @@ RESPONSE_TEXT_OPTIONS = WithJsonSchema({"anyOf": [{"type": "object", "properties
         {"type": "null"}]},
     "verbosity": {"anyOf": [{"const": "medium"}, {"type": "null"}]}}}, {"type": "null"}]})
 """``text`` of a response: its format and verbosity."""
+
+# ---------------------------------------------------------------- Anthropic's Messages API
+
+_TEXT_BLOCK = {"type": "object", "required": ["type", "text"],
+               "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}
+_TEXT_BLOCKS = {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_BLOCK}]}
+_TOOL_RESULT = {"type": "object", "required": ["type", "tool_use_id"], "properties": {
+    "type": {"const": "tool_result"}, "tool_use_id": {"type": "string"},
+    "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_BLOCK}, {"type": "null"}]}}}
+_TOOL_USE = {"type": "object", "required": ["type", "id", "name"], "properties": {
+    "type": {"const": "tool_use"}, "id": {"type": "string"}, "name": {"type": "string", "minLength": 1},
+    "input": {"type": "object"}}}
+_THINKING = {"type": "object", "required": ["type"],
+             "properties": {"type": {"enum": ["thinking", "redacted_thinking"]}}}
+ANTHROPIC_MESSAGES = WithJsonSchema({"type": "array", "minItems": 1, "items": {"anyOf": [
+    {"type": "object", "required": ["role", "content"], "properties": {"role": {"const": "user"}, "content": {
+        "anyOf": [{"type": "string"}, {"type": "array", "items": {"anyOf": [_TEXT_BLOCK, _TOOL_RESULT]}}]}}},
+    {"type": "object", "required": ["role", "content"], "properties": {"role": {"const": "assistant"}, "content": {
+        "anyOf": [{"type": "string"}, {"type": "array", "items": {"anyOf": [_TEXT_BLOCK, _TOOL_USE, _THINKING]}}]}}},
+    {"type": "object", "required": ["role", "content"], "properties": {"role": {"const": "system"},
+                                                                       "content": _TEXT_BLOCKS}},
+]}})
+"""``messages`` of the Messages API: text, ``tool_use`` and ``tool_result`` blocks (no images, documents)."""
+
+ANTHROPIC_SYSTEM = WithJsonSchema({"anyOf": [*_TEXT_BLOCKS["anyOf"], {"type": "null"}]})
+"""``system``: a string or text blocks."""
+
+ANTHROPIC_TOOLS = WithJsonSchema({"anyOf": [{"type": "array", "items": {
+    "type": "object", "required": ["name", "input_schema"], "properties": {
+        "type": {"const": "custom"}, "name": _NON_EMPTY,
+        "input_schema": {"type": "object", "properties": {"type": {"const": "object"}}}}}}, {"type": "null"}]})
+"""``tools``: client tools (server tools are refused)."""
+
+ANTHROPIC_TOOL_CHOICE = WithJsonSchema({"anyOf": [
+    {"type": "object", "required": ["type"], "properties": {"type": {"enum": ["auto", "any", "none"]}}},
+    {"type": "object", "required": ["type", "name"], "properties": {"type": {"const": "tool"}, "name": _NON_EMPTY}},
+    {"type": "null"}]})
+"""``tool_choice``: ``auto``, ``any``, ``none`` or a tool by name (one of the tools)."""
+
+NON_EMPTY_STRINGS = WithJsonSchema({"anyOf": [{"type": "array", "items": _NON_EMPTY}, {"type": "null"}]})
+"""``stop_sequences``: non-empty strings."""
+
+ANTHROPIC_OUTPUT = WithJsonSchema({"anyOf": [{"type": "object", "properties": {"format": {"anyOf": [
+    {"type": "object", "required": ["type", "schema"], "properties": {"type": {"const": "json_schema"},
+                                                                      "schema": {"type": "object"}}},
+    {"type": "null"}]}}}, {"type": "null"}]})
+"""``output_config``: a JSON schema ``format`` (``effort`` is ignored)."""
+
+# ---------------------------------------------------------------- Ollama's API
+
+_OLLAMA_CALL = {"type": "object", "required": ["function"], "properties": {"function": {
+    "type": "object", "required": ["name"], "properties": {
+        "name": {"type": "string", "minLength": 1},
+        "arguments": {"anyOf": [{"type": "object"}, {"type": "string"}]}}}}}
+_NOTHING = [{"enum": [None, False, 0, ""]}, {"type": "object", "maxProperties": 0}, {"type": "array", "maxItems": 0}]
+OLLAMA_MESSAGES = WithJsonSchema({"type": "array", "minItems": 1, "items": {"anyOf": [
+    {"type": "object", "required": ["role"], "properties": {
+        "role": {"enum": ["system", "user", "tool"]}, "content": {"type": ["string", "null"]},
+        "images": {"anyOf": _NOTHING}, "tool_calls": {"anyOf": _NOTHING}}},
+    {"type": "object", "required": ["role"], "properties": {
+        "role": {"const": "assistant"}, "content": {"type": ["string", "null"]}, "images": {"anyOf": _NOTHING},
+        "tool_calls": {"anyOf": [{"type": "array", "items": _OLLAMA_CALL}, *_NOTHING]}}},
+]}})
+"""``messages`` of ``/api/chat``: text, assistant tool calls with object arguments (no images)."""
+
+OLLAMA_FORMAT = WithJsonSchema({"anyOf": [{"enum": ["json", ""]}, {"type": "object"}, {"type": "null"}]})
+"""``format``: ``"json"`` or a JSON schema."""
+
+NOTHING = WithJsonSchema({"anyOf": _NOTHING})
+"""Fields refused when set (``images``, ``suffix``, ``template``, ``context``, ``mcp_servers``)."""

@@ -24,6 +24,7 @@ from tests.server_helpers import MODEL, running_server, tiny_engine
 
 KEY = "fuzz-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
+BOUNDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 BOUNDED = settings(max_examples=150, deadline=None, derandomize=True,
                    suppress_health_check=list(HealthCheck))
 
@@ -47,11 +48,17 @@ def test_the_served_schema_holds_under_fuzzing(served_schema, server_url, mode) 
         body = case.body
         if isinstance(body, dict) and isinstance(body.get("model"), str):
             body["model"] = MODEL  # reach the engine rather than stop at 404 model_not_found
-            if "max_tokens" not in body and "max_completion_tokens" not in body:
+            if case.path.startswith("/api/") and "options" not in body:  # Ollama's bound is an option
+                body["options"] = {"num_predict": 4}
+            elif not any(key in body for key in BOUNDS):
                 body["max_tokens"] = 4  # keep generations short
+            for key in BOUNDS:  # schema-valid bodies reach the engine: keep their generations short too
+                if isinstance(body.get(key), int) and not isinstance(body[key], bool) and body[key] > 4:
+                    body[key] = 4
         # Every check but one: a schema cannot say that tool_choice must name one of the tools or that
         # the prompt must fit the context window, so a schema-valid request may rightly get a 400.
-        response = case.call_and_validate(headers=AUTH, excluded_checks=[checks.positive_data_acceptance])
+        response = case.call_and_validate(headers=AUTH, excluded_checks=[checks.positive_data_acceptance],
+                                          timeout=120)  # a shared, loaded machine: not the 10 s default
         assert response.status_code < 500, response.text
 
     fuzz()
@@ -60,6 +67,8 @@ def test_the_served_schema_holds_under_fuzzing(served_schema, server_url, mode) 
     assert not [key for key in answered if key[1].startswith("5")], answered
     if mode == schemathesis.GenerationMode.POSITIVE:  # the fuzzer reached the engine, not only the checks
         assert answered.get(("/v1/chat/completions", "200"), 0) + answered.get(("/v1/completions", "200"), 0) > 0
+    for route in ("/v1/messages", "/v1/messages/count_tokens", "/api/chat", "/api/generate", "/api/show"):
+        assert any(key[0] == route for key in answered), f"the fuzzer never reached {route}"
 
 
 def statuses(url: str) -> dict[tuple[str, str], float]:

@@ -227,12 +227,17 @@ def test_the_openapi_document_declares_what_the_server_answers(engine) -> None:
         operation = paths[route]["post"]
         assert set(operation["responses"]) == {"200", "400", "401", "404", "413", "503", "504"}
         assert set(operation["responses"]["200"]["content"]) == {"application/json", "text/event-stream"}
-        assert operation["security"] == [{"bearer": []}]
+        assert operation["security"] == [{"bearer": []}, {"apiKey": []}]
         assert "messages" in json.dumps(document["components"]["schemas"])
     assert set(paths["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
     assert set(paths["/health"]["get"]["responses"]) == {"200", "503"} and "security" not in paths["/health"]["get"]
     assert "404" in paths["/v1/models/{model_id}"]["get"]["responses"]
     assert document["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    assert document["components"]["securitySchemes"]["apiKey"] == {"type": "apiKey", "in": "header", "name": "x-api-key"}
+    for route, error in (("/v1/messages", "AnthropicError"), ("/api/chat", "OllamaError")):
+        operation = paths[route]["post"]
+        assert operation["responses"]["400"]["content"]["application/json"]["schema"]["$ref"].endswith(error)
+    assert "application/x-ndjson" in paths["/api/chat"]["post"]["responses"]["200"]["content"]
     seed = document["components"]["schemas"]["ChatCompletionRequest"]["properties"]["seed"]
     integer = next(option for option in seed["anyOf"] if option.get("type") == "integer")
     assert integer["minimum"] == 0 and integer["exclusiveMaximum"] == 2**64

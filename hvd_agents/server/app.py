@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP server: :func:`create_app` builds it, :func:`serve` runs it.
+"""The OpenAI-, Anthropic- and Ollama-compatible HTTP server: :func:`create_app` builds it, :func:`serve` runs it.
 
 ::
 
@@ -6,11 +6,13 @@
     client = openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
 
 Routes (:mod:`.routes`): ``POST /v1/chat/completions``, ``POST /v1/completions``,
-``POST /v1/responses`` (:mod:`.responses`),
+``POST /v1/responses`` (:mod:`.responses`), Anthropic's ``POST /v1/messages`` and
+``POST /v1/messages/count_tokens`` (:mod:`.anthropic`), Ollama's ``/api/chat``,
+``/api/generate``, ``/api/tags``, ``/api/show`` and ``/api/version`` (:mod:`.ollama`),
 ``GET /v1/models``, ``GET /health`` (503 while the model loads), ``GET /metrics``
-(Prometheus), ``GET /openapi.json`` (:mod:`.openapi`). Every error is an OpenAI error
-envelope (:mod:`.errors`): 400 naming the field for a bad request, 401 without the key,
-404 for an unknown model or route, 413 for a body over the bound, 503 with
+(Prometheus), ``GET /openapi.json`` (:mod:`.openapi`). Every error is in its API's envelope
+(:mod:`.errors`: OpenAI's, Anthropic's on ``/v1/messages``, Ollama's on ``/api/``): 400
+naming the field for a bad request, 401 without the key, 404 for an unknown model or route, 413 for a body over the bound, 503 with
 ``Retry-After`` while loading or when the queue is full; a 500 only for a bug
 (:mod:`.crashes`).
 
@@ -34,14 +36,16 @@ from hvd_agents.engine import Engine
 from hvd_agents.engine.shared import shared_engine
 from hvd_agents.errors import HVDError
 from hvd_agents.runtime.chat_template import set_chat_template
+from hvd_agents.server.anthropic import anthropic_router
 from hvd_agents.server.auth import AuthMiddleware
 from hvd_agents.server.config import ServerConfig
 from hvd_agents.server.crashes import InternalErrorMiddleware
-from hvd_agents.server.errors import APIError, api_error_of
+from hvd_agents.server.errors import APIError, api_error_of, error_body
 from hvd_agents.server.limits import BodyLimitMiddleware
 from hvd_agents.server.loading import EngineSlot
 from hvd_agents.server.memory import TrimMiddleware
 from hvd_agents.server.metrics import ServerMetrics, StatusCountMiddleware
+from hvd_agents.server.ollama import ollama_router
 from hvd_agents.server.openapi import build_openapi
 from hvd_agents.server.queue import GenerationQueue
 from hvd_agents.server.responses_store import ResponseStore
@@ -90,10 +94,11 @@ def create_app(
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.state.hvd = ServerState(config, slot, queue, metrics)
     app.state.responses = ResponseStore()  # what previous_response_id continues
-    app.include_router(router)
-    app.include_router(guarded)
+    routers = (router, guarded, anthropic_router, ollama_router)
+    for part in routers:
+        app.include_router(part)
     _add_error_handlers(app)
-    routes = [route.path for part in (router, guarded) for route in part.routes if "{" not in route.path]
+    routes = [route.path for part in routers for route in part.routes if "{" not in route.path]
     document: dict = {}
 
     def openapi() -> dict:
@@ -125,27 +130,29 @@ def _with_template(engine: Engine | None, load: Callable[[], Engine],
     return None, load_with_template
 
 
-def _error_response(error: APIError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+def _error_response(request: Request, error: APIError) -> JSONResponse:
+    """``error`` in the envelope of the API the request's path belongs to (OpenAI, Anthropic, Ollama)."""
+    return JSONResponse(error_body(request.url.path, error), status_code=error.status, headers=error.headers)
 
 
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
-    async def on_api_error(_: Request, exc: APIError) -> JSONResponse:
-        return _error_response(exc)
+    async def on_api_error(request: Request, exc: APIError) -> JSONResponse:
+        return _error_response(request, exc)
 
     @app.exception_handler(RequestValidationError)
-    async def on_validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return _error_response(validation_error(exc))
+    async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error_response(request, validation_error(exc))
 
     @app.exception_handler(HVDError)
-    async def on_hvd_error(_: Request, exc: HVDError) -> JSONResponse:
-        return _error_response(api_error_of(exc))
+    async def on_hvd_error(request: Request, exc: HVDError) -> JSONResponse:
+        return _error_response(request, api_error_of(exc))
 
     @app.exception_handler(StarletteHTTPException)
-    async def on_http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = _HTTP_ERROR_TYPES.get(exc.status_code, "invalid_request_error")
-        return _error_response(APIError(exc.status_code, str(exc.detail), kind, None, None, dict(exc.headers or {})))
+        error = APIError(exc.status_code, str(exc.detail), kind, None, None, dict(exc.headers or {}))
+        return _error_response(request, error)
 
 
 def serve(config: ServerConfig, log_level: str = "info") -> None:

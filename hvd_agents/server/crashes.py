@@ -43,7 +43,8 @@ class InternalErrorMiddleware:
         except Exception as exc:
             logger.exception("unhandled error answering %s %s", scope.get("method"), scope.get("path"))
             if not started:
-                await send_error(send, APIError(500, f"internal error: {type(exc).__name__}", "server_error"))
+                await send_error(send, APIError(500, f"internal error: {type(exc).__name__}", "server_error"),
+                                 scope.get("path", ""))
                 return
             try:  # the status line is out: end the body so the connection stays usable
                 await send({"type": "http.response.body", "body": b"", "more_body": False})

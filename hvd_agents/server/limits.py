@@ -32,7 +32,7 @@ class BodyLimitMiddleware:
             return
         length = dict(scope.get("headers") or ()).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            await self._refuse(send)
+            await self._refuse(send, scope.get("path", ""))
             return
         messages, size = [], 0
         while True:
@@ -42,7 +42,7 @@ class BodyLimitMiddleware:
                 break
             size += len(message.get("body", b""))
             if size > self.max_bytes:
-                await self._refuse(send)
+                await self._refuse(send, scope.get("path", ""))
                 return
             if not message.get("more_body", False):
                 break
@@ -52,6 +52,6 @@ class BodyLimitMiddleware:
 
         await self.app(scope, replay, send)
 
-    async def _refuse(self, send: Send) -> None:
+    async def _refuse(self, send: Send, path: str) -> None:
         await send_error(send, APIError(413, f"request body larger than {self.max_bytes} bytes",
-                                        "invalid_request_error", None, "request_too_large"))
+                                        "invalid_request_error", None, "request_too_large"), path)

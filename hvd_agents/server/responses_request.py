@@ -18,7 +18,7 @@ as on the chat route. Defaults are the project's: ``temperature`` 0 (greedy).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
@@ -26,6 +26,20 @@ from hvd_agents.chat.reply_options import ReplyOptions, check_reply_options
 from hvd_agents.chat.settings import ChatSettings
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.server.errors import invalid, param_of
+from hvd_agents.server.request_schemas import (
+    FALSY,
+    METHOD,
+    NO_ITEMS,
+    NO_REASONING,
+    NOT_SET,
+    OFF,
+    RESPONSE_INPUT,
+    RESPONSE_TEXT_OPTIONS,
+    RESPONSE_TOOL_CHOICE,
+    RESPONSE_TOOLS,
+    TRUNCATION,
+    ZERO,
+)
 from hvd_agents.server.responses_input import turn_messages
 
 # The tool types of the Responses API that run on OpenAI's side: this server has none of them.
@@ -38,32 +52,32 @@ class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str
-    input: str | list[dict[str, Any]]
+    input: Annotated[str | list[dict[str, Any]], RESPONSE_INPUT]
     instructions: str | None = None
     previous_response_id: str | None = None
     store: StrictBool | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: Annotated[list[dict[str, Any]] | None, RESPONSE_TOOLS] = None
+    tool_choice: Annotated[str | dict[str, Any] | None, RESPONSE_TOOL_CHOICE] = None
     parallel_tool_calls: StrictBool | None = None
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     stream: StrictBool = False
-    text: dict[str, Any] | None = None
+    text: Annotated[dict[str, Any] | None, RESPONSE_TEXT_OPTIONS] = None
     metadata: dict[str, str] | None = None
     user: str | None = None
-    truncation: str | None = None
-    include: list[str] | None = None
-    reasoning: dict[str, Any] | None = None
-    background: StrictBool | None = None
-    conversation: Any = None
-    prompt: Any = None
-    top_logprobs: int | None = None
-    max_tool_calls: int | None = None
+    truncation: Annotated[str | None, TRUNCATION] = None
+    include: Annotated[list[str] | None, NO_ITEMS] = None
+    reasoning: Annotated[dict[str, Any] | None, NO_REASONING] = None
+    background: Annotated[StrictBool | None, OFF] = None
+    conversation: Annotated[Any, FALSY] = None
+    prompt: Annotated[Any, FALSY] = None
+    top_logprobs: Annotated[int | None, ZERO] = None
+    max_tool_calls: Annotated[int | None, NOT_SET] = None
     # HVD's extensions (extra_body in the OpenAI SDK), as on the chat route
     seed: int | None = Field(None, ge=0, lt=2**64)
     top_k: int | None = Field(None, ge=0)
-    method: str | None = None
+    method: Annotated[str | None, METHOD] = None
     num_draft_tokens: int | None = Field(None, ge=0)
 
     def check(self) -> ReplyOptions:

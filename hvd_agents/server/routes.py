@@ -67,6 +67,13 @@ async def health(request: Request) -> JSONResponse:
     return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": str(slot.retry_after_s)})
 
 
+@router.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
+async def root() -> PlainTextResponse:
+    """A liveness answer at the root, where clients probe a server (Claude Code sends ``HEAD /``; Ollama
+    answers ``GET /`` with a line of text)."""
+    return PlainTextResponse("hvd-agents is running")
+
+
 @router.get("/openapi.json", include_in_schema=False)
 async def openapi(request: Request) -> JSONResponse:
     """The OpenAPI document (:mod:`hvd_agents.server.openapi`)."""
@@ -115,7 +122,7 @@ async def chat_completions(request: Request, body: ChatCompletionRequest) -> Res
     )
     env = Envelope("chatcmpl-", state.config.model_name)
     shaper = ChatChunks(env, body.include_usage()) if body.stream else None
-    return await _generate(request, state, job, env, shaper, chat_completion)
+    return await generate(request, state, job, env, shaper, chat_completion)
 
 
 @guarded.post("/v1/completions")
@@ -135,7 +142,7 @@ async def completions(request: Request, body: CompletionRequest) -> Response:
     )
     env = Envelope("cmpl-", state.config.model_name)
     shaper = CompletionChunks(env, body.include_usage()) if body.stream else None
-    return await _generate(request, state, job, env, shaper, text_completion)
+    return await generate(request, state, job, env, shaper, text_completion)
 
 
 @guarded.post("/v1/responses")
@@ -143,13 +150,19 @@ async def responses(request: Request, body: ResponsesRequest) -> Response:
     """OpenAI's Responses API over the same generations (:mod:`hvd_agents.server.responses`)."""
     state = state_of(request)
     plan = plan_response(body, state, request.app.state.responses, request.headers.get(SESSION_HEADER))
-    return await _generate(request, state, plan.job, plan.env, plan.shaper, plan.shape)
+    return await generate(request, state, plan.job, plan.env, plan.shaper, plan.shape)
 
 
-async def _generate(request: Request, state: ServerState, job: ChatJob | CompletionJob, env: Envelope, shaper,
-                    shape) -> Response:
+async def generate(request: Request, state: ServerState, job: ChatJob | CompletionJob, env: Envelope, shaper,
+                   shape) -> Response:
     """Queue ``job`` (prepared off the worker), wait for its first step, then answer whole (``shaper`` None)
-    or as a stream."""
+    or as a stream.
+
+    Every protocol's generation route ends here. ``shaper`` writes the stream: ``first()`` and
+    ``step(delta)`` return its bytes; a shaper may declare its ``media_type`` (server-sent events when it
+    does not) and an ``error(api_error)`` that writes a failure after the first byte in its protocol's
+    shape (the OpenAI error event when it does not). ``shape(env, reply)`` is the whole answer's body.
+    """
     arrived = time.perf_counter()
     deltas = state.queue.submit_after(lambda: counted(job.prepare(), state.metrics))
     headers = {"X-Request-ID": request.headers.get(REQUEST_ID_HEADER) or env.id}
@@ -172,7 +185,7 @@ async def _generate(request: Request, state: ServerState, job: ChatJob | Complet
         state.metrics.finished(reply.summary, time.perf_counter() - arrived)
         return JSONResponse(shape(env, reply), headers=headers)
     stream = _events(state, deltas, first, shaper, arrived)
-    return StreamingResponse(stream, media_type="text/event-stream",
+    return StreamingResponse(stream, media_type=getattr(shaper, "media_type", "text/event-stream"),
                              headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
@@ -200,9 +213,15 @@ async def _events(state: ServerState, deltas: AsyncIterator[ReplyDelta], first: 
     except StopAsyncIteration:  # cancelled in the worker without a last step
         return
     except HVDError as exc:
-        yield error_event(api_error_of(exc).body())
+        yield _stream_error(shaper, api_error_of(exc))
     except Exception:  # the status line is sent: report the failure in the stream
         logger.exception("generation failed while streaming")
-        yield error_event(APIError(500, "the generation failed", "server_error").body())
+        yield _stream_error(shaper, APIError(500, "the generation failed", "server_error"))
     finally:
         await deltas.aclose()
+
+
+def _stream_error(shaper, error: APIError) -> bytes:
+    """A failure after the stream began, in the stream's protocol."""
+    write = getattr(shaper, "error", None)
+    return write(error) if write is not None else error_event(error.body())

@@ -29,6 +29,21 @@ from hvd_agents.chat.settings import ChatSettings
 from hvd_agents.chat.toolcalls import check_unicode
 from hvd_agents.errors import InvalidRequestError
 from hvd_agents.server.errors import APIError, invalid, param_of
+from hvd_agents.server.request_schemas import (
+    CHAT_MESSAGES,
+    CHAT_TOOL_CHOICE,
+    CHAT_TOOLS,
+    EMPTY_OBJECT,
+    FALSE,
+    METHOD,
+    NO_LOGPROBS,
+    NO_SUFFIX,
+    ONLY_ONE,
+    PROMPT,
+    RESPONSE_FORMAT,
+    STOP,
+    ZERO,
+)
 
 # Roles of the OpenAI API that the chat template knows under another name.
 _ROLE_ALIASES = {"developer": "system"}
@@ -52,19 +67,19 @@ class _Sampling(BaseModel):
     model: str
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    stop: str | list[str] | None = None
+    stop: Annotated[str | list[str] | None, STOP] = None
     seed: int | None = Field(None, ge=0, lt=SEED_LIMIT)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    n: int | None = Field(None, ge=1)
-    logprobs: Any = None
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
+    n: Annotated[int | None, ONLY_ONE] = Field(None, ge=1)
+    logprobs: Annotated[Any, NO_LOGPROBS] = None
+    presence_penalty: Annotated[float | None, ZERO] = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: Annotated[float | None, ZERO] = Field(None, ge=-2.0, le=2.0)
+    logit_bias: Annotated[dict[str, float] | None, EMPTY_OBJECT] = None
     # HVD's extensions
     top_k: int | None = Field(None, ge=0)
-    method: str | None = None
+    method: Annotated[str | None, METHOD] = None
     num_draft_tokens: int | None = Field(None, ge=0)
 
     def stops(self) -> list[str]:
@@ -112,14 +127,14 @@ class _Sampling(BaseModel):
 class ChatCompletionRequest(_Sampling):
     """The body of ``POST /v1/chat/completions``."""
 
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    messages: Annotated[list[dict[str, Any]], CHAT_MESSAGES] = Field(min_length=1)
+    tools: Annotated[list[dict[str, Any]] | None, CHAT_TOOLS] = None
+    tool_choice: Annotated[str | dict[str, Any] | None, CHAT_TOOL_CHOICE] = None
     parallel_tool_calls: StrictBool | None = None
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    response_format: dict[str, Any] | None = None
-    top_logprobs: int | None = None
+    response_format: Annotated[dict[str, Any] | None, RESPONSE_FORMAT] = None
+    top_logprobs: Annotated[int | None, ZERO] = None
 
     def check(self) -> ReplyOptions:
         """Refuse what the server cannot do, naming the field.
@@ -196,11 +211,11 @@ class CompletionRequest(_Sampling):
     """The body of ``POST /v1/completions`` (one prompt: text, or token ids)."""
 
     # strict: JSON booleans are not token ids (lax mode would read true as 1)
-    prompt: str | list[str] | list[Annotated[StrictInt, Field(ge=0)]] = Field(min_length=1)
+    prompt: Annotated[str | list[str] | list[Annotated[StrictInt, Field(ge=0)]], PROMPT] = Field(min_length=1)
     max_tokens: int | None = Field(16, ge=1)
-    echo: StrictBool = False
-    suffix: str | None = None
-    best_of: int | None = None
+    echo: Annotated[StrictBool, FALSE] = False
+    suffix: Annotated[str | None, NO_SUFFIX] = None
+    best_of: Annotated[int | None, ONLY_ONE] = None
 
     def check(self) -> None:
         """Refuse what the server cannot do, naming the field.

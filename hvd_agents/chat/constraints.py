@@ -84,7 +84,7 @@ def calls_constraint(functions: Sequence[Mapping[str, Any]], *, lazy: bool, stri
     """
     bodies = [call_schema(function) for function in functions]
     body = bodies[0] if len(bodies) == 1 else {"anyOf": bodies}
-    body = {**body, "x-guidance": dict(JSON_LAYOUT, lenient=not strict)}
+    body = {**body, "x-guidance": dict(JSON_LAYOUT, lenient=not strict, coerce_one_of=not strict)}
     tail = f'"\\n" %json {json.dumps(body, ensure_ascii=False)} "\\n{TOOL_CALL_CLOSE}"'
     if not lazy:
         return Constraint.lark(f'start: "{TOOL_CALL_OPEN}" call_rest\ncall_rest: {tail}\n')

@@ -142,7 +142,8 @@ def grammar_text(constraint: Constraint) -> str:
         InvalidRequestError: a GBNF grammar that does not convert.
     """
     if constraint.kind == "json_schema":
-        options = dict(JSON_LAYOUT, lenient=not constraint.strict)
+        # lenient: keywords that cannot be enforced are ignored, and oneOf is read as anyOf
+        options = dict(JSON_LAYOUT, lenient=not constraint.strict, coerce_one_of=not constraint.strict)
         return llguidance.LLMatcher.grammar_from_json_schema(constraint.source, defaults=options)
     if constraint.kind == "regex":
         return llguidance.LLMatcher.grammar_from_regex(constraint.source)

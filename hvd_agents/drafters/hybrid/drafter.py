@@ -42,9 +42,9 @@ session, the model drafter sees every outcome (it must follow the context) and i
 moves after its own drafts, a tree's tried alternatives move the alternative rate, each gate learns what
 its work brought and took, the rate estimate ``R`` moves, and the step's seconds calibrate the prices.
 
-Lifecycle: ``start``, then ``propose`` (skipped when the engine has no room for a draft) and ``observe``
-once per step, then ``stop``; ``propose`` or ``observe`` for a request that is not started raises, ``stop``
-is safe to call twice.
+Lifecycle: ``start`` (where a profile given as a callable is measured, once: before the request is timed),
+then ``propose`` (skipped when the engine has no room for a draft) and ``observe`` once per step, then
+``stop``; ``propose`` or ``observe`` for a request that is not started raises, ``stop`` is safe to call twice.
 
 Worked example (cost ``1 + 0.02 d``, ``R = 5``): a draft copied from an earlier
 tool call with ``S = [0.97, 0.95, 0.9, 0.3, 0.08]`` keeps tokens while
@@ -100,8 +100,8 @@ class HybridDrafter:
     Args:
         cache: the cache drafter.
         predictor: the payoff predictor (packaged default weights when None).
-        cost: the target's cost model, or a callable that returns it on first use (measuring a profile
-            takes a few forwards, done lazily); a linear ``1 + c d`` (``config.default_verify_cost``) when None.
+        cost: the target's cost model, or a callable that returns it at the first ``start`` (measuring a
+            profile takes a few forwards); a linear ``1 + c d`` (``config.default_verify_cost``) when None.
         model: an optional model drafter. A
             :class:`~hvd_agents.drafters.model.protocol.ModelDrafter` (the project's
             drafters are) is priced and steered by what it declares; any other
@@ -228,6 +228,7 @@ class HybridDrafter:
             self.model.start(req_id, prompt_ids, structure)
         session = structure.session_id if structure is not None else None
         self._requests[req_id] = _HybridRequestState(session, model_acceptance=self.model_acceptance)
+        _ = self.pricing.profile  # one-time work: a profile to measure is measured before the request is timed
 
     def stop(self, req_id: str) -> None:
         self.cache.stop(req_id)

@@ -167,6 +167,48 @@ def test_measured_and_cached_cost_profile(tmp_path, monkeypatch, caplog) -> None
     assert json.loads(files[0].read_text())["source"] == "linear c=0.5"  # rewritten
 
 
+def test_a_profile_to_measure_is_measured_when_the_first_request_starts_not_in_its_steps() -> None:
+    calls = []
+
+    def measure() -> CostModel:
+        calls.append(1)
+        return CostModel.linear(0.02)
+
+    drafter = HybridDrafter(SuffixDrafter(None), constant_predictor(2.0), measure)
+    assert not calls  # nothing is measured until a request needs it
+    drafter.start("r", [1, 2, 3, 1, 2])
+    assert calls == [1]
+    draft = drafter.propose(DraftContext("r", [1, 2, 3, 1, 2], 5), 4)
+    drafter.observe(DraftOutcome("r", draft, 0, (7,)))
+    drafter.stop("r")
+    drafter.start("s", [4, 5])
+    assert calls == [1] and drafter.profile == CostModel.linear(0.02)  # once, then kept
+
+
+def test_the_first_hvd_request_of_an_engine_measures_the_profile_before_its_first_forward(monkeypatch) -> None:
+    # one-time work is not decoding: where the first hvd request measures the target's profile, it does so when the
+    # request starts, before its first forward (its prefill): never inside its timed prefill or decoding
+    from hvd_agents.engine import Engine, GenerationParams
+
+    engine = Engine(make_tiny_llama(64, dtype=torch.float32), eos_token_ids=())
+    events = []
+    forward = engine.runner.forward
+
+    def recorded_forward(*args, **kwargs):
+        events.append("forward")
+        return forward(*args, **kwargs)
+
+    def profile() -> CostModel:
+        events.append("profile")
+        return CostModel.linear(0.02)
+
+    monkeypatch.setattr(engine.runner, "forward", recorded_forward)
+    monkeypatch.setattr(engine.runner, "profile", profile)
+    result = engine.generate([3, 17, 42, 5, 9, 3, 17, 42], GenerationParams(max_new_tokens=8, method="hvd"))
+    assert result.stats.new_tokens == 8 and "forward" in events
+    assert events[0] == "profile" and events.count("profile") == 1
+
+
 # ---------------------------------------------------------------- the hybrid drafter
 
 

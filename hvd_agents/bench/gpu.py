@@ -37,6 +37,13 @@ from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
+from hvd_agents.bench.gpu_checks import (
+    single_bucket,
+    single_bucket_check,
+    teacher_forced_check,
+    teacher_forced_rows_equal,
+    teacher_forced_tree_equal,
+)
 from hvd_agents.bench.prompts import agent_prompts, chat_prompts
 from hvd_agents.chat.render import encode_prompt
 from hvd_agents.engine import Engine, GenerationParams
@@ -44,9 +51,14 @@ from hvd_agents.errors import InvalidRequestError
 from hvd_agents.runtime.device import resolve_device
 from hvd_agents.runtime.loading import load_model
 from hvd_agents.runtime.runner import HFRunner
-from hvd_agents.runtime.static import Buckets, StaticRunner
+from hvd_agents.runtime.static import StaticRunner
 
 logger = logging.getLogger(__name__)
+
+__all__ = ["RANDOM_CONFIGS", "Arm", "GpuReport", "chosen_arms", "copy_bandwidth", "print_report", "random_model",
+           "run_gpu_benchmark", "single_bucket", "single_bucket_check", "step_bytes", "syncs_per_step",
+           "teacher_forced_check", "teacher_forced_rows_equal", "teacher_forced_tree_equal", "warm_steady_state",
+           "write_prompts"]  # the bitwise checks live in .gpu_checks; their callers import them from here too
 
 _LLAMA_3 = {"rope_theta": 500000.0, "rms_norm_eps": 1e-5, "vocab_size": 128256, "max_position_embeddings": 8192,
             "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -310,48 +322,112 @@ def run_gpu_benchmark(model: str | None = None, *, device: str | None = None, ma
     selected = chosen_arms(arms)
     dev, dtype = resolve_device(device)
     began = time.perf_counter()
-    if model is not None and model.startswith("random:"):
-        target, tokenizer, label = random_model(model.removeprefix("random:"), dev, dtype), None, model
-        try:
-            from hvd_agents.runtime.loading import load_tokenizer
-
-            tokenizer = load_tokenizer(None) if "smollm2" in model else None
-        except Exception as exc:  # noqa: BLE001 - the embedded tokenizer is optional here
-            logger.info("no tokenizer for %s (%s): synthetic prompts", model, exc)
-    else:
-        loaded = load_model(model, device=str(dev), cpu_weights="none")  # the arms run the model's own forward
-        target, tokenizer, label = loaded.model, loaded.tokenizer, loaded.name
+    target, tokenizer, label = _load_target(model, dev, dtype)
     vocab = int(target.get_output_embeddings().weight.shape[0])
     prompts = _load_prompts(prompts_path, vocab) if prompts_path else _prompt_ids(tokenizer, vocab, synthetic_prompts)
     prompts = prompts[:max_prompts] if max_prompts else prompts
     logger.info("bench-gpu: %s loaded in %.1f s, %d prompts", label, time.perf_counter() - began, len(prompts))
-    static = StaticRunner(target)  # bitwise: one row bucket, path attention
-    engine = Engine(target, tokenizer, eos_token_ids=(), draft_head=None, runner=static)
-    bucketed = Engine(target, tokenizer, eos_token_ids=(), draft_head=None, runner=StaticRunner(target, bitwise=False))
-    hf_engine = Engine(target, tokenizer, eos_token_ids=(), draft_head=None, runner=HFRunner(target))
-    params = GenerationParams(max_new_tokens=max_new_tokens, reuse_prefix=False, stop_token_ids=())
-
-    def fresh(like: Engine) -> Callable[[], Engine]:  # the same runner, an empty cross-request store
-        return lambda: Engine(target, tokenizer, eos_token_ids=(), draft_head=None, runner=like.runner)
-
-    runs: dict[str, Callable] = {
-        "hf-generate": _hf_arm(target, max_new_tokens),
-        "engine-ar (HF runner)": _engine_arm(hf_engine, replace(params, method="ar")),
-        "engine-ar (static)": _engine_arm(engine, replace(params, method="ar")),
-        "engine-hvd (static)": _engine_arm(fresh(engine), replace(params, method="hvd")),
-        "engine-hvd-cache (static)": _engine_arm(fresh(engine), replace(params, method="hvd-cache")),
-        "engine-ar (static, buckets)": _engine_arm(bucketed, replace(params, method="ar")),
-        "engine-hvd (static, buckets)": _engine_arm(fresh(bucketed), replace(params, method="hvd")),
-    }
-    runs = {name: run for name, run in runs.items() if name in selected}
+    bench = _Bench(target, tokenizer, label, dev, dtype, max_new_tokens)
+    runs = {name: run for name, run in bench.runs().items() if name in selected}
+    bench.measure_profiles(any("buckets" in name for name in runs))  # one-time work, before the timed runs
+    timed = _time_arms(runs, prompts, rounds, dev, label, json_path)
     began = time.perf_counter()
-    buckets = any("buckets" in name for name in runs)
-    engine.cost_model()  # measured before the timed runs
-    if buckets:
-        bucketed.cost_model()
-    logger.info("bench-gpu: cost profiles measured in %.1f s", time.perf_counter() - began)
+    report = bench.report(timed, prompts, buckets=any("buckets" in name for name in runs))
+    logger.info("bench-gpu: checks in %.1f s", time.perf_counter() - began)
+    print_report(report, len(prompts) * rounds)
+    if json_path:
+        _write_json(json_path, asdict(report))
+    return report
+
+
+def _load_target(model: str | None, dev: torch.device, dtype: torch.dtype) -> tuple[torch.nn.Module, object, str]:
+    """The model, its tokenizer (None: synthetic prompts) and its label."""
+    if model is None or not model.startswith("random:"):
+        loaded = load_model(model, device=str(dev), cpu_weights="none")  # the arms run the model's own forward
+        return loaded.model, loaded.tokenizer, loaded.name
+    target, tokenizer = random_model(model.removeprefix("random:"), dev, dtype), None
+    try:
+        from hvd_agents.runtime.loading import load_tokenizer
+
+        tokenizer = load_tokenizer(None) if "smollm2" in model else None
+    except Exception as exc:  # noqa: BLE001 - the embedded tokenizer is optional here
+        logger.info("no tokenizer for %s (%s): synthetic prompts", model, exc)
+    return target, tokenizer, model
+
+
+class _Bench:
+    """The benchmark's engines on one model: the arms that run on them, and the report's checks."""
+
+    def __init__(self, target: torch.nn.Module, tokenizer, label: str, dev: torch.device, dtype: torch.dtype,
+                 max_new: int) -> None:
+        self.target, self.tokenizer, self.label, self.max_new = target, tokenizer, label, max_new
+        self.dev, self.dtype = dev, dtype
+        self.static = StaticRunner(target)  # bitwise: one row bucket, path attention
+        self.engine = self._engine(self.static)
+        self.bucketed = self._engine(StaticRunner(target, bitwise=False))
+        self.hf_engine = self._engine(HFRunner(target))
+
+    def _engine(self, runner) -> Engine:
+        return Engine(self.target, self.tokenizer, eos_token_ids=(), draft_head=None, runner=runner)
+
+    def runs(self) -> dict[str, Callable]:
+        """Every arm, by name: a drafting arm gets a new engine per run (an empty cross-request store)."""
+        params = GenerationParams(max_new_tokens=self.max_new, reuse_prefix=False, stop_token_ids=())
+        engine, bucketed = self.engine, self.bucketed
+
+        def fresh(like: Engine) -> Callable[[], Engine]:  # the same runner, an empty cross-request store
+            return lambda: self._engine(like.runner)
+
+        return {
+            "hf-generate": _hf_arm(self.target, self.max_new),
+            "engine-ar (HF runner)": _engine_arm(self.hf_engine, replace(params, method="ar")),
+            "engine-ar (static)": _engine_arm(engine, replace(params, method="ar")),
+            "engine-hvd (static)": _engine_arm(fresh(engine), replace(params, method="hvd")),
+            "engine-hvd-cache (static)": _engine_arm(fresh(engine), replace(params, method="hvd-cache")),
+            "engine-ar (static, buckets)": _engine_arm(bucketed, replace(params, method="ar")),
+            "engine-hvd (static, buckets)": _engine_arm(fresh(bucketed), replace(params, method="hvd")),
+        }
+
+    def measure_profiles(self, buckets: bool) -> None:
+        """The runners' cost profiles, measured before the timed runs."""
+        began = time.perf_counter()
+        self.engine.cost_model()
+        if buckets:
+            self.bucketed.cost_model()
+        logger.info("bench-gpu: cost profiles measured in %.1f s", time.perf_counter() - began)
+
+    def report(self, arms: dict[str, Arm], prompts: list[list[int]], *, buckets: bool) -> GpuReport:
+        """The figures of the timed ``arms`` and the checks run after them."""
+        dev, target, static = self.dev, self.target, self.static
+        ar = arms["engine-ar (static)"]
+        ar_step = ar.decode_s / ar.steps if ar.steps else float("nan")
+        context = sum(len(p) for p in prompts) // len(prompts) + self.max_new // 2
+        bandwidth = copy_bandwidth(dev) if dev.type == "cuda" else float("nan")
+        limit = step_bytes(target, static, context) / bandwidth if dev.type == "cuda" else float("nan")
+        return GpuReport(
+            device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev),
+            model=self.label, dtype=str(self.dtype), prompts=len(prompts),
+            arms={n: {**_arm_figures(a),
+                      "same_as_engine_ar": sum(x == y for x, y in zip(a.outputs, ar.outputs)),
+                      "same_as_its_ar": sum(x == y for x, y in zip(a.outputs, arms[_its_ar(n)].outputs))}
+                  for n, a in arms.items()},
+            ar_step_ms=ar_step * 1e3, bandwidth_limit_ms=limit * 1e3, copy_bandwidth_gbs=bandwidth / 1e9,
+            syncs_per_step={m: syncs_per_step(self.engine, prompts[0], m) for m in ("ar", "hvd")},
+            single_bucket_bitwise=single_bucket_check(target, prompts[0], self.max_new),
+            bitwise_mode_bitwise=single_bucket_check(target, prompts[0], self.max_new, bitwise=True),
+            teacher_forced_bitwise=teacher_forced_check(target, prompts[0]),
+            cost_profile=self.engine.cost_model().source, cost_points=list(self.engine.cost_model().points),
+            graphs_captured=static.graphs.captured,
+            buckets_cost_profile=self.bucketed.cost_model().source if buckets else "not run",
+        )
+
+
+def _time_arms(runs: dict[str, Callable], prompts: list[list[int]], rounds: int, dev: torch.device, label: str,
+               json_path: str | None) -> dict[str, Arm]:
+    """Each arm warmed up on the first prompt (graphs, kernels, allocator), then timed over every prompt, the
+    arms' order reversed every other round; the JSON holds the arms of every finished prompt."""
     arms = {name: Arm(name) for name in runs}
-    for name, run in runs.items():  # warm-up: graphs, kernels, allocator
+    for name, run in runs.items():
         began = time.perf_counter()
         run(prompts[0])
         logger.info("bench-gpu: %s warmed up in %.1f s", name, time.perf_counter() - began)
@@ -373,33 +449,7 @@ def run_gpu_benchmark(model: str | None = None, *, device: str | None = None, ma
             if json_path:  # the arms so far, so that a run stopped at a time limit leaves its figures
                 _write_json(json_path, {"partial": True, "model": label, "prompts_done": i + 1,
                                         "arms": {n: _arm_figures(a) for n, a in arms.items()}})
-    began = time.perf_counter()
-    ar = arms["engine-ar (static)"]
-    ar_step = ar.decode_s / ar.steps if ar.steps else float("nan")
-    context = sum(len(p) for p in prompts) // len(prompts) + max_new_tokens // 2
-    bandwidth = copy_bandwidth(dev) if dev.type == "cuda" else float("nan")
-    limit = step_bytes(target, static, context) / bandwidth if dev.type == "cuda" else float("nan")
-    report = GpuReport(
-        device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev),
-        model=label, dtype=str(dtype), prompts=len(prompts),
-        arms={n: {**_arm_figures(a),
-                  "same_as_engine_ar": sum(x == y for x, y in zip(a.outputs, ar.outputs)),
-                  "same_as_its_ar": sum(x == y for x, y in zip(a.outputs, arms[_its_ar(n)].outputs))}
-              for n, a in arms.items()},
-        ar_step_ms=ar_step * 1e3, bandwidth_limit_ms=limit * 1e3, copy_bandwidth_gbs=bandwidth / 1e9,
-        syncs_per_step={m: syncs_per_step(engine, prompts[0], m) for m in ("ar", "hvd")},
-        single_bucket_bitwise=single_bucket_check(target, prompts[0], max_new_tokens),
-        bitwise_mode_bitwise=single_bucket_check(target, prompts[0], max_new_tokens, bitwise=True),
-        teacher_forced_bitwise=teacher_forced_check(target, prompts[0]),
-        cost_profile=engine.cost_model().source, cost_points=list(engine.cost_model().points),
-        graphs_captured=static.graphs.captured,
-        buckets_cost_profile=bucketed.cost_model().source if buckets else "not run",
-    )
-    logger.info("bench-gpu: checks in %.1f s", time.perf_counter() - began)
-    print_report(report, len(prompts) * rounds)
-    if json_path:
-        _write_json(json_path, asdict(report))
-    return report
+    return arms
 
 
 def _arm_figures(arm: Arm) -> dict:
@@ -410,117 +460,6 @@ def _arm_figures(arm: Arm) -> dict:
 def _write_json(path: str, figures: dict) -> None:
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(figures, fh, indent=2)
-
-
-TEACHER_FORCED_STEPS = 16
-
-
-def single_bucket(positions: int, rows: int = 17) -> Buckets:
-    """The single-bucket mode's buckets for forwards up to ``positions`` (a power of two from 256)."""
-    capacity = 256
-    while capacity < positions + rows:
-        capacity *= 2
-    return Buckets.single(rows, capacity)
-
-
-def teacher_forced_rows_equal(runner: StaticRunner, ids: list[int], tokens: list[int]) -> int:
-    """Of ``tokens`` after a prefill of ``ids``, how many rows of logits are bitwise equal between one-row steps
-    and one forward over them all.
-
-    Teacher-forced, so every row is compared, whatever the model would have generated: a greedy comparison
-    on random weights compares streams of one repeated token and passes whatever the arithmetic does.
-    """
-    outs = []
-    for together in (False, True):
-        kv = runner.new_kv()
-        try:
-            runner.forward(kv, ids, logits_to_keep=1)
-            steps = [runner.forward(kv, tokens)] if together else [runner.forward(kv, [t]) for t in tokens]
-            outs.append(torch.cat(steps))
-        finally:
-            kv.release()
-    one_by_one, together = outs
-    return sum(torch.equal(x, y) for x, y in zip(one_by_one, together))
-
-
-def teacher_forced_tree_equal(runner: StaticRunner, ids: list[int], tokens: list[int]) -> int:
-    """Of ``tokens`` after ``ids``, how many rows of logits are bitwise equal between one-row steps and the same
-    tokens as one path of a tree forward, each path node with a branch of another token beside it."""
-    vocab = runner.vocab_size
-    draft, parents, path_rows, last = [], [], [], -1
-    for t in tokens:
-        draft += [(t + 1) % vocab, t]  # a branch, then the path's next token, both children of the path so far
-        parents += [last, last]
-        last = len(draft) - 1
-        path_rows.append(len(draft))  # row = draft index + 1
-    outs = []
-    for tree in (False, True):
-        kv = runner.new_kv()
-        try:
-            runner.forward(kv, ids[:-1])
-            if tree:
-                out = runner.forward(kv, [ids[-1], *draft], parents=parents)
-                outs.append(out[[0, *path_rows]])
-            else:
-                outs.append(torch.cat([runner.forward(kv, [t]) for t in [ids[-1], *tokens]]))
-        finally:
-            kv.release()
-    steps, tree = outs
-    return sum(torch.equal(x, y) for x, y in zip(steps[1:], tree[1:]))  # row 0 is the root's, not a draft token's
-
-
-def teacher_forced_check(model: torch.nn.Module, ids: list[int]) -> dict[str, str]:
-    """:func:`teacher_forced_rows_equal` over random tokens, as ``"equal/steps"``: the default (bitwise) runner,
-    chains and trees (must be all), single-bucket mode (dense attention: chains must be all), and the per-bucket
-    runner (the control: row and KV shapes differ, so rows may differ)."""
-    vocab = int(model.get_output_embeddings().weight.shape[0])
-    tokens = torch.randint(0, vocab, (TEACHER_FORCED_STEPS,), generator=torch.Generator().manual_seed(0)).tolist()
-    bitwise = StaticRunner(model, warm_up=False, slots=1)
-    runners = {"bitwise": bitwise,
-               "single": StaticRunner(model, buckets=single_bucket(len(ids) + len(tokens)), warm_up=False, slots=1),
-               "buckets": StaticRunner(model, bitwise=False, warm_up=False, slots=1)}
-    checks = {name: f"{teacher_forced_rows_equal(r, ids, tokens)}/{len(tokens)}" for name, r in runners.items()}
-    checks["bitwise tree"] = f"{teacher_forced_tree_equal(bitwise, ids, tokens)}/{len(tokens)}"
-    checks["buckets tree"] = f"{teacher_forced_tree_equal(runners['buckets'], ids, tokens)}/{len(tokens)}"
-    return checks
-
-
-def single_bucket_check(model: torch.nn.Module, ids: list[int], max_new: int, *, bitwise: bool = False) -> bool:
-    """Whether speculation with planted and adversarial drafts equals plain decoding bit for bit, single bucket
-    (or with ``bitwise`` the default bitwise runner)."""
-    from hvd_agents.drafters import Draft
-
-    runner = (StaticRunner(model, warm_up=False, slots=1) if bitwise else
-              StaticRunner(model, buckets=single_bucket(len(ids) + max_new), warm_up=False, slots=1))
-    engine = Engine(model, eos_token_ids=(), draft_head=None, runner=runner, prefix_cache_bytes=0)
-    params = GenerationParams(max_new_tokens=max_new, method="ar", stop_token_ids=())
-    reference = engine.generate(ids, params).token_ids
-
-    class Planted:  # the reference continuation, cut short every third step with a wrong token
-        def __init__(self) -> None:
-            self.step = 0
-
-        def start(self, *args) -> None:
-            self.step = 0
-
-        def propose(self, ctx, k: int) -> Draft:
-            self.step += 1
-            pos = ctx.num_output_tokens
-            tokens = list(reference[pos : pos + k])
-            if self.step % 3 == 0 and tokens:
-                tokens[-1] = (tokens[-1] + 1) % runner.vocab_size
-            return Draft(tuple(tokens), source="planted")
-
-        def observe(self, outcome) -> None:
-            pass
-
-        def stop(self, req_id: str) -> None:
-            pass
-
-    engine.add_drafter("planted", Planted())
-    got = engine.generate(ids, GenerationParams(max_new_tokens=max_new, method="planted", num_draft_tokens=16,
-                                                stop_token_ids=()))
-    return got.token_ids == reference
 
 
 def print_report(report: GpuReport, runs: int) -> None:

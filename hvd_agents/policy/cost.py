@@ -7,12 +7,13 @@ last one). ``CostModel.linear(c)`` is the ``1 + c * d`` model that trace replays
 ``draft_cost`` is what producing a draft costs per step (cache drafting is a
 dictionary lookup, about 0; a model drafter costs forwards of its own).
 
-This module is the home of "what a step costs": the curve, the fallback ``c``
-(:data:`FALLBACK_VERIFY_COST`) every layer uses where nothing is measured, and a
-request's share of a batched step (:func:`request_cost`). How a profile is measured on a
-machine, and where it is kept, is :mod:`hvd_agents.runtime.profile`; how it is
-calibrated against the engine's timed steps, :mod:`hvd_agents.policy.calibration`; how
-the ``hvd`` drafter prices its model drafter's forwards,
+This module is the one home of "what a step costs": the curve, its units (plain decoding
+steps), the fallback ``c`` (:data:`FALLBACK_VERIFY_COST`) every layer uses where nothing is
+measured, and a request's share of a batched step (:func:`request_cost`). Every other module
+only uses it: how a profile is measured on a machine, and where it is kept, is
+:mod:`hvd_agents.runtime.profile`; how it is calibrated against the engine's timed steps,
+:mod:`hvd_agents.policy.calibration`; how the ``hvd`` drafter turns it into one proposal's
+prices (its model drafter's forwards added, decided once per proposal),
 :mod:`hvd_agents.drafters.hybrid.pricing`.
 
 Worked example: points ``[(0, 1.0), (8, 1.16), (16, 1.4)]`` give

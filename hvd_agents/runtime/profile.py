@@ -11,8 +11,9 @@ matrix-matrix kernels), or about as little as the next ones (a row-streaming
 kernel), and the cost can jump where a kernel changes strategy at some number
 of rows. :func:`cached_cost_model` keeps the result per model, device, dtype,
 thread count and torch version under the cache directory, so it is measured
-once, at first use, per machine. A profile that breaks ``verify(d) <= 1 + d``
-(timings disturbed by other load) is measured again; after a few failures the
+once per machine, at first use: when the first ``hvd`` request starts, before its prefill and
+decoding are timed (one-time work, logged with its own seconds, never part of a request's figures).
+A profile that breaks ``verify(d) <= 1 + d`` (timings disturbed by other load) is measured again; after a few failures the
 linear model at :data:`~hvd_agents.policy.cost.FALLBACK_VERIFY_COST` is used for the process and nothing is cached;
 so is it when the measurement fails (a warning names the cause): the profile never fails a load.
 """
@@ -205,6 +206,7 @@ def cached_cost_model(model: torch.nn.Module, directory: Path | None = None, *, 
         pass
     except (OSError, ValueError, KeyError, TypeError) as exc:
         logger.warning("cost profile %s is unreadable (%s); measuring again", path, exc)
+    began = time.perf_counter()
     try:
         profile = _measure(model, measure, min_cpu_share)
     except Exception as exc:  # noqa: BLE001 - a profile only tunes drafting: it must never fail a load
@@ -213,7 +215,10 @@ def cached_cost_model(model: torch.nn.Module, directory: Path | None = None, *, 
         logger.warning("no plausible, undisturbed cost profile after %d attempts; using c=%s, not cached",
                        PROFILE_ATTEMPTS, FALLBACK_VERIFY_COST)
         return CostModel.fallback()
-    logger.info("measured the verification cost profile: %s", profile.to_dict())
+    # one-time work, its own figure: never part of a request's timed prefill or decoding (the ``hvd`` drafter
+    # resolves its profile when a request starts)
+    logger.info("measured the verification cost profile in %.1f s: %s", time.perf_counter() - began,
+                profile.to_dict())
     try:
         directory.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + f".{os.getpid()}.tmp")

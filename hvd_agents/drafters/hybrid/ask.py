@@ -1,4 +1,4 @@
-"""Whether asking a gated model drafter pays: the running gain of an ask against what the ask costs.
+"""The policy's gates: optional work done only while it pays, each with its running gain and timed seconds.
 
 Where no cache draft pays, ``hvd`` may ask a model drafter that gates its first token
 (:mod:`hvd_agents.drafters.model.loop`): the drafter catches up on the context it has not
@@ -21,7 +21,13 @@ The same gain gates two other pieces of the policy's host work: a short match's 
 (its features, prediction and tree; the gain is its accepted tokens less ``R`` times its extra
 verification) and judging a step's alternatives with the predictor (the gain is the judged
 alternatives' accepted tokens less ``R`` times what their nodes added to the step's cost), each
-against its own timed seconds.
+against its own timed seconds. A fourth gate has no gain: planning a cache proposal (predictor,
+tree, cut) against taking it whole, by the policy's seconds on each.
+
+:class:`Gate` is one such piece of work: its :class:`AskGain` (None: priced by seconds alone), its
+running seconds (an :class:`Ema`; the model ask's are its drafter's forwards, which :mod:`.pricing` times)
+and, for planning, the seconds of the same step without the work (``baseline``). The ``hvd`` drafter
+holds four: ``ask``, ``short``, ``judging`` and ``plan``.
 
 The mean depends on outcomes, never on a drawn token or on timings directly (the costs it is
 compared with are timed for greedy requests only), so sampling stays exact.
@@ -34,7 +40,7 @@ little more rarely each time the mean falls further below the prior.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -74,3 +80,71 @@ def ask_gain(accepted: int, step_cost: float, ask_cost: float, rate: float) -> f
     """An ask's gain before its own cost: ``accepted - rate * (step_cost - 1) + rate * ask_cost`` for a draft of
     which ``accepted`` tokens were accepted, verified in a step priced ``step_cost`` (the ask's cost included)."""
     return accepted - rate * (step_cost - 1.0) + rate * ask_cost
+
+
+@dataclass
+class Ema:
+    """A running mean that takes its first observation as it is (``value`` 0: nothing observed yet).
+
+    Attributes:
+        weight: the weight of the newest observation.
+        value: the running mean.
+    """
+
+    weight: float
+    value: float = 0.0
+
+    def observe(self, x: float) -> None:
+        """Fold in ``x``."""
+        self.value += self.weight * (x - self.value) if self.value else x
+
+
+@dataclass
+class Gate:
+    """A piece of the policy's optional work, done only while it pays (see the module docstring).
+
+    Attributes:
+        seconds: the work's running seconds per step it was done (a step's policy seconds, for planning).
+        gain: its running gain (None: the work is weighed by its seconds alone).
+        baseline: the running seconds of a step without the work (None: the work's seconds are its own).
+    """
+
+    seconds: Ema
+    gain: AskGain | None = None
+    baseline: Ema | None = field(default=None)
+
+    @property
+    def value(self) -> float:
+        """The running gain."""
+        if self.gain is None:
+            raise ValueError("this gate has no gain")
+        return self.gain.value
+
+    def cost(self, step_s: float) -> float:
+        """The work's seconds in plain steps of ``step_s`` seconds (0 until both are timed)."""
+        if step_s <= 0:
+            return 0.0
+        if self.baseline is None:
+            return self.seconds.value / step_s
+        return max(self.seconds.value - self.baseline.value, 0.0) / step_s
+
+    def pays(self, rate: float, cost: float) -> bool:
+        """Whether the work, costing ``cost`` plain steps, is worth it at rate ``rate``."""
+        return self.gain is not None and self.gain.pays(rate, cost)
+
+    def skipped(self) -> None:
+        """A step where the work could have been done and was not."""
+        if self.gain is not None:
+            self.gain.skipped()
+
+    def observe(self, gain: float | None, seconds: float | None = None) -> None:
+        """Fold in what the work brought (None: no gain to learn) and the seconds it took (None: not timed here)."""
+        if gain is not None and self.gain is not None:
+            self.gain.observe(gain)
+        if seconds is not None:
+            self.seconds.observe(seconds)
+
+
+def gate(prior: float, ema: float, explore: float, seconds_ema: float = 0.0) -> Gate:
+    """A gate with a gain of ``prior``, ``ema`` and ``explore`` whose seconds move with weight ``seconds_ema``."""
+    return Gate(Ema(seconds_ema), AskGain(prior, ema, explore))

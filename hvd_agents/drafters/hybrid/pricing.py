@@ -1,7 +1,10 @@
-"""What a step costs, in the engine's plain decoding steps: the one place the ``hvd`` policy asks.
+"""The ``hvd`` drafter's prices: one proposal's :class:`StepPrices`, from the curves of :mod:`hvd_agents.policy.cost`.
 
-Every price is in units of one plain step of the engine (a step that verifies no
-draft), so it compares directly with the rate ``R`` in tokens per step
+What a step costs has one home, :mod:`hvd_agents.policy.cost` (the verification curve, its
+units, a request's share of a batched step). This module only turns it into the prices of
+one ``hvd`` proposal, decided once at its start (:meth:`StepPricing.prices`), and keeps the
+timings that move them. Every price is in units of one plain step of the engine (a step that
+verifies no draft), so it compares directly with the rate ``R`` in tokens per step
 (:mod:`hvd_agents.policy.selection`):
 
 * **verifying** ``d`` draft tokens: the target's cost profile
@@ -30,7 +33,9 @@ and one whose catch-up is dear is priced so from its first one on.
 
 Sampled requests price from the profile and the priors alone (``timed=False``):
 under sampling the drafts decide which random numbers are drawn, so a seeded
-request's output must not depend on how long steps took.
+request's output must not depend on how long steps took. A greedy request that is not
+batched also weighs the policy's own timed work against its steps
+(:attr:`StepPrices.times_itself`); a batched one is priced by the batch's step.
 
 Worked example: a profile ``p(d) = 1 + 0.05 d`` calibrated to ``alpha = 0.4``
 prices a 4-token cache draft at ``1 + 0.4 * 0.2 = 1.08`` plain steps; a model
@@ -42,8 +47,10 @@ context token it must ingest first.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from hvd_agents.drafters.base import DraftContext
 from hvd_agents.policy.calibration import StepCalibration
 from hvd_agents.policy.cost import CostModel
 
@@ -52,6 +59,37 @@ T = TypeVar("T")
 # An ask with at most this many context tokens to ingest (a plain step's token and the one before) is timed as
 # the drafter's forwards: the new tokens go through its first forward.
 CAUGHT_UP_TOKENS = 2
+
+
+@dataclass(frozen=True)
+class StepPrices:
+    """One proposal's prices, decided once at its start (:meth:`StepPricing.prices`).
+
+    Attributes:
+        rate: ``R``, the running tokens per plain step (at least 1).
+        cost: verifying a draft of ``d`` tokens: the batch's step where batched, else the target's profile
+            (calibrated to the engine's timings where ``timed``).
+        model_cost: a step with a model draft of ``d`` tokens, drafting included.
+        draft_token: one token the model drafter drafts, in plain steps of this request (its share of a batch's).
+        ingest: one context token the model drafter ingests before drafting, in plain steps (before ``share``).
+        share: this request's share of the step (1 unless batched).
+        timed: the request is greedy: timings inform its prices (a sampled one's output must not depend on them).
+        batched: the step is priced by the batch's (``DraftContext.step_cost``).
+    """
+
+    rate: float
+    cost: CostModel
+    model_cost: CostModel
+    draft_token: float
+    ingest: float
+    share: float = 1.0
+    timed: bool = True
+    batched: bool = False
+
+    @property
+    def times_itself(self) -> bool:
+        """Whether the policy weighs its own timed work against this request's steps: greedy, not batched."""
+        return self.timed and not self.batched
 
 
 class _Memo(Generic[T]):
@@ -140,6 +178,20 @@ class StepPricing:
         token_cost = round(self._token_cost, 3)
         cost = self.target_cost()
         return self._drafting.get((token_cost, cost), lambda: cost.with_drafting(token_cost))
+
+    def prices(self, ctx: DraftContext, rate: float) -> StepPrices:
+        """The prices of one proposal for ``ctx`` at rate ``rate`` (see :class:`StepPrices`)."""
+        # Under sampling the drafts decide which random numbers are drawn, so a seeded request's output must not
+        # depend on how long steps took: timings (calibration, the model drafter's timed costs) inform greedy
+        # requests only, whose output never depends on the drafts.
+        timed = ctx.temperature <= 0.0
+        draft_token = self.draft_token_cost(timed) / ctx.step_share
+        if ctx.step_cost is not None:  # batched: rows cost what they add to the batch's step
+            cost, model_cost = ctx.step_cost, ctx.step_cost.with_drafting(draft_token)
+        else:
+            cost, model_cost = self.target_cost(timed), self.model_cost(timed)
+        return StepPrices(rate, cost, model_cost, draft_token, self.ingest_cost(timed), ctx.step_share, timed,
+                          ctx.step_cost is not None)
 
     def draft_token_cost(self, timed: bool = True) -> float:
         """One token the model drafter drafts, in plain steps (``timed=False``: the prior)."""

@@ -67,7 +67,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -207,40 +207,117 @@ def plan_tree(
         The plan; ``choice.length == 0`` (an empty draft) when no node pays.
     """
     n = min(len(draft), len(survival))
-    values: list[float] = []  # every candidate node's survival
-    parents: list[int] = []  # its parent among the candidate nodes (-1: the root)
-    tokens: list[int] = []
-    branch: list[int] = []  # -1 for a main node, else the index of its alternative
-    children: dict[int, list[int]] = {}
-
-    def add(token: int, value: float, parent: int, owner: int) -> int:
-        node = len(values)
-        values.append(value)
-        parents.append(parent)
-        tokens.append(token)
-        branch.append(owner)
-        children.setdefault(parent, []).append(node)
-        return node
-
     # a node that survives no more than the rate times the cheapest node's cost can never pay, nor can any node
     # below it (a child never survives more than its parent): such nodes are not built
-    curve = cost.verify_curve(k + 1)  # [k + 1]
     floor = rate * cost.cheapest(k) if k > 0 else np.inf
     floor -= 1e-9 * max(abs(floor), 1.0)  # so that rounding never drops a node that could pay
     main_survival = survival[:n].tolist()  # [n]: read one by one, as floats
+    nodes = _Nodes()
     for i, alive in enumerate(main_survival):
         if not alive > floor:
             break
-        add(draft.token_ids[i], alive, i - 1, -1)
-    built = len(values)  # main nodes built: an alternative departs below one of them or at the root
+        nodes.add(draft.token_ids[i], alive, i - 1, -1)
+    # each alternative's first node as the rates price it, and where a judge is given, as the predictor does
+    firsts = _first_nodes(alternatives, main_survival, len(nodes.values), rates)
+    judged = _judged(alternatives, firsts, floor, judge) if judge is not None else {}
+    for owner, (alive, left, _) in firsts.items():
+        nodes.grow(alternatives[owner], owner, alive, left, judged.get(owner), rates.goes_on, floor, k)
+    # best first, cut at the count with the best value
+    order = nodes.best_first(k)
+    curve = cost.verify_curve(k + 1)[: len(order) + 1]  # [L + 1]
+    gains = np.concatenate([[1.0], 1.0 + np.cumsum([nodes.values[node] for node in order])])  # [L + 1]
+    scores = gains - rate * curve
+    length = int(np.argmax(scores))
+    choice = Choice(length, float(gains[length]), float(curve[length]), float(scores[length]))
+    return nodes.plan(choice, order[:length], draft, set(judged))
+
+
+@dataclass
+class _Nodes:
+    """The candidate nodes of a tree being planned, in the order they are built."""
+
+    values: list[float] = field(default_factory=list)  # every candidate node's survival
+    parents: list[int] = field(default_factory=list)  # its parent among the candidate nodes (-1: the root)
+    tokens: list[int] = field(default_factory=list)
+    branch: list[int] = field(default_factory=list)  # -1 for a main node, else the index of its alternative
+    children: dict[int, list[int]] = field(default_factory=dict)
+    fork_chance: dict[int, float] = field(default_factory=dict)  # a fork's first node: its chance if main rejected
+    following: dict[int, int] = field(default_factory=dict)  # an alternative's node: the alternative's token after it
+
+    def add(self, token: int, value: float, parent: int, owner: int) -> int:
+        node = len(self.values)
+        self.values.append(value)
+        self.parents.append(parent)
+        self.tokens.append(token)
+        self.branch.append(owner)
+        self.children.setdefault(parent, []).append(node)
+        return node
+
+    def grow(self, alternative: Alternative, owner: int, alive: float, left: float, path: np.ndarray | None,
+             goes_on: float, floor: float, k: int) -> None:
+        """Alternative ``owner``'s nodes while they could pay: its first survives ``alive`` (the mean of that and
+        the predictor's where it was judged, ``path``), each later one its parent's times ``goes_on`` or, judged,
+        the predictor's hazard."""
+        depth = alternative.depth
+        if path is not None:  # the mean of the rates' and the predictor's chance, then the predictor's hazards
+            alive = 0.5 * (alive + path[0])
+        parent = depth - 1
+        for i, token in enumerate(alternative.tokens[: max(k - depth, 0)]):
+            if not alive > floor:
+                break
+            parent = self.add(token, alive, parent, owner)
+            if i == 0 and alternative.fork and left > 0:
+                self.fork_chance[parent] = min(alternative.share, left) / left
+            if i + 1 < len(alternative.tokens):
+                self.following[parent] = alternative.tokens[i + 1]
+            if path is None:
+                alive *= goes_on
+            else:
+                alive *= path[i + 1] / path[i] if i + 1 < len(path) and path[i] > 0 else 0.0
+
+    def best_first(self, k: int) -> list[int]:
+        """At most ``k`` nodes, best first: a node becomes a candidate once its parent is taken."""
+        order: list[int] = []
+        frontier = [(-self.values[node], node) for node in self.children.get(-1, [])]
+        heapq.heapify(frontier)
+        while frontier and len(order) < k:
+            _, node = heapq.heappop(frontier)
+            order.append(node)
+            for child in self.children.get(node, []):
+                heapq.heappush(frontier, (-self.values[child], child))
+        return order
+
+    def plan(self, choice: Choice, kept: list[int], draft: Draft, judged: set[int]) -> TreePlan:
+        """The plan of the ``kept`` nodes, in the draft's order: the main branch, then each alternative's tokens
+        (``judged``: the alternatives the predictor judged)."""
+        branch = self.branch
+        main = sum(1 for node in kept if branch[node] < 0)
+        ordered = sorted(kept, key=lambda node: (branch[node] >= 0, branch[node], node))
+        position = {node: i for i, node in enumerate(ordered)}
+        out_tokens = tuple(self.tokens[node] for node in ordered)
+        out_parents = tuple(position[self.parents[node]] if self.parents[node] >= 0 else -1 for node in ordered)
+        # a draft with an alternative keeps its parents even where they form a chain (one departing right after
+        # the cut)
+        tree = Draft(out_tokens, None, draft.score, draft.source, draft.features,
+                     out_parents if main < choice.length else None)
+        forks = tuple((position[node], self.fork_chance[node]) for node in ordered if node in self.fork_chance)
+        kept_nodes = set(kept)
+        leaves = [node for node in ordered if branch[node] >= 0 and node in self.following
+                  and not any(child in kept_nodes for child in self.children.get(node, []))]
+        beyond = tuple((position[node], self.following[node]) for node in leaves)
+        judged_nodes = tuple(position[node] for node in ordered if branch[node] in judged)
+        return TreePlan(choice, tree, main, tuple(self.values[node] for node in ordered), forks, beyond, judged_nodes)
+
+
+def _first_nodes(alternatives: Sequence[Alternative], main_survival: list[float], built: int,
+                 rates: AlternativeRates) -> dict[int, tuple[float, float, float]]:
+    """Each alternative that departs below a built main node (or at the root): its first node's survival as the
+    rates price it, the main token's rejection there and what the main branch leaves there, by its index."""
+    n = len(main_survival)
     departing: dict[int, float] = {}
-    fork_chance: dict[int, float] = {}  # a fork alternative's first node: its chance where the main token is rejected
-    following: dict[int, int] = {}  # an alternative's node: the alternative's token after it
     for alternative in alternatives:
         if alternative.depth < n and alternative.tokens and not alternative.fork:
             departing[alternative.depth] = departing.get(alternative.depth, 0.0) + _weight(alternative)
-    # each alternative's first node as the rates price it, and where a judge is given, as the predictor does
-    # owner: (the rates' chance, the main token's rejection there, what the main branch leaves there)
     firsts: dict[int, tuple[float, float, float]] = {}
     for owner, alternative in enumerate(alternatives):
         depth = alternative.depth
@@ -253,57 +330,22 @@ def plan_tree(
         else:
             alive = reach * left * rates.taken * _weight(alternative) / departing[depth]
         firsts[owner] = (alive, left, reach * left)
-    judged = _judged(alternatives, firsts, floor, judge) if judge is not None else {}
-    for owner, (alive, left, _) in firsts.items():
-        alternative = alternatives[owner]
-        depth = alternative.depth
-        path = judged.get(owner)
-        if path is not None:  # the mean of the rates' and the predictor's chance, then the predictor's hazards
-            alive = 0.5 * (alive + path[0])
-        parent = depth - 1
-        for i, token in enumerate(alternative.tokens[: max(k - depth, 0)]):
-            if not alive > floor:
-                break
-            parent = add(token, alive, parent, owner)
-            if i == 0 and alternative.fork and left > 0:
-                fork_chance[parent] = min(alternative.share, left) / left
-            if i + 1 < len(alternative.tokens):
-                following[parent] = alternative.tokens[i + 1]
-            if path is None:
-                alive *= rates.goes_on
-            else:
-                alive *= path[i + 1] / path[i] if i + 1 < len(path) and path[i] > 0 else 0.0
+    return firsts
 
-    # best first: a node becomes a candidate once its parent is taken
-    order: list[int] = []
-    frontier = [(-values[node], node) for node in children.get(-1, [])]
-    heapq.heapify(frontier)
-    while frontier and len(order) < k:
-        _, node = heapq.heappop(frontier)
-        order.append(node)
-        for child in children.get(node, []):
-            heapq.heappush(frontier, (-values[child], child))
-    curve = curve[: len(order) + 1]  # [L + 1]
-    gains = np.concatenate([[1.0], 1.0 + np.cumsum([values[node] for node in order])])  # [L + 1]
-    scores = gains - rate * curve
-    length = int(np.argmax(scores))
-    choice = Choice(length, float(gains[length]), float(curve[length]), float(scores[length]))
-    kept = order[:length]
-    main = sum(1 for node in kept if branch[node] < 0)
-    # the draft's order: the main branch, then each alternative's tokens
-    ordered = sorted(kept, key=lambda node: (branch[node] >= 0, branch[node], node))
-    position = {node: i for i, node in enumerate(ordered)}
-    out_tokens = tuple(tokens[node] for node in ordered)
-    out_parents = tuple(position[parents[node]] if parents[node] >= 0 else -1 for node in ordered)
-    # a draft with an alternative keeps its parents even where they form a chain (one departing right after the cut)
-    tree = Draft(out_tokens, None, draft.score, draft.source, draft.features, out_parents if main < length else None)
-    forks = tuple((position[node], fork_chance[node]) for node in ordered if node in fork_chance)
-    kept_nodes = set(kept)
-    leaves = [node for node in ordered if branch[node] >= 0 and node in following
-              and not any(child in kept_nodes for child in children.get(node, []))]
-    beyond = tuple((position[node], following[node]) for node in leaves)
-    judged_nodes = tuple(position[node] for node in ordered if branch[node] in judged)
-    return TreePlan(choice, tree, main, tuple(values[node] for node in ordered), forks, beyond, judged_nodes)
+
+def paying_reach(survival: np.ndarray, cost: CostModel, rate: float, k: int) -> int:
+    """How many of a draft's first positions an alternative may depart at and still pay: depth 0, and each
+    depth ``j`` whose main branch before it survives above ``rate`` times the cheapest node's cost (an
+    alternative's first token survives less than that)."""
+    if not len(survival):
+        return 0
+    floor = rate * (cost.cheapest(k) if k > 0 else 0.0)
+    reach = 1
+    for alive in survival.tolist():  # the leading positions whose main branch pays
+        if not alive > floor:
+            break
+        reach += 1
+    return reach
 
 
 def _judged(alternatives: Sequence[Alternative], firsts: dict[int, tuple[float, float, float]], floor: float,

@@ -76,19 +76,6 @@ class TestChatOpenAIOnTheServer(ChatModelIntegrationTests):
     # The server renders the same prompt as ChatHVD (one chat pipeline), so greedy decoding writes the
     # same replies as in ChatHVD's run of this suite (integrations/langchain-hvd).
 
-    @pytest.mark.parametrize("model", [{}, {"output_version": "v1"}], indirect=True)
-    def test_tool_calling(self, model: BaseChatModel) -> None:
-        super().test_tool_calling(model)
-
-    async def test_tool_calling_async(self, model: BaseChatModel) -> None:
-        await super().test_tool_calling_async(model)
-
-    def test_tool_choice(self, model: BaseChatModel) -> None:
-        super().test_tool_choice(model)
-
-    def test_tool_calling_with_no_arguments(self, model: BaseChatModel) -> None:
-        super().test_tool_calling_with_no_arguments(model)
-
     @pytest.mark.xfail(reason=(
         "forced into a unicode_customer call, SmolLM2-135M names the customer right but writes a description "
         "('A Chinese technology company that specializes in creating ...') that runs past the suite's "

@@ -57,7 +57,7 @@ def bfcl_schema(schema: Any) -> Any:
     if not isinstance(schema, Mapping):
         return schema
     out = {key: bfcl_schema(value) for key, value in schema.items() if key not in ("default", "optional")}
-    if out.get("type") in BFCL_TYPES:
+    if isinstance(out.get("type"), str) and out["type"] in BFCL_TYPES:
         kind = BFCL_TYPES[out["type"]]
         if kind is None:
             out.pop("type")
@@ -230,3 +230,100 @@ def format_speed(rows: Sequence[SpeedRow]) -> str:
                      f"{r.mask_s * 1e3:.3f} ({r.mask_s / r.ar_grammar_s:.1%}) | {r.hvd_s * 1e3:.2f} | "
                      f"{r.ar_grammar_s / r.hvd_s:.2f}x | {r.tokens / max(r.steps, 1):.2f} | {r.sources}")
     return "\n".join(lines)
+
+
+JSON_WORKLOADS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("flight search", "Find a direct flight from JFK to SEA on 2024-05-20 for two adults in economy.",
+     {"type": "object", "properties": {"origin": {"type": "string", "pattern": "^[A-Z]{3}$"},
+                                       "destination": {"type": "string", "pattern": "^[A-Z]{3}$"},
+                                       "date": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"},
+                                       "passengers": {"type": "integer", "minimum": 1, "maximum": 9},
+                                       "cabin": {"enum": ["economy", "business", "first"]}},
+      "required": ["origin", "destination", "date", "passengers", "cabin"]}),
+    ("contact card", "Ann Lee is a nurse at Oslo General Hospital; her email is ann.lee@example.org.",
+     {"type": "object", "properties": {"name": {"type": "string"}, "job": {"type": "string"},
+                                       "employer": {"type": "string"}, "email": {"type": "string"}},
+      "required": ["name", "job", "employer", "email"]}),
+    ("joke", "Tell me a joke about cats.",
+     {"type": "object", "properties": {"setup": {"type": "string"}, "punchline": {"type": "string"}},
+      "required": ["setup", "punchline"]}),
+    ("order", "Order 3 blue t-shirts in size M and 1 red cap for delivery to 12 Main Street.",
+     {"type": "object", "properties": {"items": {"type": "array", "maxItems": 4, "items": {
+         "type": "object", "properties": {"product": {"type": "string"}, "color": {"type": "string"},
+                                          "quantity": {"type": "integer"}},
+         "required": ["product", "color", "quantity"]}}, "address": {"type": "string"}},
+      "required": ["items", "address"]}),
+)
+
+
+def tool_workloads(limit: int | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """The examples' recorded model calls that had tools, as chat calls with strict tools and the recorded call's
+    tool forced by name (``"required"`` where the recording did not name one)."""
+    from hvd_agents.bench.recorded import load_conversations
+
+    workloads = []
+    for conversation in load_conversations():
+        for index, call in enumerate(conversation.calls):
+            if call.tools is None:
+                continue
+            tools = [dict(tool, function=dict(tool["function"], strict=True)) if "function" in tool else tool
+                     for tool in conversation.tool_sets[call.tools]]
+            named = re.match(r'<tool_call>\n\{"name": "([^"]+)"', call.assistant_prefix)
+            messages = conversation.messages[: call.messages] if isinstance(call.messages, int) else call.messages
+            workloads.append((f"{conversation.name}[{index}]", {
+                "messages": messages, "tools": tools, "tool_choice": named.group(1) if named else "required",
+                "max_tokens": call.max_new_tokens, "session_id": f"bench-structured-{conversation.name}"}))
+    return workloads[:limit]
+
+
+def json_workloads() -> list[tuple[str, dict[str, Any]]]:
+    """Schema-driven JSON replies (:data:`JSON_WORKLOADS`), as chat calls with a ``json_schema`` response format."""
+    return [(name, {"messages": [{"role": "user", "content": prompt}], "max_tokens": 128,
+                    "response_format": {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}}})
+            for name, prompt, schema in JSON_WORKLOADS]
+
+
+def run_structured_benchmark(*, model: str | None, schemas: str | None, bfcl: str | None, answers: str | None,
+                             limit: int, speed: bool, rounds: int, max_tokens: int) -> None:
+    """Run the parts asked for (see the module docstring) and print their tables."""
+    from fastapi.testclient import TestClient
+
+    from hvd_agents.engine.shared import shared_engine
+    from hvd_agents.server.app import create_app
+    from hvd_agents.server.config import ServerConfig
+
+    engine = shared_engine(model, device="cpu")
+    with TestClient(create_app(ServerConfig(port=0), engine=engine)) as client:
+        if schemas:
+            files = sorted(Path(schemas).glob("*.json"))[:limit]
+            tally = run_schemas(client, files, max_tokens)
+            print(f"schemas: {tally.sent} sent, {tally.answered} answered, {sum(tally.refused.values())} refused "
+                  f"(400), {tally.server_errors} server errors (5xx); of the answered: {tally.valid} valid "
+                  f"(jsonschema), {tally.cut} cut by max_tokens={max_tokens}, {len(tally.invalid)} invalid")
+            for reason, count in tally.refused.most_common():
+                print(f"  refused {count}: {reason}")
+            for line in tally.invalid[:10]:
+                print(f"  invalid: {line}")
+        if bfcl:
+            questions = [json.loads(line) for line in Path(bfcl).read_text(encoding="utf-8").splitlines() if line][:limit]
+            expected = {}
+            if answers:
+                for line in Path(answers).read_text(encoding="utf-8").splitlines():
+                    if line:
+                        row = json.loads(line)
+                        expected[row["id"]] = row["ground_truth"]
+            calls = run_bfcl(client, questions, expected, max_tokens)
+            print(f"BFCL: {calls.asked} questions, {calls.valid} calls with valid arguments, "
+                  f"{calls.expected_function} the expected function, {calls.expected_values} the expected values; "
+                  f"{sum(calls.refused.values())} refused, {calls.server_errors} server errors")
+            for reason, count in calls.refused.most_common():
+                print(f"  refused {count}: {reason}")
+    if speed:
+        rows = speed_workloads(engine, tool_workloads() + json_workloads(), rounds)
+        print(format_speed(rows))
+        total = {key: sum(getattr(r, key) * r.tokens for r in rows) for key in ("ar_s", "ar_grammar_s", "mask_s",
+                                                                                 "hvd_s")}
+        print(f"all: mask {total['mask_s'] / total['ar_grammar_s']:.1%} of constrained ar's decoding; constrained ar "
+              f"{total['ar_grammar_s'] / total['ar_s']:.2f}x unconstrained ar's time per token; hvd "
+              f"{total['ar_grammar_s'] / total['hvd_s']:.2f}x constrained ar (decoding); "
+              f"same replies {sum(r.same_tokens for r in rows)}/{len(rows)}")

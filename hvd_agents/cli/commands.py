@@ -188,6 +188,14 @@ def cmd_bench_agents(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_structured(args: argparse.Namespace) -> int:
+    from hvd_agents.bench.structured import run_structured_benchmark
+
+    run_structured_benchmark(model=args.model, schemas=args.schemas, bfcl=args.bfcl, answers=args.answers,
+                             limit=args.limit, speed=args.speed, rounds=args.rounds, max_tokens=args.max_tokens)
+    return 0
+
+
 def cmd_analyze(args: argparse.Namespace) -> int:
     from hvd_agents.trace.analyze import AnalyzeOptions, run_analyze
 

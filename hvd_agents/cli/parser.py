@@ -140,6 +140,20 @@ def _add_bench_agents_parser(sub: argparse._SubParsersAction) -> None:
     agents.set_defaults(func=commands.cmd_bench_agents)
 
 
+def _add_bench_structured_parser(sub: argparse._SubParsersAction) -> None:
+    structured = sub.add_parser("bench-structured", help="structured output through the server (JSON schemas, strict "
+                                "forced calls) and constrained decoding's speed, one run")
+    structured.add_argument("--model", default=None)
+    structured.add_argument("--schemas", default=None, metavar="DIR", help="JSON schema files, sent as response_format")
+    structured.add_argument("--bfcl", default=None, metavar="FILE", help="BFCL questions (JSON lines), strict tools")
+    structured.add_argument("--answers", default=None, metavar="FILE", help="BFCL's possible answers for --bfcl")
+    structured.add_argument("--limit", type=int, default=100, help="the first N schema files / questions")
+    structured.add_argument("--max-tokens", type=int, default=256)
+    structured.add_argument("--speed", action="store_true", help="ar, ar under the grammar, hvd under it")
+    structured.add_argument("--rounds", type=int, default=2)
+    structured.set_defaults(func=commands.cmd_bench_structured)
+
+
 def _add_bench_model_parser(sub: argparse._SubParsersAction) -> None:
     model_bench = sub.add_parser("bench-model", help="the model drafter vs ar, hvd-cache and hvd, side by side")
     model_bench.add_argument("--model", default=None)
@@ -314,6 +328,7 @@ BUILDERS = (_add_generate_parser,
               _add_bench_drafter_parser,
               _add_bench_prefix_parser,
               _add_bench_agents_parser,
+              _add_bench_structured_parser,
               _add_bench_model_parser,
               _add_bench_kernels_parser,
               _add_bench_paths_parser,

@@ -35,7 +35,9 @@ def prompt_text(engine, index: int = -1) -> str:
 
 
 def test_a_forced_tool_call_whole_and_streamed(scripted) -> None:
-    engine = scripted(['{"city": ', '"Par', 'is"', "}}"], finish="stop")
+    # nothing is pre-filled: the model writes the whole call, under the call grammar (the scripted engine ignores it)
+    engine = scripted(['<tool_call>\n{"name": "get_weather", "arguments": {"city": ', '"Par', 'is"',
+                       "}}\n</tool_call>"], finish="stop")
     with running_server(engine) as url:
         client = anthropic_of(url)
         whole = client.messages.create(model=MODEL, max_tokens=32, messages=ASK, tools=[WEATHER], tool_choice=FORCED)
@@ -48,7 +50,10 @@ def test_a_forced_tool_call_whole_and_streamed(scripted) -> None:
     assert whole.stop_reason == "tool_use" and whole.id.startswith("msg_")
     assert [(block.type, block.name, block.input) for block in whole.content] == [
         ("tool_use", "get_weather", {"city": "Paris"})]
-    assert prompt_text(engine).endswith('<tool_call>\n{"name": "get_weather", "arguments": ')
+    params = engine.requests[-1][1]
+    assert prompt_text(engine).endswith("<|im_start|>assistant\n")
+    assert params.constraint.kind == "lark" and '"get_weather"' in params.constraint.source
+    assert "</tool_call>" not in params.stop  # the grammar ends the reply
     kinds = [line.removeprefix("event: ") for line in raw.text.splitlines() if line.startswith("event: ")]
     assert kinds == ["message_start", "content_block_start", "ping", *["content_block_delta"] * 4,
                      "content_block_stop", "message_delta", "message_stop"]
@@ -93,9 +98,12 @@ def test_stop_reasons_and_stop_settings(scripted) -> None:
     params = engine.requests[1][1]
     assert params.stop == ("cold",) and params.max_new_tokens == 9
     assert (params.temperature, params.top_p, params.top_k) == (0.5, 0.9, 5)
-    assert "<tool_call>" in engine.requests[2][1].stop  # none: generation stops where a call would start
-    assert "</tool_call>" in engine.requests[3][1].stop  # any, one call at most
-    assert engine.requests[3][0] != engine.requests[2][0]  # any forces the call's start
+    none, any_one = engine.requests[2][1], engine.requests[3][1]
+    assert "<tool_call>" in none.stop and none.constraint is None  # none: generation stops where a call would start
+    assert "</tool_call>" in any_one.stop  # any, one call at most
+    # any forces one call through its grammar, not through the prompt
+    assert any_one.constraint.kind == "lark" and '"get_weather"' in any_one.constraint.source
+    assert engine.requests[3][0] == engine.requests[2][0]
 
 
 def test_max_tokens_and_usage(scripted) -> None:
@@ -264,7 +272,8 @@ def test_a_full_queue_is_overloaded(scripted) -> None:
 
 
 def test_structured_output_is_the_chat_routes_response_format(scripted) -> None:
-    engine = scripted(['"name": "Ann", ', '"age": 7}', " and more text"], finish="stop")
+    # the model writes the whole object, '{' included; what an engine that ignores the grammar adds is cut
+    engine = scripted(['{"name": "Ann", ', '"age": 7}', " and more text"], finish="stop")
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}}
     person = [{"role": "user", "content": "A person."}]
     with running_server(engine) as url:
@@ -272,8 +281,11 @@ def test_structured_output_is_the_chat_routes_response_format(scripted) -> None:
             "format": {"type": "json_schema", "schema": schema}, "effort": "low"})
         client_of(url).chat.completions.create(model=MODEL, max_tokens=30, messages=person, response_format={
             "type": "json_schema", "json_schema": {"name": "person", "schema": schema}})
-    assert json.loads(message.content[0].text) == {"name": "Ann", "age": 7}
-    assert prompt_text(engine, 0) == prompt_text(engine, 1) and prompt_text(engine, 0).endswith("{")
+    assert message.content[0].text == '{"name": "Ann", "age": 7}'
+    assert prompt_text(engine, 0) == prompt_text(engine, 1) and prompt_text(engine, 0).endswith("assistant\n")
+    constraint = engine.requests[0][1].constraint
+    assert constraint == engine.requests[1][1].constraint  # the same grammar as the chat route's response_format
+    assert constraint.kind == "json_schema" and constraint.schema()["properties"] == schema["properties"]
 
 
 def test_system_messages_in_the_conversation(scripted) -> None:

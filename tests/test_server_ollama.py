@@ -66,7 +66,8 @@ def test_tool_calls_in_ollamas_shape(scripted) -> None:
 
 
 def test_format_is_the_chat_routes_response_format(scripted) -> None:
-    engine = scripted(['"name": "Ann", ', '"age": 7}', " and more"], finish="stop")
+    # the model writes the whole object, '{' included; what an engine that ignores the grammar adds is cut
+    engine = scripted(['{"name": "Ann", ', '"age": 7}', " and more"], finish="stop")
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}}
     person = [{"role": "user", "content": "A person."}]
     with running_server(engine) as url:
@@ -77,10 +78,14 @@ def test_format_is_the_chat_routes_response_format(scripted) -> None:
         client.chat(model=MODEL, messages=person, format="json")
         client_of(url).chat.completions.create(model=MODEL, messages=person, response_format={"type": "json_object"})
         generated = client.generate(model=MODEL, prompt="A person.", format=schema)
-    assert json.loads(structured.message.content) == {"name": "Ann", "age": 7}
-    assert json.loads(generated.response) == {"name": "Ann", "age": 7}
+    assert structured.message.content == generated.response == '{"name": "Ann", "age": 7}'
     assert prompt_text(engine, 0) == prompt_text(engine, 1) == prompt_text(engine, 4)
     assert prompt_text(engine, 2) == prompt_text(engine, 3) != prompt_text(engine, 0)
+    constraints = [params.constraint for _, params, _ in engine.requests]
+    # format is decoded under the same grammar as the chat route's response_format: the schema, or any object
+    assert constraints[0] == constraints[1] == constraints[4]
+    assert constraints[0].kind == "json_schema" and constraints[0].schema()["properties"] == schema["properties"]
+    assert constraints[2] == constraints[3] and constraints[2].schema() == {"type": "object"}
 
 
 def test_options_map_to_the_generation_settings(scripted) -> None:
@@ -157,11 +162,16 @@ def test_client_errors_and_the_key(engine) -> None:
 
 
 def test_tool_choice_extension(scripted) -> None:
-    engine = scripted(['{"city": ', '"Paris"}}'], finish="stop")
+    # nothing is pre-filled: the model writes the whole call, under the call grammar (the scripted engine ignores it)
+    engine = scripted(['<tool_call>\n{"name": "get_weather", "arguments": {"city": ', '"Paris"}}\n</tool_call>'],
+                      finish="stop")
     with running_server(engine) as url:
         forced = httpx.post(f"{url}/api/chat", json={"model": MODEL, "messages": ASK, "tools": [WEATHER],
                                                      "tool_choice": "get_weather", "stream": False}).json()
         refused = httpx.post(f"{url}/api/chat", json={"model": MODEL, "messages": ASK, "tool_choice": "required"})
     assert forced["message"]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": {"city": "Paris"}}
-    assert prompt_text(engine).endswith('<tool_call>\n{"name": "get_weather", "arguments": ')
+    params = engine.requests[-1][1]
+    assert prompt_text(engine).endswith("<|im_start|>assistant\n")
+    assert params.constraint.kind == "lark" and '"get_weather"' in params.constraint.source
+    assert "</tool_call>" not in params.stop  # the grammar ends the reply
     assert refused.status_code == 400 and "no tools" in refused.json()["error"]

@@ -327,3 +327,13 @@ def test_the_plan_is_the_same_as_with_every_node_built(data) -> None:
     plan = plan_tree(Draft(main), survival, alternatives, learned, cost, rate, k)
     assert (tuple(sorted(plan.draft.token_ids)), plan.choice.length) == _unpruned_plan(
         main, survival, alternatives, learned, cost, rate, k)
+
+
+def test_rates_skip_forks_the_engine_cut_off() -> None:
+    # the engine cuts a tree to a prefix (the budget, a runner's tree limit, a grammar's first refused path): a fork
+    # planned at node 4 of a 3-token tree was never verified and must not be read
+    rates = AlternativeRates(0.5, 0.5, ema=0.05)
+    draft = Draft((7, 8, 5), parents=(-1, 0, 0))  # main 7 8, alternative 5 to 8
+    before = (rates.fork_taken, rates.fork_expected)
+    rates.observe(draft, 2, (7, 9), (7, 8, 9, 9), forks=[(4, 0.3)])
+    assert (rates.fork_taken, rates.fork_expected) == before

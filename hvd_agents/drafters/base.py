@@ -169,36 +169,6 @@ class Draft:
         parents = None if self.parents is None else self.parents[:length]
         return Draft(self.token_ids[:length], probs, self.score, self.source, self.features, parents, self.survival)
 
-    def pruned(self, keep: Sequence[bool]) -> Draft:
-        """This draft with only the tokens ``keep`` marks (a kept token's parent must be kept too), its
-        parents renumbered; a chain stays a chain when what is kept is a prefix.
-
-        Raises:
-            ValueError: a kept token whose parent is not kept.
-
-        Example:
-            >>> Draft((7, 8, 9, 5), parents=(-1, 0, 1, 0)).pruned([True, False, False, True]).token_ids
-            (7, 5)
-        """
-        if all(keep):
-            return self
-        parents = self.parents if self.parents is not None else tuple(range(-1, len(self.token_ids) - 1))
-        index: dict[int, int] = {-1: -1}
-        tokens: list[int] = []
-        kept_parents: list[int] = []
-        for i, (token, parent) in enumerate(zip(self.token_ids, parents)):
-            if not keep[i]:
-                continue
-            if parent not in index:
-                raise ValueError(f"token {i} is kept but its parent {parent} is not")
-            index[i] = len(tokens)
-            tokens.append(token)
-            kept_parents.append(index[parent])
-        probs = None if self.probs is None else self.probs[[i for i in range(len(keep)) if keep[i]]]
-        tree = any(p != i - 1 for i, p in enumerate(kept_parents))
-        return Draft(tuple(tokens), probs, self.score, self.source, self.features,
-                     tuple(kept_parents) if tree else None, self.survival)
-
     def main_branch(self) -> Draft:
         """The draft without its alternatives (its leading chain)."""
         if not self.is_tree:

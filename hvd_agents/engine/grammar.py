@@ -14,8 +14,8 @@ row ``i`` is the target's distribution after ``x_i``, row 0 after ``last``):
   drawn. Plain constrained decoding is the same rule with ``d = 0``, so a speculative
   step's emitted tokens are those of plain constrained decoding, bit for bit (greedy), and
   have the constrained distribution (sampling).
-* **Drafts cut.** A deterministic draft token the grammar refuses, and everything after it,
-  is dropped before verification (:meth:`GrammarState.cut`): point-mass drafts never change
+* **Drafts cut.** A deterministic draft token the grammar refuses, and everything after it
+  (in a tree: every node from the first whose path is refused), is dropped before verification (:meth:`GrammarState.cut`): point-mass drafts never change
   what is drawn, only how many rows one forward covers. A draft sampled from a distribution
   q keeps its first refused token, which verification rejects (p is 0 there) before drawing
   from the residual: dropping it would condition the draft on the grammar and bias sampling.
@@ -219,8 +219,8 @@ class GrammarState:
         return self.matcher.is_accepting()
 
     def cut(self, draft: Draft) -> Draft:
-        """``draft`` without its first refused token and what follows it (a tree: without each node whose
-        path the grammar refuses, and their descendants)."""
+        """``draft`` cut before its first refused token (a tree: before its first node whose path is refused;
+        a draft sampled from q: after its first refused token, see the module docstring)."""
         if not draft.token_ids:
             return draft
         start = time.perf_counter()
@@ -231,9 +231,10 @@ class GrammarState:
             draft = draft.truncated(self.allows(draft.token_ids) + 1)
         elif not draft.is_tree:
             draft = draft.truncated(self.allows(draft.token_ids))
-        else:
-            keep = [self.allows(path) == len(path) for path in _paths(draft)]
-            draft = draft.pruned(keep)
+        else:  # a tree is cut before its first node whose path is refused: a prefix, as every cut of a draft
+            paths = _paths(draft)
+            draft = draft.truncated(next((i for i, path in enumerate(paths) if self.allows(path) < len(path)),
+                                         len(paths)))
         self.mask_s += time.perf_counter() - start
         return draft
 

@@ -132,7 +132,9 @@ class AlternativeRates:
         if tried:
             self.taken += self.ema * (float(any(tried)) - self.taken)
         parents = draft.parents or ()
-        tried_forks = [(node, chance) for node, chance in forks if rejected and parents[node] == main_accepted - 1]
+        # a fork the engine cut off (a draft is cut to a prefix: the budget, a tree's limit, a grammar) was not tried
+        tried_forks = [(node, chance) for node, chance in forks
+                       if rejected and node < len(parents) and parents[node] == main_accepted - 1]
         for node, chance in tried_forks:  # running sums, each earlier one weighed down by 1 - ema
             self.fork_taken = (1.0 - self.ema) * self.fork_taken + float(node in on_path)
             self.fork_expected = (1.0 - self.ema) * self.fork_expected + chance

@@ -74,7 +74,7 @@ def refusal_reason(message: str) -> str:
     return " ".join(message.split()[:8])
 
 
-def run_schemas(client: Any, files: Sequence[Path], max_tokens: int) -> SchemaTally:
+def run_schemas(client: Any, model: str, files: Sequence[Path], max_tokens: int) -> SchemaTally:
     """Send each schema as ``response_format`` and tally the outcomes (see the module docstring)."""
     import jsonschema
 
@@ -88,7 +88,7 @@ def run_schemas(client: Any, files: Sequence[Path], max_tokens: int) -> SchemaTa
             continue
         tally.sent += 1
         title = schema.get("title") or schema.get("description") or path.stem
-        body = {"model": "hvd", "max_tokens": max_tokens, "messages": [
+        body = {"model": model, "max_tokens": max_tokens, "messages": [
             {"role": "user", "content": f"Write a short example JSON document for: {str(title)[:200]}"}],
             "response_format": {"type": "json_schema", "json_schema": {"name": "doc", "schema": schema}}}
         reply = client.post("/v1/chat/completions", json=body)
@@ -134,7 +134,7 @@ def _matches(arguments: Mapping[str, Any], answer: Mapping[str, Sequence[Any]]) 
     return all(key in answer for key in arguments)
 
 
-def run_bfcl(client: Any, questions: Iterable[Mapping[str, Any]], answers: Mapping[str, Any],
+def run_bfcl(client: Any, model: str, questions: Iterable[Mapping[str, Any]], answers: Mapping[str, Any],
              max_tokens: int) -> CallTally:
     """Ask each question with its functions as strict tools and a forced call; tally the calls."""
     import jsonschema
@@ -144,7 +144,7 @@ def run_bfcl(client: Any, questions: Iterable[Mapping[str, Any]], answers: Mappi
         functions = [dict(f, parameters=bfcl_schema(f.get("parameters") or {"type": "object"}), strict=True)
                      for f in question["function"]]
         tools = [{"type": "function", "function": f} for f in functions]
-        body = {"model": "hvd", "max_tokens": max_tokens, "messages": question["question"][0], "tools": tools,
+        body = {"model": model, "max_tokens": max_tokens, "messages": question["question"][0], "tools": tools,
                 "tool_choice": "required"}
         tally.asked += 1
         reply = client.post("/v1/chat/completions", json=body)
@@ -284,7 +284,8 @@ def json_workloads() -> list[tuple[str, dict[str, Any]]]:
 
 
 def run_structured_benchmark(*, model: str | None, schemas: str | None, bfcl: str | None, answers: str | None,
-                             limit: int, speed: bool, rounds: int, max_tokens: int) -> None:
+                             limit: int, questions: int, speed: bool, rounds: int, max_tokens: int,
+                             tool_calls: int) -> None:
     """Run the parts asked for (see the module docstring) and print their tables."""
     from fastapi.testclient import TestClient
 
@@ -294,9 +295,10 @@ def run_structured_benchmark(*, model: str | None, schemas: str | None, bfcl: st
 
     engine = shared_engine(model, device="cpu")
     with TestClient(create_app(ServerConfig(port=0), engine=engine)) as client:
+        name = client.get("/v1/models").json()["data"][0]["id"]
         if schemas:
             files = sorted(Path(schemas).glob("*.json"))[:limit]
-            tally = run_schemas(client, files, max_tokens)
+            tally = run_schemas(client, name, files, max_tokens)
             print(f"schemas: {tally.sent} sent, {tally.answered} answered, {sum(tally.refused.values())} refused "
                   f"(400), {tally.server_errors} server errors (5xx); of the answered: {tally.valid} valid "
                   f"(jsonschema), {tally.cut} cut by max_tokens={max_tokens}, {len(tally.invalid)} invalid")
@@ -305,21 +307,21 @@ def run_structured_benchmark(*, model: str | None, schemas: str | None, bfcl: st
             for line in tally.invalid[:10]:
                 print(f"  invalid: {line}")
         if bfcl:
-            questions = [json.loads(line) for line in Path(bfcl).read_text(encoding="utf-8").splitlines() if line][:limit]
+            asked = [json.loads(line) for line in Path(bfcl).read_text(encoding="utf-8").splitlines() if line][:questions]
             expected = {}
             if answers:
                 for line in Path(answers).read_text(encoding="utf-8").splitlines():
                     if line:
                         row = json.loads(line)
                         expected[row["id"]] = row["ground_truth"]
-            calls = run_bfcl(client, questions, expected, max_tokens)
+            calls = run_bfcl(client, name, asked, expected, max_tokens)
             print(f"BFCL: {calls.asked} questions, {calls.valid} calls with valid arguments, "
                   f"{calls.expected_function} the expected function, {calls.expected_values} the expected values; "
                   f"{sum(calls.refused.values())} refused, {calls.server_errors} server errors")
             for reason, count in calls.refused.most_common():
                 print(f"  refused {count}: {reason}")
     if speed:
-        rows = speed_workloads(engine, tool_workloads() + json_workloads(), rounds)
+        rows = speed_workloads(engine, tool_workloads(tool_calls) + json_workloads(), rounds)
         print(format_speed(rows))
         total = {key: sum(getattr(r, key) * r.tokens for r in rows) for key in ("ar_s", "ar_grammar_s", "mask_s",
                                                                                  "hvd_s")}

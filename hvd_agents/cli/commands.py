@@ -192,7 +192,8 @@ def cmd_bench_structured(args: argparse.Namespace) -> int:
     from hvd_agents.bench.structured import run_structured_benchmark
 
     run_structured_benchmark(model=args.model, schemas=args.schemas, bfcl=args.bfcl, answers=args.answers,
-                             limit=args.limit, speed=args.speed, rounds=args.rounds, max_tokens=args.max_tokens)
+                             limit=args.limit, questions=args.questions, speed=args.speed, rounds=args.rounds,
+                             max_tokens=args.max_tokens, tool_calls=args.tool_calls)
     return 0
 
 

@@ -147,7 +147,10 @@ def _add_bench_structured_parser(sub: argparse._SubParsersAction) -> None:
     structured.add_argument("--schemas", default=None, metavar="DIR", help="JSON schema files, sent as response_format")
     structured.add_argument("--bfcl", default=None, metavar="FILE", help="BFCL questions (JSON lines), strict tools")
     structured.add_argument("--answers", default=None, metavar="FILE", help="BFCL's possible answers for --bfcl")
-    structured.add_argument("--limit", type=int, default=100, help="the first N schema files / questions")
+    structured.add_argument("--limit", type=int, default=100, help="the first N schema files")
+    structured.add_argument("--questions", type=int, default=40, help="the first N BFCL questions")
+    structured.add_argument("--tool-calls", type=int, default=8,
+                            help="--speed: the first N recorded model calls with tools of the examples")
     structured.add_argument("--max-tokens", type=int, default=256)
     structured.add_argument("--speed", action="store_true", help="ar, ar under the grammar, hvd under it")
     structured.add_argument("--rounds", type=int, default=2)

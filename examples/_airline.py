@@ -1,8 +1,9 @@
 """The airline customer-service workflow shared by ``airline_langchain.py`` and ``own_model.py``.
 
 An in-memory airline (users, reservations, flights), four tools that return JSON, an
-earlier exchange that shows the model the call pattern, and the user's turns, each
-with the tool calls a correct agent makes (the plan that steers a small model).
+earlier exchange with one call per tool (it teaches a small model the argument values),
+and the user's turns, each with the tool calls a correct agent makes (the plan that
+steers a small model: which tool it must call).
 No network: every tool reads and writes the dicts below.
 """
 
@@ -10,8 +11,15 @@ No network: every tool reads and writes the dicts below.
 # FunctionTool read these functions' annotations at run time.
 import copy
 import json
+from typing import Annotated
 
 from _tools import call_tool, string_tool
+from pydantic import Field
+
+AIRPORT = "^[A-Z]{3}$"
+"""An airport code, as the tools declare it: three capital letters (a pattern the call's grammar holds)."""
+
+Airport = Annotated[str, Field(pattern=AIRPORT)]
 
 SYSTEM = ("You are an airline customer-service agent. Look up the user, their reservations and flights with "
           "the tools before you answer, and change a reservation only when the user asks for it.")
@@ -64,7 +72,7 @@ class Airline:
         reservation = self.reservations.get(reservation_id)
         return json.dumps(reservation if reservation else {"error": f"no reservation {reservation_id}"})
 
-    def search_direct_flight(self, origin: str, destination: str, date: str) -> str:
+    def search_direct_flight(self, origin: Airport, destination: Airport, date: str) -> str:
         """Search the direct flights from an origin to a destination airport on a date (YYYY-MM-DD)."""
         self.calls.append(("search_direct_flight", {"origin": origin, "destination": destination, "date": date}))
         found = [f for f in _FLIGHTS if (f["route"], f["date"]) == (f"{origin}-{destination}", date)]
@@ -97,8 +105,9 @@ TOOL_SCHEMAS = [
     string_tool("get_user_details", Airline.get_user_details.__doc__, user_id="The user's id, e.g. omar_davis_3817"),
     string_tool("get_reservation_details", Airline.get_reservation_details.__doc__,
                 reservation_id="The reservation id, e.g. JG7FMM"),
-    string_tool("search_direct_flight", Airline.search_direct_flight.__doc__, origin="Origin airport code",
-                destination="Destination airport code", date="Date as YYYY-MM-DD"),
+    string_tool("search_direct_flight", Airline.search_direct_flight.__doc__, patterns={
+        "origin": AIRPORT, "destination": AIRPORT}, origin="Origin airport code", destination="Destination airport code",
+                date="Date as YYYY-MM-DD"),
     string_tool("update_reservation_flights", Airline.update_reservation_flights.__doc__,
                 reservation_id="The reservation id", flight_number="The new flight number", date="Date as YYYY-MM-DD"),
 ]
@@ -155,8 +164,8 @@ def planned_tool(turn: int, calls_so_far: int) -> str | None:
 def planned_choice(turn: int, results_so_far: int) -> str:
     """The ``tool_choice`` that steers a small model through ``TURNS[turn]``.
 
-    The planned tool by name while the turn still needs a call (the reply is pre-filled
-    with the call's start, so the model writes only the arguments), then ``"none"``
-    (the model answers from the results).
+    The planned tool by name while the turn still needs a call (a grammar: the reply is
+    exactly one call to it, arguments valid against its schema), then ``"none"`` (the
+    model answers from the results).
     """
     return planned_tool(turn, results_so_far) or "none"

@@ -4,8 +4,11 @@ One user turn: call the model with the conversation and the tools, execute the t
 calls it makes, send the results back, and repeat until it answers without a call (or
 ``max_calls`` calls were made). Every model call goes through
 :func:`hvd_agents.chat.request.build_chat_request`, the path both adapters and the
-server take: it applies ``tool_choice`` and registers the conversation in the
-engine's cache store, so later calls can copy earlier turns and tool outputs.
+server take: it turns ``tool_choice`` into the grammar the reply is decoded under (a
+forced tool: exactly one call to it, its arguments valid against its schema;
+``"auto"``: text, or valid calls once the model opens one) and registers the
+conversation in the engine's cache store, so later calls can copy earlier turns and
+tool outputs. Nothing of the reply is pre-filled: every call the model writes parses.
 """
 
 from __future__ import annotations
@@ -22,18 +25,6 @@ from hvd_agents.engine import Engine
 
 Plan = Callable[[int], "str | None"]
 """A function of the number of tool calls so far in this turn: the tool to call next, or None to answer."""
-
-
-def call_start(name: str) -> str:
-    """The start of a call to ``name``, up to its first argument's opening quote.
-
-    What steers a small model best. A forced ``tool_choice`` pre-fills up to
-    ``"arguments": `` (with its space); SmolLM2-135M, continuing from there, often
-    writes a bare value or echoes the schema, while from ``{"`` it writes the object
-    as in the example calls of its history. (Tools without arguments need the forced
-    choice instead.)
-    """
-    return f'<tool_call>\n{{"name": "{name}", "arguments": {{"'
 
 
 @dataclass(frozen=True)
@@ -68,9 +59,10 @@ def agent_turn(
         settings: generation settings.
         session_id: the conversation's key in the engine's cache store.
         report: receives each model call's stats.
-        plan: steers a small model: each call is pre-filled with :func:`call_start` of
-            the planned tool, and once ``plan`` returns None the call forbids tools
-            (``tool_choice="none"``: the model answers). None: ``"auto"``, the model decides.
+        plan: steers a small model: each call forces the planned tool (``tool_choice`` set
+            to its name: the model writes that call's arguments under its schema's grammar),
+            and once ``plan`` returns None the call forbids tools (``tool_choice="none"``: the
+            model answers). None: ``"auto"``, the model decides.
         max_calls: the most tool calls in this turn; the call after them forbids tools.
 
     Returns:
@@ -79,9 +71,9 @@ def agent_turn(
     calls: list[Call] = []
     while True:
         planned = plan(len(calls)) if plan is not None and len(calls) < max_calls else None
-        choice = "none" if len(calls) >= max_calls or (plan is not None and planned is None) else "auto"
+        choice = "none" if len(calls) >= max_calls or (plan is not None and planned is None) else planned or "auto"
         request = build_chat_request(engine, messages, tools, settings=settings, tool_choice=choice,
-                                     session_id=session_id, prefix=call_start(planned) if planned else "")
+                                     session_id=session_id)
         reply = collect(stream_reply_deltas(request))
         report.add_call(reply.summary.hvd_stats)
         parsed = reply.parsed()

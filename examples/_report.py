@@ -17,8 +17,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-MODEL_NOTE = ("The embedded SmolLM2-135M shows the speed and the identical tokens; steered (a forced tool_choice "
-              "each turn) it makes the planned calls, but it often misreads their results in its answers. For an "
+MODEL_NOTE = ("The embedded SmolLM2-135M shows the speed and the identical tokens; steered (the turn's tool forced "
+              "by tool_choice) it makes the planned calls, but it often misreads their results in its answers. For an "
               "agent that reasons, run your model: python examples/own_model.py --model HUB_ID_OR_PATH_OR_GGUF")
 
 

@@ -6,9 +6,12 @@ import json
 from collections.abc import Callable, Sequence
 
 
-def string_tool(name: str, description: str, **params: str) -> dict:
-    """An OpenAI-style tool schema whose parameters (name -> description) are all required strings."""
-    properties = {key: {"type": "string", "description": text} for key, text in params.items()}
+def string_tool(name: str, description: str, patterns: dict[str, str] | None = None, **params: str) -> dict:
+    """An OpenAI-style tool schema whose parameters (name -> description) are all required strings; ``patterns``
+    gives some of them a regular expression their value must match (JSON Schema ``pattern``)."""
+    patterns = patterns or {}
+    properties = {key: {"type": "string", "description": text} | ({"pattern": patterns[key]} if key in patterns else {})
+                  for key, text in params.items()}
     return {"type": "function", "function": {
         "name": name, "description": description,
         "parameters": {"type": "object", "properties": properties, "required": list(params)}}}

@@ -22,12 +22,17 @@ each turn's wall time, decode tokens/s, tokens per step, whether every model cal
 produced the same tokens, and the speedup.
 
 The embedded SmolLM2-135M does not call tools on its own (asked free-form it answers
-in prose or writes code). The example steers it with what works for small models, as
-``own_model.py`` does: an earlier conversation in the history that shows one call per
-tool, and a ``wrap_model_call`` middleware that sets ``tool_choice`` to the turn's
-planned tool (the reply is pre-filled with the call's start; the model writes the
-arguments) and to ``"none"`` once the result is in. With a capable model
-(``own_model.py --model ...``) drop both.
+in prose or writes code), so one thing is steered: a ``wrap_model_call`` middleware
+sets ``tool_choice`` to the turn's planned tool by name (the model does not pick tools
+on its own) and to ``"none"`` once the result is in (the model answers). A forced
+``tool_choice`` is a grammar: the reply is exactly one call to that tool, written whole
+by the model (nothing pre-filled) and valid against the tool's schema, so every call
+parses by construction. The earlier conversation in the history, one call per tool,
+stays because it teaches the argument values (which id, which flight): without it the
+model's arguments are wrong. The tools declare airport codes as three capital letters
+(``_airline.AIRPORT``, a JSON Schema ``pattern``), a contract the call's grammar holds:
+it is what keeps the model from writing the route (``JFK-SEA``) as both airports. With a
+capable model (``own_model.py --model ...``) drop the steering.
 """
 
 from __future__ import annotations
@@ -54,8 +59,9 @@ from hvd_agents.engine.shared import shared_engine
 from hvd_agents.runtime.progress import set_quiet, waiting
 
 THREAD = "airline-langchain"
-STEERING = ("an earlier exchange with one call per tool in the history; each turn's planned tool forced by "
-            "tool_choice until its result is in, then tool_choice=\"none\"")
+STEERING = ("each turn's planned tool forced by name (tool_choice; the call is decoded under its grammar) until its "
+            "result is in, then tool_choice=\"none\"; an earlier exchange with one call per tool in the history "
+            "(it teaches the values)")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -91,6 +97,7 @@ class Conversation:
                                   middleware=[steer_tool_choice], checkpointer=InMemorySaver())
         self.report = Report("airline agent, LangChain create_agent", method)
         self.messages: list = []
+        self.parsed_calls = self.invalid_calls = 0
 
     def turn(self, index: int, question: str, *, echo: bool) -> None:
         """Run user turn ``index``; print its calls, results and answer when ``echo``."""
@@ -101,6 +108,8 @@ class Conversation:
         for message in turn:
             if isinstance(message, AIMessage):
                 self.report.add_call(message.response_metadata.get("hvd_stats"))
+                self.parsed_calls += len(message.tool_calls)
+                self.invalid_calls += len(message.invalid_tool_calls)
                 for call in message.tool_calls if echo else ():
                     print(f"  -> {call['name']}({call['args']})")
             elif isinstance(message, ToolMessage) and echo:
@@ -166,6 +175,9 @@ def main(argv: list[str] | None = None, engine: Engine | None = None) -> tuple[A
                       f"{run.report.turns[-1].wall_s:.2f} s)", flush=True)
     print()
     run.report.print()
+    print(f"tool calls: {run.parsed_calls} of {run.parsed_calls + run.invalid_calls} parsed; each is decoded under "
+          "the tool's grammar (parses by construction; nothing pre-filled)")
+    print(f"still steered: {STEERING}")
     if args.save:
         recording.conversation().save(args.save)
         print(f"recorded {len(recording.calls)} model calls to {args.save}")

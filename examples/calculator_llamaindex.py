@@ -11,13 +11,16 @@ the agent sees the whole conversation and every model call registers it in the
 engine's cache store under one session. The system prompt starts with the
 ``agent-system`` template.
 
-The embedded SmolLM2-135M does not call tools on its own. The example steers it with
-what works for small models: an earlier conversation in the history that shows one
-call per tool, ``HVD(reply_prefix=...)`` given a function of the call's messages that
-pre-fills the turn's planned call up to its first argument (the model writes the
-arguments), and ``HVD(tool_choice=...)`` that returns ``"none"`` once the result is in
-(the model answers, and cannot start another call). With a capable model
-(``HVD(model=...)``) drop all three.
+The embedded SmolLM2-135M does not call tools on its own, so one thing is steered:
+``HVD(tool_choice=...)``, given a function of the call's messages, forces the turn's
+planned tool by name until its result is in (the model does not pick tools on its own),
+then returns ``"none"`` (the model answers, and cannot start another call). The forced
+call is decoded under the tool's grammar: the model writes the whole call, name and
+arguments, and it parses by construction (arguments valid against the tool's schema);
+nothing of the reply is pre-filled. The earlier conversation in the history, one call
+per tool, stays because it teaches the argument values: without it the model's
+arguments (which numbers, which file name) are wrong. With a capable model
+(``HVD(model=...)``) drop both.
 """
 
 from __future__ import annotations
@@ -43,10 +46,8 @@ from hvd_agents.runtime.progress import set_quiet
 
 SYSTEM = "You are a careful assistant. Compute with the calculator and keep notes in the file store."
 
-# The start of a steered call. A forced tool_choice pre-fills up to '"arguments": ', after which
-# SmolLM2-135M writes a number argument bare (`"arguments": 1234, ...`); pre-filled up to the
-# first key's quote, it writes the object as in the example exchange.
-CALL_START = '<tool_call>\n{{"name": "{name}", "arguments": {{"'
+STEERING = ("each turn's planned tool forced by name (tool_choice; the call is decoded under its grammar), then "
+            "tool_choice=\"none\"; an earlier exchange with one call per tool in the history (it teaches the values)")
 
 # The user's turns and the calls a correct agent makes in each (name, arguments).
 TURNS = [
@@ -119,15 +120,10 @@ def _planned_tool(messages: list[ChatMessage]) -> str | None:
     return plan[results][0] if results < len(plan) else None
 
 
-def planned_prefix(messages: list[ChatMessage]) -> str:
-    """The start of the planned call, up to the first argument's opening quote (else nothing)."""
-    name = _planned_tool(messages)
-    return CALL_START.format(name=name) if name else ""
-
-
 def planned_choice(messages: list[ChatMessage]) -> str:
-    """``"auto"`` while a call is planned (its start is pre-filled), then ``"none"``: the model answers."""
-    return "auto" if _planned_tool(messages) else "none"
+    """The planned tool by name while the turn still needs its call (a grammar: the reply is exactly one valid
+    call to it), then ``"none"``: the model answers."""
+    return _planned_tool(messages) or "none"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -146,7 +142,7 @@ async def run(args: argparse.Namespace, engine: Engine) -> tuple[Workspace, list
     workspace = Workspace()
     [system] = apply_system_template([{"role": "system", "content": SYSTEM}], load_template("agent-system"))
     llm = HVD(engine=engine, method=args.method, max_tokens=args.max_new_tokens, tool_choice=planned_choice,
-              reply_prefix=planned_prefix, session_id="calculator-llamaindex")
+              session_id="calculator-llamaindex")
     agent = FunctionAgent(tools=workspace.tools(), llm=llm, system_prompt=system["content"])
     report = Report("calculator and files, LlamaIndex FunctionAgent", args.method)
     history, answers = list(EXAMPLE), []
@@ -188,8 +184,7 @@ def main(argv: list[str] | None = None, engine: Engine | None = None) -> tuple[W
     command = " ".join(["python examples/calculator_llamaindex.py", *(sys.argv[1:] if argv is None else argv)])
     with save_calls(args.save, engine, "calculator_llamaindex", title="calculator and file store, LlamaIndex "
                     "FunctionAgent on HVD (multiply, write a file, read it back)", command=command,
-                    steering="an earlier exchange with one call per tool in the history; each planned call "
-                    "pre-filled up to its first argument (reply_prefix), then tool_choice=\"none\""):
+                    steering=STEERING):
         return asyncio.run(run(args, engine))
 
 

@@ -12,11 +12,12 @@ calls repeat paths and lines from them, which is what the cache drafter copies. 
 system prompt starts with the ``agent-system`` template and the tool schemas are
 canonicalised.
 
-The embedded SmolLM2-135M does not run such a loop on its own. The example steers it
-with what works for small models: an earlier task in the history that shows the four
-calls, each step's reply pre-filled with the planned call's start up to its first
-argument (``_loop.call_start``; the model writes the arguments), then
-``tool_choice="none"`` for the answer.
+The embedded SmolLM2-135M does not run such a loop on its own, so it is steered: each
+step forces the planned tool by name (``tool_choice``: the model does not pick tools on
+its own), then ``tool_choice="none"`` for the answer; an earlier solved task in the
+history shows the four calls, because it teaches the argument values (the paths and
+the snippet to replace). The forced call is decoded under the tool's grammar: the model
+writes it whole (nothing pre-filled) and it parses by construction.
 ``own_model.py --model ...`` shows a free-running agent on a capable model.
 """
 
@@ -184,8 +185,9 @@ def main(argv: list[str] | None = None, engine: Engine | None = None) -> tuple[R
     command = " ".join(["python examples/coding_loop.py", *(sys.argv[1:] if argv is None else argv)])
     with save_calls(args.save, engine, "coding_loop", title="coding loop, framework-free (list files, read a "
                     "file, edit it, run a check; long tool outputs)", command=command,
-                    steering="an earlier solved task in the history; each planned call pre-filled up to its "
-                    "first argument, then tool_choice=\"none\""):
+                    steering="each planned tool forced by name (tool_choice; the call is decoded under its "
+                    "grammar), then tool_choice=\"none\"; an earlier solved task in the history (it teaches the "
+                    "values)"):
         for request, *_ in TASKS:
             print(f"\nuser: {request}")
             messages.append({"role": "user", "content": request})

@@ -15,10 +15,14 @@ cache drafter can copy from the earlier turns.
 With ``--model`` the model decides on its own whether and which tool to call
 (``tool_choice="auto"``): use a model that follows tool calls (a 1B+ instruct model).
 The embedded SmolLM2-135M does not: left free it answers in prose or writes code. So
-on it (or with ``--steer``) the example steers it with what works for small models:
-an earlier exchange in the history that shows one call per tool, each reply pre-filled
-with the turn's planned call up to its first argument (``_loop.call_start``; the
-model writes the arguments), then ``tool_choice="none"`` for the answer.
+on it (or with ``--steer``) the example steers it: each call forces the turn's planned
+tool by name (``tool_choice``: the model does not pick tools on its own), then
+``tool_choice="none"`` for the answer; and an earlier exchange in the history shows one
+call per tool, because it teaches the argument values (without it the values are
+wrong). Every call, steered or free, is decoded under the tools' grammar (a forced
+tool: exactly one call to it; ``"auto"``: text, or valid calls once the model opens
+one), so it parses by construction: nothing of the reply is pre-filled; the airport
+codes are declared as three capital letters (a schema ``pattern`` the grammar holds).
 """
 
 from __future__ import annotations
@@ -75,7 +79,7 @@ def main(argv: list[str] | None = None, engine: Engine | None = None) -> tuple[A
     started = time.perf_counter()
     engine = engine or shared_engine(args.model, device=args.device)
     print(f"model loaded in {time.perf_counter() - started:.1f} s; "
-          f"{'steered (example exchange + pre-filled calls)' if steer else 'free-running (tool_choice=auto)'}")
+          f"{'steered (example exchange + forced tool_choice)' if steer else 'free-running (tool_choice=auto)'}")
     airline = Airline()
     tools = canonicalize_tools(TOOL_SCHEMAS)
     history = EXAMPLE if steer else []
@@ -83,8 +87,9 @@ def main(argv: list[str] | None = None, engine: Engine | None = None) -> tuple[A
     settings = ChatSettings(method=args.method, max_tokens=args.max_new_tokens)
     report = Report("airline agent, framework-free loop", args.method)
     command = " ".join(["python examples/own_model.py", *(sys.argv[1:] if argv is None else argv)])
-    steering = ("an earlier exchange with one call per tool in the history; each planned call pre-filled up to its "
-                "first argument, then tool_choice=\"none\"") if steer else ""
+    steering = ("each planned tool forced by name (tool_choice; the call is decoded under its grammar), then "
+                "tool_choice=\"none\"; an earlier exchange with one call per tool in the history (it teaches the "
+                "values)") if steer else ""
     with save_calls(args.save, engine, "own_model", title="airline customer-service agent, framework-free loop "
                     f"({'steered' if steer else 'free-running'})", command=command, steering=steering):
         for index, (question, _) in enumerate(TURNS[:args.max_turns]):

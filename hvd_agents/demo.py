@@ -2,12 +2,16 @@
 
 The conversation already holds an earlier exchange (as in any agent loop). The
 user asks a new question; the model is required to answer with a tool call
-(``tool_choice="required"``: the turn is pre-filled with ``<tool_call>``), the call
-is parsed and executed (a canned weather lookup), the result goes back, and the
-model writes the answer. Each generation prints its text and decoding stats; then the
-same two calls run again with plain greedy decoding (``ar``), and a side-by-side shows
-the time of each call, its decoding rate, the tokens per target forward pass and
-whether both methods produced the same tokens.
+(``tool_choice="required"``): the reply is decoded under the tools' grammar
+(:func:`~hvd_agents.chat.constraints.reply_constraint`), so the model writes the whole
+call, ``<tool_call>`` and name and arguments, nothing pre-filled, and it parses by
+construction (a declared tool, arguments valid against its schema). The call is
+executed (a canned weather lookup), the result goes back, and the model writes the
+answer. What is still steered: the forced ``tool_choice`` (the embedded 135M model does
+not choose to call a tool on its own). Each generation prints its text and decoding
+stats; then the same two calls run again with plain greedy decoding (``ar``), and a
+side-by-side shows the time of each call, its decoding rate, the tokens per target
+forward pass and whether both methods produced the same tokens.
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ import time
 from dataclasses import dataclass
 
 from hvd_agents.bench.prompts import SYSTEM, WEATHER_TOOL
+from hvd_agents.chat.constraints import reply_constraint
 from hvd_agents.chat.conversation import prepare
-from hvd_agents.chat.toolcalls import ToolCall, forced_call_prefix, parse_tool_calls
+from hvd_agents.chat.toolcalls import ToolCall, parse_tool_calls
 from hvd_agents.engine import Engine, GenerationParams, GenerationResult
 from hvd_agents.engine.shared import shared_engine
 
@@ -55,8 +60,12 @@ def _history() -> list[dict]:
     ]
 
 
-MODEL_NOTE = ("The embedded SmolLM2-135M shows the speed and the identical tokens; steered (a forced tool_choice) "
-              "it makes the call, but it often misreads results. For an agent that reasons, point it at your model: "
+GRAMMAR_NOTE = ("The call is decoded under the tools' grammar (tool_choice=required): nothing of it is pre-filled, "
+                "and it parses by construction. Still steered: the forced tool_choice (the embedded model does not "
+                "call a tool on its own).")
+
+MODEL_NOTE = ("The embedded SmolLM2-135M shows the speed and the identical tokens; forced to call, it writes a valid "
+              "call, but it often misreads results. For an agent that reasons, point it at your model: "
               "hvd-agents demo --model HUB_ID_OR_PATH_OR_GGUF")
 
 
@@ -71,21 +80,20 @@ class DemoCall:
     wall_s: float
 
 
-def _generate(engine: Engine, label: str, title: str, messages: list[dict], params: GenerationParams, prefix: str = "",
-              suffix: str = "") -> DemoCall:
-    tools = [WEATHER_TOOL]
+def _generate(engine: Engine, label: str, title: str, messages: list[dict], params: GenerationParams) -> DemoCall:
     started = time.perf_counter()
-    structure = prepare(engine, messages, tools, assistant_prefix=prefix)
+    structure = prepare(engine, messages, [WEATHER_TOOL])
     result = engine.generate(structure.prompt_ids, params, structure=structure)
-    return DemoCall(label, title, prefix + result.text + suffix, result, time.perf_counter() - started)
+    return DemoCall(label, title, result.text, result, time.perf_counter() - started)
 
 
 def run_turn(engine: Engine, method: str) -> list[DemoCall]:
     """The demo's agent turn by ``method``: a forced tool call, the tool, the answer."""
     messages = _history() + [{"role": "user", "content": "And what's the weather like in Paris today?"}]
-    params = GenerationParams(max_new_tokens=64, method=method, stop=("</tool_call>",))
-    call = _generate(engine, "tool call", "assistant: tool call (tool_choice=required)", messages, params,
-                     forced_call_prefix("required", [WEATHER_TOOL]), "</tool_call>")
+    grammar = reply_constraint(engine, [WEATHER_TOOL], "required", None, json_mode=False, json_strict=False)
+    params = GenerationParams(max_new_tokens=64, method=method, constraint=grammar)
+    call = _generate(engine, "tool call", "assistant: tool call (tool_choice=required, under the tools' grammar)",
+                     messages, params)
     parsed = parse_tool_calls(call.text)
     if not parsed.tool_calls:
         return [call]
@@ -112,7 +120,7 @@ def side_by_side(fast: list[DemoCall], plain: list[DemoCall], method: str) -> li
     out.append(_pair("total", fast, plain))
     identical = len(fast) == len(plain) and all(f.result.token_ids == p.result.token_ids for f, p in zip(fast, plain))
     out.append(f"identical tokens: {'yes' if identical else 'no'}")
-    out.append(MODEL_NOTE)
+    out.extend((GRAMMAR_NOTE, MODEL_NOTE))
     return out
 
 

@@ -31,8 +31,11 @@ def test_demo_runs_hvd_then_ar_with_identical_tokens(real_engine, monkeypatch, c
     monkeypatch.setattr(demo, "shared_engine", lambda *args, **kwargs: real_engine)
     demo.run_demo()
     out = capsys.readouterr().out
-    assert "== assistant: tool call (tool_choice=required)" in out and "-> get_weather(" in out
+    # nothing pre-filled: the model wrote the call's opening and name itself, under the tools' grammar
+    assert "== assistant: tool call (tool_choice=required, under the tools' grammar)\n<tool_call>\n" \
+        '{"name": "get_weather", "arguments": {' in out and "-> get_weather(" in out
     table = out.split("== hvd against plain greedy decoding (ar)", 1)[1]
     assert re.search(r"^tool call .* yes$", table, re.MULTILINE), table
     assert re.search(r"^answer .* yes$", table, re.MULTILINE), table
     assert "identical tokens: yes" in table and "--model" in table
+    assert demo.GRAMMAR_NOTE in table

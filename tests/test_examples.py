@@ -40,6 +40,8 @@ def test_airline_langchain_agent_looks_up_the_user_and_compares_with_ar(real_eng
     assert messages[-1].content.strip() and not messages[-1].tool_calls
     assert len(report.turns) == 1 and len(report.turns[0].calls) == 2  # the steered call, then the answer
     out = capsys.readouterr().out
+    assert "tool calls: 1 of 1 parsed; each is decoded under the tool's grammar" in out
+    assert f"still steered: {airline_langchain.STEERING}" in out and "forced by name" in airline_langchain.STEERING
     _summary_has_numbers(out, turns=1)
     # the side by side: the plain run made the same two calls with the same tokens
     assert re.search(r"^== hvd against plain decoding \(ar\)", out, re.MULTILINE), out
@@ -68,7 +70,8 @@ def test_side_by_side_says_no_when_a_call_differs() -> None:
 def test_calculator_llamaindex_agent_multiplies_and_equals_ar(real_engine, capsys) -> None:
     import calculator_llamaindex
 
-    argv = ["--max-turns", "1", "--max-new-tokens", "32"]
+    # the model writes the whole call (nothing pre-filled): its opening, name and arguments take ~30 tokens
+    argv = ["--max-turns", "1", "--max-new-tokens", "64"]
     workspace, answers, _ = calculator_llamaindex.main(argv, engine=real_engine)
     assert workspace.calls == [("multiply", {"a": 1234, "b": 56})]
     assert "69104" in answers[0]
@@ -91,11 +94,11 @@ def test_own_model_is_steered_on_the_embedded_model_and_equals_ar(real_engine, c
     import own_model
 
     assert own_model.parse_args([]).steer is None and own_model.parse_args(["--free"]).steer is False
-    argv = ["--max-turns", "1", "--max-new-tokens", "40"]
+    argv = ["--max-turns", "1", "--max-new-tokens", "64"]  # the whole call is the model's (nothing pre-filled)
     airline, messages, _ = own_model.main(argv, engine=real_engine)
     assert airline.calls == [("get_user_details", {"user_id": "mia_li_3668"})]
     out = capsys.readouterr().out
-    assert "steered (example exchange + pre-filled calls)" in out
+    assert "steered (example exchange + forced tool_choice)" in out
     _summary_has_numbers(out, turns=1)
     _, plain_messages, _ = own_model.main([*argv, "--method", "ar"], engine=real_engine)
     assert plain_messages == messages

@@ -57,7 +57,8 @@ def test_recorder_keeps_each_calls_request_and_reply_and_restores_the_chat_path(
         "history rewritten"
     assert conv.call_messages(1) == messages and conv.call_tools(0) == TOOLS and len(conv.tool_sets) == 1
     first, second = conv.calls[:2]
-    assert first.assistant_prefix.startswith("<tool_call>") and "</tool_call>" in first.stop
+    # a forced call is decoded under the tool's grammar: nothing pre-filled, the model writes the call
+    assert first.assistant_prefix == "" and "</tool_call>" not in first.stop and first.text.startswith("<tool_call>")
     assert "<tool_call>" in second.stop and second.assistant_prefix == ""
     assert all(len(call.token_ids) <= call.max_new_tokens == 12 and call.method == "hvd" for call in conv.calls)
     # a replay renders each call's prompt again, through prepare, and finds the recorded one
@@ -114,7 +115,8 @@ def test_shipped_conversations_replay_the_recorded_prompts(real_engine) -> None:
     for conv in load_conversations():
         calls = replay_calls(real_engine, conv)  # raises when a prompt is not the recorded one
         assert len(calls) == len(conv.calls) >= 2 and conv.steering and conv.tool_sets
-        assert any(call.assistant_prefix.startswith("<tool_call>") for call in conv.calls)  # steered calls
+        # steered calls, written whole under the tools' grammar
+        assert any(call.text.startswith("<tool_call>") and not call.assistant_prefix for call in conv.calls)
         assert all(call.method == "hvd" and call.token_ids for call in conv.calls)
 
 

@@ -375,3 +375,11 @@ def test_a_step_drafted_by_the_grammar_reaches_the_drafter_as_one_it_did_not_dra
     assert result.stats.per_source["grammar"].accepted > 0
     assert all(not outcome.draft.token_ids and outcome.num_accepted == 0 for outcome in inner.outcomes)
     assert sum(len(outcome.new_token_ids) for outcome in inner.outcomes) == len(result.token_ids)
+
+
+def test_a_request_without_stop_ids_ends_where_its_grammar_does(model, tokenizer) -> None:
+    engine = Engine(model, tokenizer, eos_token_ids=(), draft_head=None)
+    result = engine.generate(tokenizer.encode("abc", add_special_tokens=False),
+                             GenerationParams(max_new_tokens=40, constraint=Constraint.regex("[ab]{2}")))
+    assert result.finish_reason == "stop" and len(result.text) == 2
+    assert result.token_ids[-1] == tokenizer.eos_token_id

@@ -88,15 +88,16 @@ class GrammarCompiler:
             return self._ll_tokenizer
 
     def start(self, constraint: Constraint, stop_ids: Sequence[int]) -> GrammarState:
-        """A new request's grammar state for ``constraint``, ending at ``stop_ids``.
+        """A new request's grammar state for ``constraint``, ending at ``stop_ids`` (none: the tokenizer's end
+        token, which the request then stops at).
 
         Raises:
-            InvalidRequestError: the constraint does not compile (see :meth:`check`), or no stop id.
+            InvalidRequestError: the constraint does not compile (see :meth:`check`).
         """
-        if not stop_ids:
-            raise InvalidRequestError("a constrained request needs at least one stop token id to end on")
         matcher = self.compiled(constraint)
-        return GrammarState(matcher.deep_copy(), self.ll_tokenizer().eos_token, stop_ids, self.vocab_size)
+        end = self.ll_tokenizer().eos_token
+        # a request that names no stop id ends where its grammar does, at the tokenizer's end token
+        return GrammarState(matcher.deep_copy(), end, stop_ids or (end,), self.vocab_size)
 
     def check(self, constraint: Constraint) -> None:
         """Compile ``constraint`` (kept in the cache) without starting a request.

@@ -116,7 +116,7 @@ class Request:
         self.num_prompt = len(prompt_ids)
         self.budget = min(params.max_new_tokens, runner.context_window - self.num_prompt)
         ids = params.stop_token_ids if params.stop_token_ids is not None else host.eos_token_ids
-        self.stop_ids = frozenset(ids)
+        self.stop_ids = frozenset(ids) | (frozenset(grammar.stop_ids) if grammar is not None else frozenset())
         self.stats = RequestStats(prompt_tokens=self.num_prompt, step_records=[] if params.record_steps else None)
         self.detok = IncrementalDetokenizer(host.tokenizer) if host.tokenizer is not None else None
         self.stops = StopStringMatcher(params.stop) if params.stop else None

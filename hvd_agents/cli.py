@@ -15,6 +15,7 @@ Subcommands:
 * ``bench-agents``: the examples' recorded agent conversations replayed under HF, llama.cpp and engine arms.
 * ``analyze``: replay an agent trace through the drafters; estimated speedup per policy (no model).
 * ``train-payoff``: fit the payoff predictor on ``analyze --steps`` or ``--proposals`` records (no model).
+* ``loko``: the payoff predictor fitted on all kinds of agent traces but one and judged on that one, each in turn.
 * ``train-drafter``: distil the draft head (the model drafter) from the target.
 * ``serve``: an OpenAI-compatible HTTP server (chat completions, completions, models, health, metrics).
 * ``load-test``: a bounded load test of a running server: checked answers, p50/p95 latency.
@@ -39,6 +40,7 @@ from hvd_agents.drafters import available_methods
 from hvd_agents.engine import GenerationParams
 from hvd_agents.errors import HVDError
 from hvd_agents.runtime.progress import set_quiet
+from hvd_agents.trace.loko_command import add_fit_arguments, add_loko_parser, fit_settings
 
 logger = logging.getLogger(__name__)
 
@@ -271,8 +273,7 @@ def cmd_train_payoff(args: argparse.Namespace) -> int:
 
     if args.paper:
         return _train_paper(args)
-    weights, evaluation = train_payoff(args.steps, args.output, held_out=args.held_out, l2=args.l2,
-                                       hidden=args.hidden, epochs=args.epochs)
+    weights, evaluation = train_payoff(args.steps, args.output, settings=fit_settings(args))
     meta = weights.meta
     print(f"trained on {meta['train_drafts']} drafts, evaluated on {meta['held_out_drafts']} held-out drafts")
     print(f"{'predictor':<24}{'MAE accepted len':>18}{'Spearman':>10}")
@@ -545,7 +546,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--hidden", type=int, default=64,
                        help="hidden units of the hazard network over the drafts' text (0: the logistic hazard only)")
     train.add_argument("--payoff-threshold", type=float, default=6.0, help="--paper: threshold of the evaluation")
+    add_fit_arguments(train)
     train.set_defaults(func=cmd_train_payoff)
+    add_loko_parser(sub)
 
     data_defaults, train_defaults = DataConfig(), TrainConfig()
     drafter = sub.add_parser("train-drafter", help="distil a draft head from the target (the model drafter)")

@@ -18,7 +18,11 @@ Weights start from offline-trained defaults shipped in the package
 online per session: after each verification, one stochastic-gradient step on the
 positions the outcome labels (accepted positions are 1, the first rejected one 0,
 later ones are unobserved) updates a per-session offset added to the shared
-weights. Sessions are kept in least-recently-used order up to a bound.
+weights. How fast, and which draft-level weights it moves, the weights file says
+(``meta["online"]``: ``learning_rate`` and ``moves``, names or ``fnmatch`` patterns of
+:data:`~hvd_agents.policy.features.DRAFT_FEATURES`; a file without it: 0.05 and the
+intercepts, overall and per provenance kind). Sessions are kept in
+least-recently-used order up to a bound.
 
 Worked example: weights that give ``h = [0.9, 0.5, 0.5]`` predict ``S = [0.9,
 0.45, 0.225]`` and an expected accepted length of 1.575 for the whole draft, 0.9
@@ -27,6 +31,7 @@ for the draft cut to one token.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
 import os
@@ -41,6 +46,7 @@ import numpy as np
 
 from hvd_agents.errors import HVDError
 from hvd_agents.policy.features import (
+    DRAFT_FEATURES,
     FEATURE_NAMES,
     NUM_FEATURES,
     POSITION_FEATURES,
@@ -60,10 +66,11 @@ NUM_POSITION_FEATURES = len(POSITION_FEATURES)
 # fitted as).
 LATER_FEATURES: tuple[str, ...] = ("share", "log_seen", "split")
 MAX_SESSIONS = 1024  # per-session online offsets kept (least recently used dropped)
-# Online adaptation moves only the intercepts (overall and per provenance kind): a
+# By default online adaptation moves only the intercepts (overall and per provenance kind): a
 # session shifts how often drafts of each kind are accepted, while the shape of the
 # model (how match length, branch probabilities and position matter) stays as trained.
-_ONLINE_MASK = np.array([float(name == "bias" or name.startswith("kind=")) for name in FEATURE_NAMES])  # [F]
+DEFAULT_ONLINE_RATE = 0.05
+DEFAULT_ONLINE: tuple[str, ...] = ("bias", "kind=*")
 
 
 class PayoffWeightsError(HVDError, ValueError):
@@ -136,6 +143,15 @@ class PayoffWeights:
         tmp.write_text(json.dumps(document) + "\n", encoding="utf-8")
         os.replace(tmp, target)
 
+    @property
+    def online(self) -> tuple[float, tuple[str, ...]]:
+        """The online step these weights were chosen with: its learning rate and the weights it moves
+        (``meta["online"]``; the defaults where the file has none)."""
+        online = self.meta.get("online")
+        if not isinstance(online, Mapping):
+            return DEFAULT_ONLINE_RATE, DEFAULT_ONLINE
+        return float(online.get("learning_rate", DEFAULT_ONLINE_RATE)), tuple(online.get("moves", DEFAULT_ONLINE))
+
     @classmethod
     def default(cls) -> PayoffWeights:
         """The weights shipped with the package."""
@@ -148,8 +164,12 @@ class PayoffPredictor:
 
     Args:
         weights: the shared (offline) weights; the packaged defaults when None.
-        learning_rate: step size of the online update (0 disables it).
+        learning_rate: step size of the online update (0 disables it; None: the weights file's, see
+            :attr:`PayoffWeights.online`).
         l2: pull of the per-session offsets back towards 0 at each update.
+
+    Raises:
+        PayoffWeightsError: the weights file's online step names weights that are not draft-level features.
 
     Example:
         >>> from hvd_agents.structure import SpanKind
@@ -159,10 +179,13 @@ class PayoffPredictor:
         ((8,), True)
     """
 
-    def __init__(self, weights: PayoffWeights | None = None, *, learning_rate: float = 0.05, l2: float = 0.01) -> None:
+    def __init__(self, weights: PayoffWeights | None = None, *, learning_rate: float | None = None,
+                 l2: float = 0.01) -> None:
         self.weights = weights if weights is not None else PayoffWeights.default()
-        self.learning_rate = learning_rate
+        rate, moves = self.weights.online
+        self.learning_rate = rate if learning_rate is None else learning_rate
         self.l2 = l2
+        self._online_mask = online_mask(moves)  # [F]
         self._offsets: OrderedDict[str, np.ndarray] = OrderedDict()
 
     def survival(self, features: CacheDraftFeatures, length: int, session_id: str | None = None) -> np.ndarray:
@@ -184,9 +207,9 @@ class PayoffPredictor:
                hazards: np.ndarray | None = None) -> None:
         """One online step from a verified draft of ``drafted`` tokens with ``accepted`` accepted.
 
-        Only the intercepts move (see ``_ONLINE_MASK``): their gradient is the mean
-        residual over the labelled positions, applied to the overall intercept and
-        to the draft's provenance-kind intercept. ``hazards`` are the ones :meth:`hazards` gave the draft before it
+        Only the draft-level weights the weights file's online step names move (by default the intercepts):
+        their gradient is the mean residual over the labelled positions times the draft's row (for the
+        intercepts: applied to the overall one and to the draft's provenance kind's). ``hazards`` are the ones :meth:`hazards` gave the draft before it
         was verified (for at least its labelled positions; None: computed again).
         """
         if session_id is None or self.learning_rate <= 0 or drafted <= 0:
@@ -200,7 +223,7 @@ class PayoffPredictor:
         if offset is None:
             offset = np.zeros(NUM_FEATURES)
         offset *= 1.0 - self.l2
-        offset += (self.learning_rate * residual) * draft_row(features) * _ONLINE_MASK
+        offset += (self.learning_rate * residual) * draft_row(features) * self._online_mask
         self._offsets[session_id] = offset
         while len(self._offsets) > MAX_SESSIONS:
             self._offsets.popitem(last=False)
@@ -223,6 +246,22 @@ class PayoffPredictor:
             weights = weights + offset
         base = float(row @ weights)
         return base + weights[:NUM_POSITION_FEATURES] @ position_columns(features, length)  # [L]
+
+
+def online_mask(moves: tuple[str, ...] | list[str]) -> np.ndarray:
+    """``[F]``: 1 for the draft-level features that ``moves`` names (names or ``fnmatch`` patterns), else 0.
+
+    Raises:
+        PayoffWeightsError: a name or pattern that matches no draft-level feature.
+    """
+    mask = np.zeros(NUM_FEATURES)
+    for pattern in moves:
+        hits = [i for i, name in enumerate(FEATURE_NAMES) if name in DRAFT_FEATURES and fnmatch.fnmatchcase(name,
+                                                                                                          pattern)]
+        if not hits:
+            raise PayoffWeightsError(f"the online step moves {pattern!r}, which names no draft-level feature")
+        mask[hits] = 1.0
+    return mask
 
 
 def _network_rows(features: CacheDraftFeatures, row: np.ndarray, length: int) -> np.ndarray:

@@ -19,10 +19,12 @@ online per session: after each verification, one stochastic-gradient step on the
 positions the outcome labels (accepted positions are 1, the first rejected one 0,
 later ones are unobserved) updates a per-session offset added to the shared
 weights. How fast, and which draft-level weights it moves, the weights file says
-(``meta["online"]``: ``learning_rate`` and ``moves``, names or ``fnmatch`` patterns of
-:data:`~hvd_agents.policy.features.DRAFT_FEATURES`; a file without it: 0.05 and the
-intercepts, overall and per provenance kind). Sessions are kept in
-least-recently-used order up to a bound.
+(``meta["online"]``, :class:`OnlineStep`: ``learning_rate`` and ``moves``, names or
+``fnmatch`` patterns of :data:`~hvd_agents.policy.features.DRAFT_FEATURES`; a file
+without it: 0.05 and the intercepts, overall and per provenance kind). With a
+``shared_rate`` above 0 the same step also moves one offset shared by every session
+(the deployment's: a new kind of agent shifts every session's predictions, not only the
+one that saw it). Sessions are kept in least-recently-used order up to a bound.
 
 Worked example: weights that give ``h = [0.9, 0.5, 0.5]`` predict ``S = [0.9,
 0.45, 0.225]`` and an expected accepted length of 1.575 for the whole draft, 0.9
@@ -75,6 +77,21 @@ DEFAULT_ONLINE: tuple[str, ...] = ("bias", "kind=*")
 
 class PayoffWeightsError(HVDError, ValueError):
     """A payoff weights file is missing, malformed or made for other features."""
+
+
+@dataclass(frozen=True)
+class OnlineStep:
+    """How a predictor learns from the outcomes it sees (shipped in the weights file's ``meta["online"]``).
+
+    Attributes:
+        learning_rate: step size of each session's offset (0: none).
+        moves: the draft-level weights the step moves, names or ``fnmatch`` patterns.
+        shared_rate: step size of the offset every session shares (0: none).
+    """
+
+    learning_rate: float = DEFAULT_ONLINE_RATE
+    moves: tuple[str, ...] = DEFAULT_ONLINE
+    shared_rate: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -144,13 +161,22 @@ class PayoffWeights:
         os.replace(tmp, target)
 
     @property
-    def online(self) -> tuple[float, tuple[str, ...]]:
-        """The online step these weights were chosen with: its learning rate and the weights it moves
-        (``meta["online"]``; the defaults where the file has none)."""
+    def online(self) -> OnlineStep:
+        """The online step these weights were chosen with (``meta["online"]``; the defaults where the file has
+        none).
+
+        Raises:
+            PayoffWeightsError: ``meta["online"]`` holds values of the wrong kind.
+        """
         online = self.meta.get("online")
         if not isinstance(online, Mapping):
-            return DEFAULT_ONLINE_RATE, DEFAULT_ONLINE
-        return float(online.get("learning_rate", DEFAULT_ONLINE_RATE)), tuple(online.get("moves", DEFAULT_ONLINE))
+            return OnlineStep()
+        try:
+            return OnlineStep(float(online.get("learning_rate", DEFAULT_ONLINE_RATE)),
+                              tuple(str(m) for m in online.get("moves", DEFAULT_ONLINE)),
+                              float(online.get("shared_rate", 0.0)))
+        except (TypeError, ValueError) as exc:
+            raise PayoffWeightsError(f"malformed online step in the weights' meta: {exc}") from exc
 
     @classmethod
     def default(cls) -> PayoffWeights:
@@ -164,8 +190,8 @@ class PayoffPredictor:
 
     Args:
         weights: the shared (offline) weights; the packaged defaults when None.
-        learning_rate: step size of the online update (0 disables it; None: the weights file's, see
-            :attr:`PayoffWeights.online`).
+        learning_rate: step size of each session's online update (0 disables it); given, the shared offset
+            does not move. None: the weights file's online step (:attr:`PayoffWeights.online`).
         l2: pull of the per-session offsets back towards 0 at each update.
 
     Raises:
@@ -182,11 +208,13 @@ class PayoffPredictor:
     def __init__(self, weights: PayoffWeights | None = None, *, learning_rate: float | None = None,
                  l2: float = 0.01) -> None:
         self.weights = weights if weights is not None else PayoffWeights.default()
-        rate, moves = self.weights.online
-        self.learning_rate = rate if learning_rate is None else learning_rate
+        online = self.weights.online
+        self.learning_rate = online.learning_rate if learning_rate is None else learning_rate
+        self.shared_rate = online.shared_rate if learning_rate is None else 0.0
         self.l2 = l2
-        self._online_mask = online_mask(moves)  # [F]
+        self._online_mask = online_mask(online.moves)  # [F]
         self._offsets: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._shared = np.zeros(NUM_FEATURES)  # [F] every session's offset (moves only with shared_rate > 0)
 
     def survival(self, features: CacheDraftFeatures, length: int, session_id: str | None = None) -> np.ndarray:
         """``S_i`` for ``i < length``: the probability that the first ``i + 1`` tokens are accepted."""
@@ -212,18 +240,22 @@ class PayoffPredictor:
         intercepts: applied to the overall one and to the draft's provenance kind's). ``hazards`` are the ones :meth:`hazards` gave the draft before it
         was verified (for at least its labelled positions; None: computed again).
         """
-        if session_id is None or self.learning_rate <= 0 or drafted <= 0:
+        if session_id is None or (self.learning_rate <= 0 and self.shared_rate <= 0) or drafted <= 0:
             return
         observed = min(accepted + 1, drafted)  # positions whose outcome is known
         labels = (np.arange(observed) < accepted).astype(np.float64)  # [n]
         if hazards is None or len(hazards) < observed:
             hazards = self.hazards(features, observed, session_id)
         residual = float((labels - hazards[:observed]).sum()) / observed  # mean
+        gradient = residual * draft_row(features) * self._online_mask  # [F]
+        if self.shared_rate > 0:
+            self._shared *= 1.0 - self.l2
+            self._shared += self.shared_rate * gradient
         offset = self._offsets.pop(session_id, None)
         if offset is None:
             offset = np.zeros(NUM_FEATURES)
         offset *= 1.0 - self.l2
-        offset += (self.learning_rate * residual) * draft_row(features) * self._online_mask
+        offset += self.learning_rate * gradient
         self._offsets[session_id] = offset
         while len(self._offsets) > MAX_SESSIONS:
             self._offsets.popitem(last=False)
@@ -237,6 +269,8 @@ class PayoffPredictor:
         is known, else ``w . x_i`` (without building the ``[L, F]`` matrix); plus the session's offset."""
         weights = self.weights.weights
         offset = self._offsets.get(session_id) if session_id is not None else None
+        if self.shared_rate > 0:
+            offset = self._shared if offset is None else offset + self._shared
         mlp = self.weights.mlp
         row = draft_row(features)  # [F]
         if mlp is not None and len(features.text):

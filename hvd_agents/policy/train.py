@@ -98,6 +98,7 @@ class FitSettings:
         online_rate: the online step's learning rate, shipped in the weights (0: no online step).
         online: the draft-level weights the online step moves, by name or pattern over
             :data:`~hvd_agents.policy.features.DRAFT_FEATURES`.
+        shared_rate: the online step's rate on the offset every session shares (0: none).
     """
 
     l2: float = 1.0
@@ -108,21 +109,23 @@ class FitSettings:
     drop: tuple[str, ...] = ()
     online_rate: float = DEFAULT_ONLINE_RATE
     online: tuple[str, ...] = field(default=DEFAULT_ONLINE)
+    shared_rate: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.held_out < 1.0:
             raise InvalidRequestError(f"held_out must be in [0, 1), got {self.held_out}")
         if self.hidden < 0 or self.epochs < 1:
             raise InvalidRequestError(f"hidden must be >= 0 and epochs >= 1, got {self.hidden} and {self.epochs}")
-        if self.l2 < 0 or self.online_rate < 0:
-            raise InvalidRequestError(f"l2 and online_rate must be >= 0, got {self.l2} and {self.online_rate}")
+        if min(self.l2, self.online_rate, self.shared_rate) < 0:
+            raise InvalidRequestError(f"l2, online_rate and shared_rate must be >= 0, got {self.l2}, "
+                                      f"{self.online_rate} and {self.shared_rate}")
         matching(self.drop, MLP_INPUTS, "drop")
         matching(self.online, DRAFT_FEATURES, "online")
 
     def to_dict(self) -> dict[str, Any]:
         return {"l2": self.l2, "hidden": self.hidden, "epochs": self.epochs, "seed": self.seed,
                 "held_out": self.held_out, "drop": list(self.drop), "online_rate": self.online_rate,
-                "online": list(self.online)}
+                "online": list(self.online), "shared_rate": self.shared_rate}
 
 
 def matching(patterns: Sequence[str], names: Sequence[str], what: str) -> np.ndarray:
@@ -340,7 +343,8 @@ def fit_payoff(samples: Sequence[DraftSample], settings: FitSettings | None = No
         "held_out_drafts": len(test),
         "l2": settings.l2,
         "settings": settings.to_dict(),
-        "online": {"learning_rate": settings.online_rate, "moves": list(settings.online)},
+        "online": {"learning_rate": settings.online_rate, "moves": list(settings.online),
+                   "shared_rate": settings.shared_rate},
     }
     logistic = evaluate(PayoffPredictor(PayoffWeights(weights), learning_rate=0.0), test, train)
     network = None

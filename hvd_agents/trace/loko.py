@@ -212,6 +212,35 @@ def fit_recipe(replayer: Replayer, kinds: Sequence[PreparedKind], options: LokoO
     return weights
 
 
+def fit_all(options: LokoOptions, tokenizer: Any, cache: LokoCache | None = None) -> PayoffWeights:
+    """The recipe fitted on every kind of ``options`` (none left out): what ships.
+
+    Raises:
+        HVDError: bad options, or a kind's data that cannot be read.
+    """
+    cache = LokoCache() if cache is None else cache
+    kinds = _prepared(options, tokenizer, cache)
+    replayer = Replayer(tokenizer, options.payoff_threshold)
+    return fit_recipe(replayer, kinds, options, _round0(replayer, options, cache))
+
+
+def _prepared(options: LokoOptions, tokenizer: Any, cache: LokoCache) -> list[PreparedKind]:
+    for source in options.kinds:
+        if source.name not in cache.prepared:
+            cache.prepared[source.name] = prepare_kind(source, tokenizer, options.max_conversations)
+    return [cache.prepared[source.name] for source in options.kinds]
+
+
+def _round0(replayer: Replayer, options: LokoOptions,
+            cache: LokoCache) -> Callable[[PreparedKind], list[DraftSample]]:
+    def round0(kind: PreparedKind) -> list[DraftSample]:
+        if kind.name not in cache.round0:
+            cache.round0[kind.name] = replayer.samples(kind, "suffix", options.train_k, options.train_cost)
+        return cache.round0[kind.name]
+
+    return round0
+
+
 _KEPT = ("est_speedup", "steps", "output_tokens", "drafted_tokens", "accepted_tokens", "wasted_tokens",
          "cycles_per_1k", "cache_drafts", "pct_high_payoff", "precision", "recall", "off_path_tokens")
 
@@ -221,34 +250,37 @@ def _figures(stats: PolicyStats, verify_cost: float) -> dict[str, Any]:
     return {key: figures[key] for key in _KEPT}
 
 
-def run_loko(options: LokoOptions, tokenizer: Any,
-             prepared: dict[str, PreparedKind] | None = None) -> dict[str, Any]:
+@dataclass
+class LokoCache:
+    """What does not depend on the fit settings, kept to judge several settings on the same data: the prepared
+    kinds, round 0's samples and the baselines' totals, by kind name (the options' other values must not change
+    between the runs that share it)."""
+
+    prepared: dict[str, PreparedKind] = field(default_factory=dict)
+    round0: dict[str, list[DraftSample]] = field(default_factory=dict)
+    baselines: dict[str, dict[str, PolicyStats]] = field(default_factory=dict)
+
+
+def run_loko(options: LokoOptions, tokenizer: Any, cache: LokoCache | None = None) -> dict[str, Any]:
     """Run the protocol; the JSON document (``--json``) that :func:`format_loko` prints as a table.
 
-    ``prepared``: kinds already prepared by name (reused, e.g. across settings); the others are prepared and
-    added to it.
+    ``cache``: reused and filled (see :class:`LokoCache`; None: a fresh one).
 
     Raises:
         HVDError: bad options, or a kind's data that cannot be read.
     """
-    prepared = {} if prepared is None else prepared
-    for source in options.kinds:
-        if source.name not in prepared:
-            prepared[source.name] = prepare_kind(source, tokenizer, options.max_conversations)
-    kinds = [prepared[source.name] for source in options.kinds]
+    cache = LokoCache() if cache is None else cache
+    kinds = _prepared(options, tokenizer, cache)
     replayer = Replayer(tokenizer, options.payoff_threshold)
-    round0_cache: dict[str, list[DraftSample]] = {}
-
-    def round0(kind: PreparedKind) -> list[DraftSample]:
-        if kind.name not in round0_cache:
-            round0_cache[kind.name] = replayer.samples(kind, "suffix", options.train_k, options.train_cost)
-        return round0_cache[kind.name]
+    round0 = _round0(replayer, options, cache)
 
     document: dict[str, Any] = {"_meta": _meta(options, kinds), "kinds": {}}
     for kind in kinds:
         others = [other for other in kinds if other is not kind]
         weights = options.weights or fit_recipe(replayer, others, options, round0)
-        baselines = replayer.replay(kind, BASELINES, options.k, options.costs[0])
+        if kind.name not in cache.baselines:
+            cache.baselines[kind.name] = replayer.replay(kind, BASELINES, options.k, options.costs[0])
+        baselines = cache.baselines[kind.name]
         entry: dict[str, Any] = {"conversations": len(kind.conversations), "of": kind.total_conversations,
                                  "turns": kind.turns, "fitted_on": weights.meta.get("sources", []),
                                  "train_drafts": weights.meta.get("train_drafts"), "costs": {}}

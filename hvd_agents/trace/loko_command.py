@@ -23,6 +23,8 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
                         help="learning rate of each session's online step, shipped in the weights (default 0.05)")
     parser.add_argument("--online", default=None,
                         help="comma-separated draft-level weights the online step moves (default bias,kind=*)")
+    parser.add_argument("--shared-rate", type=float, default=0.0,
+                        help="learning rate of the online offset every session shares, shipped in the weights")
 
 
 def fit_settings(args: argparse.Namespace) -> FitSettings:
@@ -36,7 +38,8 @@ def fit_settings(args: argparse.Namespace) -> FitSettings:
     return FitSettings(l2=args.l2, hidden=args.hidden, epochs=args.epochs, seed=args.seed, held_out=args.held_out,
                        drop=split(args.drop),
                        online_rate=defaults.online_rate if args.online_rate is None else args.online_rate,
-                       online=defaults.online if args.online is None else split(args.online))
+                       online=defaults.online if args.online is None else split(args.online),
+                       shared_rate=args.shared_rate)
 
 
 def cmd_loko(args: argparse.Namespace) -> int:
@@ -47,7 +50,7 @@ def cmd_loko(args: argparse.Namespace) -> int:
     """
     from hvd_agents.policy.payoff import PayoffWeights
     from hvd_agents.runtime.loading import load_tokenizer
-    from hvd_agents.trace.loko import KindSource, LokoOptions, format_loko, run_loko
+    from hvd_agents.trace.loko import KindSource, LokoOptions, fit_all, format_loko, run_loko
     from hvd_agents.trace.report import write_json
 
     try:
@@ -58,6 +61,15 @@ def cmd_loko(args: argparse.Namespace) -> int:
                           rounds=args.rounds, k=args.k, costs=costs, train_k=args.train_k, train_cost=args.train_cost,
                           max_conversations=args.max_conversations or None, payoff_threshold=args.payoff_threshold,
                           weights=PayoffWeights.load(args.weights) if args.weights else None)
+    if args.fit_all:
+        if options.weights is not None:
+            raise HVDError("--fit-all fits weights; --weights judges given ones: choose one")
+        weights = fit_all(options, load_tokenizer(args.tokenizer))
+        weights.save(args.fit_all)
+        held_out = weights.meta["held_out"]
+        print(f"fitted on {', '.join(weights.meta['sources'])}: {weights.meta['train_drafts']} proposals, held-out "
+              f"MAE {held_out['mae']:.3f}, Spearman {held_out['spearman']:.3f}; weights written to {args.fit_all}")
+        return 0
     document = run_loko(options, load_tokenizer(args.tokenizer))
     print(format_loko(document))
     if args.json:
@@ -81,6 +93,8 @@ def add_loko_parser(sub: argparse._SubParsersAction) -> None:
     loko.add_argument("--payoff-threshold", type=float, default=6.0, help="high-payoff: keeps at least this many")
     loko.add_argument("--weights", default=None, metavar="FILE",
                       help="judge these weights on every kind instead of fitting (nothing left out)")
+    loko.add_argument("--fit-all", default=None, metavar="FILE",
+                      help="fit the recipe on every kind given (none left out, nothing judged), write the weights")
     loko.add_argument("--tokenizer", default=None, help="model name/path or tiktoken:<encoding> (default: embedded)")
     loko.add_argument("--json", default=None, metavar="FILE", help="write the figures as JSON")
     loko.add_argument("--held-out", type=float, default=0.2, help="share of conversations each fit holds out")

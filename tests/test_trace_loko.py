@@ -48,6 +48,15 @@ def test_api_bank_items_read_as_one_tool_call_conversation_each(api_bank_dir) ->
     assert len(load_api_bank(api_bank_dir, limit=4).conversations) == 4
 
 
+def test_analyze_reads_api_bank_data(tmp_path, api_bank_dir, capsys) -> None:
+    tokenizer = tmp_path / "tok"
+    make_byte_tokenizer().save_pretrained(tokenizer)
+    out = tmp_path / "a.json"
+    assert main(["analyze", str(api_bank_dir), "--policy", "suffix", "--tokenizer", str(tokenizer),
+                 "--verify-cost", "0.02", "--json", str(out), "--quiet"]) == 0
+    assert json.loads(out.read_text())["suffix"]["requests"] == 6
+
+
 def test_api_bank_errors_name_the_file_and_item(tmp_path) -> None:
     with pytest.raises(TraceFormatError, match="no API-Bank file"):
         load_api_bank(tmp_path)

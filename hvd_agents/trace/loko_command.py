@@ -67,7 +67,7 @@ def cmd_loko(args: argparse.Namespace) -> int:
         weights = fit_all(options, load_tokenizer(args.tokenizer))
         weights.save(args.fit_all)
         held_out = weights.meta["held_out"]
-        print(f"fitted on {', '.join(weights.meta['sources'])}: {weights.meta['train_drafts']} proposals, held-out "
+        print(f"fitted on {', '.join(weights.meta['sources'])}: {weights.meta['train_drafts']} drafts, held-out "
               f"MAE {held_out['mae']:.3f}, Spearman {held_out['spearman']:.3f}; weights written to {args.fit_all}")
         return 0
     document = run_loko(options, load_tokenizer(args.tokenizer))

@@ -18,7 +18,8 @@ Inputs: ``NAME=PATH`` per kind, PATH a trace file (:func:`~hvd_agents.trace.load
 skipped) or API-Bank data (:mod:`hvd_agents.trace.api_bank`). ``max_conversations`` keeps at most that many
 conversations of each kind, evenly spaced in file order (deterministic; fewer conversations also means a smaller
 cross-request store, so a subsampled kind's speedups are lower than its whole file's): on two cores a full BFCL
-replay takes minutes, and the protocol replays each kind ``2 * rounds + 1 + len(costs)`` times.
+replay takes minutes, and the protocol replays each kind once with ``suffix``, ``rounds`` times with ``hvd`` for
+every other kind left out, once with the baselines and once with ``hvd`` per cost.
 
 Every replay is deterministic (the network's seed is a setting), so the table is too.
 """

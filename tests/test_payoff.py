@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from hvd_agents.cli import main
+from hvd_agents.errors import InvalidRequestError
 from hvd_agents.policy.features import (
     FEATURE_NAMES,
     NUM_FEATURES,
@@ -301,3 +302,71 @@ def test_train_payoff_command_on_replayed_steps(tmp_path, capsys) -> None:
     assert PayoffWeights.load(weights).mlp is None
     assert main(["train-payoff", str(tmp_path / "none.jsonl"), "-o", str(weights)]) == 2
     assert "cannot read step records" in capsys.readouterr().err
+
+
+def test_dropped_inputs_get_no_weight_in_either_model() -> None:
+    from hvd_agents.policy.hazard_mlp import MLP_INPUTS
+    from hvd_agents.policy.train import FitSettings, fit_network, fit_payoff
+
+    true_w = weights_with(bias=1.0, log_match=0.5, prob=2.0).weights
+    samples = synthetic_samples(true_w, 300, seed=3)
+    kinds = [i for i, name in enumerate(FEATURE_NAMES) if name.startswith("kind=")]
+    assert np.any(fit(samples, drop=())[kinds] != 0)
+    w = fit(samples, drop=("kind=*", "log_match"))
+    assert np.all(w[kinds] == 0) and w[FEATURE_NAMES.index("log_match")] == 0
+    assert w[FEATURE_NAMES.index("prob")] > 0.5  # the rest is still fitted
+    texted = [DraftSample(CacheDraftFeatures(match_len=s.features.match_len, kind=s.features.kind,
+                                             probs=s.features.probs, support=s.features.support,
+                                             text=np.full(3 + len(s.features.probs), 5)), s.drafted, s.accepted,
+                          s.group) for s in samples[:60]]
+    mlp = fit_network(texted, hidden=4, epochs=1, drop=("kind=*", "text-3:*"))
+    dropped = [i for i, name in enumerate(MLP_INPUTS) if name.startswith(("kind=", "text-3:"))]
+    assert np.all(mlp.w1[dropped] == 0)
+    weights, _ = fit_payoff(samples, FitSettings(hidden=0, drop=("kind=*",), online_rate=0.2, online=("bias",)))
+    assert weights.meta["settings"]["drop"] == ["kind=*"]
+    assert weights.meta["online"] == {"learning_rate": 0.2, "moves": ["bias"], "shared_rate": 0.0}
+    with pytest.raises(InvalidRequestError, match="names no input"):
+        FitSettings(drop=("kind=nonsense",))
+    with pytest.raises(InvalidRequestError, match="names no input"):
+        FitSettings(online=("prob",))  # a position feature: the online step moves draft-level weights only
+
+
+def test_the_online_step_is_the_one_the_weights_file_ships() -> None:
+    features = CacheDraftFeatures(match_len=4, kind=SpanKind.TOOL_OUTPUT)
+    meta = {"online": {"learning_rate": 0.5, "moves": ["bias"]}}
+    shipped = PayoffPredictor(PayoffWeights(weights_with(bias=0.0).weights, meta))
+    assert shipped.learning_rate == 0.5 and PayoffPredictor(weights_with(bias=0.0)).learning_rate == 0.05
+    assert PayoffPredictor(PayoffWeights(weights_with().weights, meta), learning_rate=0.0).learning_rate == 0.0
+    default = PayoffPredictor(weights_with(bias=0.0), learning_rate=0.5)
+    for predictor in (shipped, default):
+        for _ in range(5):
+            predictor.update(features, drafted=8, accepted=8, session_id="s")
+    # both moved the intercept; only the default moved the draft's kind's too, so only there does a draft of
+    # another kind gain less than one of the kind the session saw
+    other = CacheDraftFeatures(match_len=4, kind=SpanKind.TOOL_SCHEMA)
+    for predictor, kind_moved in ((shipped, False), (default, True)):
+        gain = predictor.expected_accepted(features, 4, "s") - predictor.expected_accepted(features, 4, None)
+        other_gain = predictor.expected_accepted(other, 4, "s") - predictor.expected_accepted(other, 4, None)
+        assert other_gain > 0 and (gain > other_gain + 1e-3 if kind_moved else gain == pytest.approx(other_gain))
+    frozen = PayoffPredictor(PayoffWeights(weights_with().weights, {"online": {"learning_rate": 0.0}}))
+    frozen.update(features, drafted=8, accepted=8, session_id="s")
+    assert frozen.expected_accepted(features, 8, "s") == frozen.expected_accepted(features, 8, None)
+    with pytest.raises(PayoffWeightsError, match="names no draft-level feature"):
+        PayoffPredictor(PayoffWeights(weights_with().weights, {"online": {"moves": ["prob"]}}))
+
+
+def test_a_shared_online_offset_moves_every_sessions_predictions() -> None:
+    features = CacheDraftFeatures(match_len=4, kind=SpanKind.TOOL_OUTPUT)
+    shared = PayoffPredictor(PayoffWeights(weights_with().weights, {"online": {"learning_rate": 0.0,
+                                                                              "shared_rate": 0.5}}))
+    alone = PayoffPredictor(PayoffWeights(weights_with().weights, {"online": {"learning_rate": 0.5}}))
+    before = shared.expected_accepted(features, 8, "new")
+    for predictor in (shared, alone):
+        for _ in range(10):
+            predictor.update(features, drafted=8, accepted=0, session_id="seen")
+    assert shared.expected_accepted(features, 8, "new") < before / 2  # a session that saw nothing moved too
+    assert alone.expected_accepted(features, 8, "new") == pytest.approx(before)
+    assert alone.expected_accepted(features, 8, "seen") < before / 2
+    explicit = PayoffPredictor(shared.weights, learning_rate=0.0)  # an explicit rate: no online step at all
+    explicit.update(features, drafted=8, accepted=0, session_id="seen")
+    assert explicit.expected_accepted(features, 8, "x") == pytest.approx(before)

@@ -15,6 +15,8 @@ Subcommands:
 * ``bench-agents``: the examples' recorded agent conversations replayed under HF, llama.cpp and engine arms.
 * ``analyze``: replay an agent trace through the drafters; estimated speedup per policy (no model).
 * ``train-payoff``: fit the payoff predictor on ``analyze --steps`` or ``--proposals`` records (no model).
+* ``loko``: the payoff predictor fitted on all kinds of agent traces but one and judged on that one, each in turn.
+* ``bench-structured``: structured output through the server (JSON schemas, BFCL calls) and constrained decoding's speed.
 * ``train-drafter``: distil the draft head (the model drafter) from the target.
 * ``serve``: an OpenAI-compatible HTTP server (chat completions, completions, models, health, metrics).
 * ``load-test``: a bounded load test of a running server: checked answers, p50/p95 latency.

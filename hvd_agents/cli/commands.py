@@ -17,6 +17,7 @@ from hvd_agents.distill.pipeline import DataConfig
 from hvd_agents.distill.train import TrainConfig
 from hvd_agents.engine import GenerationParams
 from hvd_agents.errors import HVDError
+from hvd_agents.trace.loko_command import fit_settings
 
 logger = logging.getLogger(__name__)
 
@@ -228,8 +229,7 @@ def cmd_train_payoff(args: argparse.Namespace) -> int:
 
     if args.paper:
         return _train_paper(args)
-    weights, evaluation = train_payoff(args.steps, args.output, held_out=args.held_out, l2=args.l2,
-                                       hidden=args.hidden, epochs=args.epochs)
+    weights, evaluation = train_payoff(args.steps, args.output, settings=fit_settings(args))
     meta = weights.meta
     print(f"trained on {meta['train_drafts']} drafts, evaluated on {meta['held_out_drafts']} held-out drafts")
     print(f"{'predictor':<24}{'MAE accepted len':>18}{'Spearman':>10}")

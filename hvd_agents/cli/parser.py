@@ -14,6 +14,7 @@ from hvd_agents.cli import commands
 from hvd_agents.distill.pipeline import DataConfig
 from hvd_agents.distill.train import TrainConfig
 from hvd_agents.drafters import available_methods
+from hvd_agents.trace.loko_command import add_fit_arguments, add_loko_parser
 
 CHAT_TEMPLATE_HELP = ("a chat template (Jinja, as in a tokenizer_config.json) to render chats with, instead of "
                       "the model's own (a GGUF file's tokenizer.chat_template); a model without one takes only "
@@ -227,6 +228,7 @@ def _add_train_payoff_parser(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--hidden", type=int, default=64,
                        help="hidden units of the hazard network over the drafts' text (0: the logistic hazard only)")
     train.add_argument("--payoff-threshold", type=float, default=6.0, help="--paper: threshold of the evaluation")
+    add_fit_arguments(train)
     train.set_defaults(func=commands.cmd_train_payoff)
 
 
@@ -340,5 +342,6 @@ BUILDERS = (_add_generate_parser,
               _add_analyze_parser,
               _add_server_parsers,
               _add_train_payoff_parser,
+              add_loko_parser,
               _add_train_drafter_parser)
 """Each command's builder, in the order ``--help`` lists the commands."""

@@ -18,7 +18,13 @@ Weights start from offline-trained defaults shipped in the package
 online per session: after each verification, one stochastic-gradient step on the
 positions the outcome labels (accepted positions are 1, the first rejected one 0,
 later ones are unobserved) updates a per-session offset added to the shared
-weights. Sessions are kept in least-recently-used order up to a bound.
+weights. How fast, and which draft-level weights it moves, the weights file says
+(``meta["online"]``, :class:`OnlineStep`: ``learning_rate`` and ``moves``, names or
+``fnmatch`` patterns of :data:`~hvd_agents.policy.features.DRAFT_FEATURES`; a file
+without it: 0.05 and the intercepts, overall and per provenance kind). With a
+``shared_rate`` above 0 the same step also moves one offset shared by every session
+(the deployment's: a new kind of agent shifts every session's predictions, not only the
+one that saw it). Sessions are kept in least-recently-used order up to a bound.
 
 Worked example: weights that give ``h = [0.9, 0.5, 0.5]`` predict ``S = [0.9,
 0.45, 0.225]`` and an expected accepted length of 1.575 for the whole draft, 0.9
@@ -27,6 +33,7 @@ for the draft cut to one token.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
 import os
@@ -41,6 +48,7 @@ import numpy as np
 
 from hvd_agents.errors import HVDError
 from hvd_agents.policy.features import (
+    DRAFT_FEATURES,
     FEATURE_NAMES,
     NUM_FEATURES,
     POSITION_FEATURES,
@@ -60,14 +68,30 @@ NUM_POSITION_FEATURES = len(POSITION_FEATURES)
 # fitted as).
 LATER_FEATURES: tuple[str, ...] = ("share", "log_seen", "split")
 MAX_SESSIONS = 1024  # per-session online offsets kept (least recently used dropped)
-# Online adaptation moves only the intercepts (overall and per provenance kind): a
+# By default online adaptation moves only the intercepts (overall and per provenance kind): a
 # session shifts how often drafts of each kind are accepted, while the shape of the
 # model (how match length, branch probabilities and position matter) stays as trained.
-_ONLINE_MASK = np.array([float(name == "bias" or name.startswith("kind=")) for name in FEATURE_NAMES])  # [F]
+DEFAULT_ONLINE_RATE = 0.05
+DEFAULT_ONLINE: tuple[str, ...] = ("bias", "kind=*")
 
 
 class PayoffWeightsError(HVDError, ValueError):
     """A payoff weights file is missing, malformed or made for other features."""
+
+
+@dataclass(frozen=True)
+class OnlineStep:
+    """How a predictor learns from the outcomes it sees (shipped in the weights file's ``meta["online"]``).
+
+    Attributes:
+        learning_rate: step size of each session's offset (0: none).
+        moves: the draft-level weights the step moves, names or ``fnmatch`` patterns.
+        shared_rate: step size of the offset every session shares (0: none).
+    """
+
+    learning_rate: float = DEFAULT_ONLINE_RATE
+    moves: tuple[str, ...] = DEFAULT_ONLINE
+    shared_rate: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -136,6 +160,24 @@ class PayoffWeights:
         tmp.write_text(json.dumps(document) + "\n", encoding="utf-8")
         os.replace(tmp, target)
 
+    @property
+    def online(self) -> OnlineStep:
+        """The online step these weights were chosen with (``meta["online"]``; the defaults where the file has
+        none).
+
+        Raises:
+            PayoffWeightsError: ``meta["online"]`` holds values of the wrong kind.
+        """
+        online = self.meta.get("online")
+        if not isinstance(online, Mapping):
+            return OnlineStep()
+        try:
+            return OnlineStep(float(online.get("learning_rate", DEFAULT_ONLINE_RATE)),
+                              tuple(str(m) for m in online.get("moves", DEFAULT_ONLINE)),
+                              float(online.get("shared_rate", 0.0)))
+        except (TypeError, ValueError) as exc:
+            raise PayoffWeightsError(f"malformed online step in the weights' meta: {exc}") from exc
+
     @classmethod
     def default(cls) -> PayoffWeights:
         """The weights shipped with the package."""
@@ -148,8 +190,12 @@ class PayoffPredictor:
 
     Args:
         weights: the shared (offline) weights; the packaged defaults when None.
-        learning_rate: step size of the online update (0 disables it).
+        learning_rate: step size of each session's online update (0 disables it); given, the shared offset
+            does not move. None: the weights file's online step (:attr:`PayoffWeights.online`).
         l2: pull of the per-session offsets back towards 0 at each update.
+
+    Raises:
+        PayoffWeightsError: the weights file's online step names weights that are not draft-level features.
 
     Example:
         >>> from hvd_agents.structure import SpanKind
@@ -159,11 +205,16 @@ class PayoffPredictor:
         ((8,), True)
     """
 
-    def __init__(self, weights: PayoffWeights | None = None, *, learning_rate: float = 0.05, l2: float = 0.01) -> None:
+    def __init__(self, weights: PayoffWeights | None = None, *, learning_rate: float | None = None,
+                 l2: float = 0.01) -> None:
         self.weights = weights if weights is not None else PayoffWeights.default()
-        self.learning_rate = learning_rate
+        online = self.weights.online
+        self.learning_rate = online.learning_rate if learning_rate is None else learning_rate
+        self.shared_rate = online.shared_rate if learning_rate is None else 0.0
         self.l2 = l2
+        self._online_mask = online_mask(online.moves)  # [F]
         self._offsets: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._shared = np.zeros(NUM_FEATURES)  # [F] every session's offset (moves only with shared_rate > 0)
 
     def survival(self, features: CacheDraftFeatures, length: int, session_id: str | None = None) -> np.ndarray:
         """``S_i`` for ``i < length``: the probability that the first ``i + 1`` tokens are accepted."""
@@ -184,23 +235,27 @@ class PayoffPredictor:
                hazards: np.ndarray | None = None) -> None:
         """One online step from a verified draft of ``drafted`` tokens with ``accepted`` accepted.
 
-        Only the intercepts move (see ``_ONLINE_MASK``): their gradient is the mean
-        residual over the labelled positions, applied to the overall intercept and
-        to the draft's provenance-kind intercept. ``hazards`` are the ones :meth:`hazards` gave the draft before it
+        Only the draft-level weights the weights file's online step names move (by default the intercepts):
+        their gradient is the mean residual over the labelled positions times the draft's row (for the
+        intercepts: applied to the overall one and to the draft's provenance kind's). ``hazards`` are the ones :meth:`hazards` gave the draft before it
         was verified (for at least its labelled positions; None: computed again).
         """
-        if session_id is None or self.learning_rate <= 0 or drafted <= 0:
+        if session_id is None or (self.learning_rate <= 0 and self.shared_rate <= 0) or drafted <= 0:
             return
         observed = min(accepted + 1, drafted)  # positions whose outcome is known
         labels = (np.arange(observed) < accepted).astype(np.float64)  # [n]
         if hazards is None or len(hazards) < observed:
             hazards = self.hazards(features, observed, session_id)
         residual = float((labels - hazards[:observed]).sum()) / observed  # mean
+        gradient = residual * draft_row(features) * self._online_mask  # [F]
+        if self.shared_rate > 0:
+            self._shared *= 1.0 - self.l2
+            self._shared += self.shared_rate * gradient
         offset = self._offsets.pop(session_id, None)
         if offset is None:
             offset = np.zeros(NUM_FEATURES)
         offset *= 1.0 - self.l2
-        offset += (self.learning_rate * residual) * draft_row(features) * _ONLINE_MASK
+        offset += self.learning_rate * gradient
         self._offsets[session_id] = offset
         while len(self._offsets) > MAX_SESSIONS:
             self._offsets.popitem(last=False)
@@ -214,6 +269,8 @@ class PayoffPredictor:
         is known, else ``w . x_i`` (without building the ``[L, F]`` matrix); plus the session's offset."""
         weights = self.weights.weights
         offset = self._offsets.get(session_id) if session_id is not None else None
+        if self.shared_rate > 0:
+            offset = self._shared if offset is None else offset + self._shared
         mlp = self.weights.mlp
         row = draft_row(features)  # [F]
         if mlp is not None and len(features.text):
@@ -223,6 +280,22 @@ class PayoffPredictor:
             weights = weights + offset
         base = float(row @ weights)
         return base + weights[:NUM_POSITION_FEATURES] @ position_columns(features, length)  # [L]
+
+
+def online_mask(moves: tuple[str, ...] | list[str]) -> np.ndarray:
+    """``[F]``: 1 for the draft-level features that ``moves`` names (names or ``fnmatch`` patterns), else 0.
+
+    Raises:
+        PayoffWeightsError: a name or pattern that matches no draft-level feature.
+    """
+    mask = np.zeros(NUM_FEATURES)
+    for pattern in moves:
+        hits = [i for i, name in enumerate(FEATURE_NAMES) if name in DRAFT_FEATURES and fnmatch.fnmatchcase(name,
+                                                                                                          pattern)]
+        if not hits:
+            raise PayoffWeightsError(f"the online step moves {pattern!r}, which names no draft-level feature")
+        mask[hits] = 1.0
+    return mask
 
 
 def _network_rows(features: CacheDraftFeatures, row: np.ndarray, length: int) -> np.ndarray:

@@ -29,12 +29,13 @@ report shows what the features add.
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import logging
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +43,15 @@ import numpy as np
 
 from hvd_agents.errors import HVDError, InvalidRequestError
 from hvd_agents.policy.features import (
+    DRAFT_FEATURES,
     FEATURE_NAMES,
     NUM_FEATURES,
     CacheDraftFeatures,
     FeatureRecordError,
     feature_matrix,
 )
-from hvd_agents.policy.hazard_mlp import HazardMLP, fit_hazard_mlp
-from hvd_agents.policy.payoff import PayoffPredictor, PayoffWeights
+from hvd_agents.policy.hazard_mlp import MLP_INPUTS, HazardMLP, fit_hazard_mlp
+from hvd_agents.policy.payoff import DEFAULT_ONLINE, DEFAULT_ONLINE_RATE, PayoffPredictor, PayoffWeights
 from hvd_agents.policy.token_text import text_columns
 
 logger = logging.getLogger(__name__)
@@ -79,6 +81,69 @@ class Evaluation:
         return {k: float(v) for k, v in self.__dict__.items()}
 
 
+@dataclass(frozen=True)
+class FitSettings:
+    """How the predictor is fitted and how it adapts online (``train-payoff`` and ``loko`` options).
+
+    Attributes:
+        l2: ridge penalty of the logistic fit (the bias is not penalised).
+        hidden: hidden units of the hazard network (0: the logistic hazard only).
+        epochs: the network's training epochs.
+        seed: the network's seed.
+        held_out: share of conversations held out for the evaluation in ``meta`` (not fitted on).
+        drop: inputs left out, by name or ``fnmatch`` pattern over
+            :data:`~hvd_agents.policy.hazard_mlp.MLP_INPUTS` (``"log_distance"``, ``"kind=*"``,
+            ``"text-3:*"``): their columns read as 0 in fitting, so their weights are 0 and the network never
+            reads them.
+        online_rate: the online step's learning rate, shipped in the weights (0: no online step).
+        online: the draft-level weights the online step moves, by name or pattern over
+            :data:`~hvd_agents.policy.features.DRAFT_FEATURES`.
+        shared_rate: the online step's rate on the offset every session shares (0: none).
+    """
+
+    l2: float = 1.0
+    hidden: int = 64
+    epochs: int = 30
+    seed: int = 0
+    held_out: float = 0.2
+    drop: tuple[str, ...] = ()
+    online_rate: float = DEFAULT_ONLINE_RATE
+    online: tuple[str, ...] = field(default=DEFAULT_ONLINE)
+    shared_rate: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.held_out < 1.0:
+            raise InvalidRequestError(f"held_out must be in [0, 1), got {self.held_out}")
+        if self.hidden < 0 or self.epochs < 1:
+            raise InvalidRequestError(f"hidden must be >= 0 and epochs >= 1, got {self.hidden} and {self.epochs}")
+        if min(self.l2, self.online_rate, self.shared_rate) < 0:
+            raise InvalidRequestError(f"l2, online_rate and shared_rate must be >= 0, got {self.l2}, "
+                                      f"{self.online_rate} and {self.shared_rate}")
+        matching(self.drop, MLP_INPUTS, "drop")
+        matching(self.online, DRAFT_FEATURES, "online")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"l2": self.l2, "hidden": self.hidden, "epochs": self.epochs, "seed": self.seed,
+                "held_out": self.held_out, "drop": list(self.drop), "online_rate": self.online_rate,
+                "online": list(self.online), "shared_rate": self.shared_rate}
+
+
+def matching(patterns: Sequence[str], names: Sequence[str], what: str) -> np.ndarray:
+    """``[len(names)]`` True where a name matches one of ``patterns`` (names or ``fnmatch`` patterns).
+
+    Raises:
+        InvalidRequestError: a pattern that matches no name (a misspelt input is an error, not a no-op).
+    """
+    mask = np.zeros(len(names), dtype=bool)
+    for pattern in patterns:
+        hits = np.array([fnmatch.fnmatchcase(name, pattern) for name in names], dtype=bool)
+        if not hits.any():
+            close = ", ".join(names[:8])
+            raise InvalidRequestError(f"{what}: {pattern!r} names no input (inputs are {close}, ...)")
+        mask |= hits
+    return mask
+
+
 def read_samples(paths: Sequence[str | os.PathLike]) -> list[DraftSample]:
     """Drafted steps from step-record JSONL files.
 
@@ -95,7 +160,7 @@ def read_samples(paths: Sequence[str | os.PathLike]) -> list[DraftSample]:
         with handle:
             for number, line in enumerate(handle, 1):
                 if line.strip():
-                    sample = _sample(json.loads(line) if _is_json(line) else None, f"{path}:{number}")
+                    sample = record_sample(json.loads(line) if _is_json(line) else None, f"{path}:{number}")
                     if sample is not None:
                         samples.append(sample)
     return samples
@@ -109,7 +174,12 @@ def _is_json(line: str) -> bool:
     return True
 
 
-def _sample(record: Any, where: str) -> DraftSample | None:
+def record_sample(record: Any, where: str) -> DraftSample | None:
+    """A step record (``analyze --steps`` / ``--proposals``, as a dict) as a sample; None for an undrafted step.
+
+    Raises:
+        HVDError: not a step record, or bad values (the message starts with ``where``).
+    """
     if not isinstance(record, dict) or not isinstance(record.get("features"), dict):
         raise HVDError(f"{where}: not a step record (a JSON object with drafted, accepted, features)")
     try:
@@ -161,28 +231,33 @@ def labelled_text_rows(samples: Iterable[DraftSample]) -> np.ndarray:
     return np.concatenate(rows) if rows else np.zeros((0, 0))
 
 
-def fit_network(samples: Sequence[DraftSample], hidden: int = 64, epochs: int = 30, seed: int = 0) -> HazardMLP:
-    """Fit the hazard network on every observed position of ``samples`` (which must carry their text).
+def fit_network(samples: Sequence[DraftSample], hidden: int = 64, epochs: int = 30, seed: int = 0,
+                drop: Sequence[str] = ()) -> HazardMLP:
+    """Fit the hazard network on every observed position of ``samples`` (which must carry their text); the
+    inputs ``drop`` names (see :class:`FitSettings`) read as 0, so the network never reads them.
 
     Raises:
-        InvalidRequestError: no drafted step, or a sample without text classes.
+        InvalidRequestError: no drafted step, a sample without text classes, or a ``drop`` that names no input.
     """
     x, y = labelled_rows(samples)  # [n, F], [n]
     if len(y) == 0:
         raise InvalidRequestError("no drafted steps to train on")
     rows = np.concatenate([x, labelled_text_rows(samples)], axis=1)  # [n, F + T]
+    rows[:, matching(drop, MLP_INPUTS, "drop")] = 0.0  # constant: the fit gives them no weight
     return fit_hazard_mlp(rows, y, hidden=hidden, epochs=epochs, seed=seed)
 
 
-def fit(samples: Sequence[DraftSample], l2: float = 1.0, iterations: int = 25) -> np.ndarray:
-    """Fit the hazard weights (``[F]``) by IRLS; ``l2`` is the ridge penalty (the bias is not penalised).
+def fit(samples: Sequence[DraftSample], l2: float = 1.0, iterations: int = 25, drop: Sequence[str] = ()) -> np.ndarray:
+    """Fit the hazard weights (``[F]``) by IRLS; ``l2`` is the ridge penalty (the bias is not penalised); the
+    features ``drop`` names get weight 0.
 
     Raises:
-        InvalidRequestError: no drafted step to learn from.
+        InvalidRequestError: no drafted step to learn from, or a ``drop`` that names no input.
     """
     x, y = labelled_rows(samples)  # [n, F], [n]
     if len(y) == 0:
         raise InvalidRequestError("no drafted steps to train on")
+    x[:, matching(drop, MLP_INPUTS, "drop")[:NUM_FEATURES]] = 0.0
     penalty = np.full(NUM_FEATURES, l2)
     penalty[FEATURE_NAMES.index("bias")] = 0.0
     w = np.zeros(NUM_FEATURES)
@@ -246,47 +321,62 @@ def _ranks(values: np.ndarray) -> np.ndarray:
     return ranks
 
 
+def fit_payoff(samples: Sequence[DraftSample], settings: FitSettings | None = None,
+               sources: Sequence[str] = ()) -> tuple[PayoffWeights, Evaluation]:
+    """Fit weights on ``samples`` with ``settings``, evaluated on their held-out conversations.
+
+    The logistic weights are always fitted; the hazard network too when ``settings.hidden > 0`` and every sample
+    carries its draft's text classes (else there is none, and ``meta["network"]`` says why). ``meta`` records
+    the sources, sample counts, the settings (the online step's among them: the predictor reads
+    ``meta["online"]``) and the held-out evaluation of the result (``held_out``) and of the logistic weights
+    alone (``held_out_logistic``). Returns the weights and the evaluation of what they predict with.
+
+    Raises:
+        InvalidRequestError: nothing to train on.
+    """
+    settings = settings or FitSettings()
+    train, test = split(samples, settings.held_out)
+    weights = fit(train, l2=settings.l2, drop=settings.drop)
+    meta: dict[str, Any] = {
+        "sources": list(sources),
+        "train_drafts": len(train),
+        "held_out_drafts": len(test),
+        "l2": settings.l2,
+        "settings": settings.to_dict(),
+        "online": {"learning_rate": settings.online_rate, "moves": list(settings.online),
+                   "shared_rate": settings.shared_rate},
+    }
+    logistic = evaluate(PayoffPredictor(PayoffWeights(weights), learning_rate=0.0), test, train)
+    network = None
+    if settings.hidden == 0:
+        meta["network"] = "none: --hidden 0"
+    elif not all(len(sample.features.text) for sample in samples):
+        meta["network"] = "none: the step records carry no text classes (replay with a tokenizer)"
+    else:
+        network = fit_network(train, hidden=settings.hidden, epochs=settings.epochs, seed=settings.seed,
+                              drop=settings.drop)
+        meta["network"] = {"hidden": settings.hidden, "epochs": settings.epochs, "seed": settings.seed}
+    result = PayoffWeights(weights, meta, network)
+    evaluation = evaluate(PayoffPredictor(result, learning_rate=0.0), test, train) if network else logistic
+    meta |= {"held_out": evaluation.to_dict(), "held_out_logistic": logistic.to_dict()}
+    return PayoffWeights(weights, meta, network), evaluation
+
+
 def train_payoff(
     paths: Sequence[str | os.PathLike], output: str | os.PathLike, *, held_out: float = 0.2, l2: float = 1.0,
-    hidden: int = 64, epochs: int = 30, seed: int = 0,
+    hidden: int = 64, epochs: int = 30, seed: int = 0, settings: FitSettings | None = None,
 ) -> tuple[PayoffWeights, Evaluation]:
-    """Fit weights on the step records in ``paths``, evaluate on held-out conversations, save to ``output``.
+    """Fit weights on the step records in ``paths`` (:func:`fit_payoff`) and save them to ``output``.
 
-    The logistic weights are always fitted; the hazard network too when ``hidden > 0`` and every record carries
-    its draft's text classes (else the file has none, and ``meta["network"]`` says why). The saved file's
-    ``meta`` records the sources, sample counts and the held-out evaluation of what is saved (``held_out``)
-    and of the logistic weights alone (``held_out_logistic``). Returns the evaluation of what is saved.
+    ``settings`` gives every option at once; without it, ``held_out``, ``l2``, ``hidden``, ``epochs`` and
+    ``seed`` with the other settings' defaults. Returns the evaluation of what is saved.
 
     Raises:
         HVDError: unreadable or malformed records, or nothing to train on.
         InvalidRequestError: ``held_out`` outside [0, 1), or ``hidden`` or ``epochs`` < 0 / < 1.
     """
-    if not 0.0 <= held_out < 1.0:
-        raise InvalidRequestError(f"held_out must be in [0, 1), got {held_out}")
-    if hidden < 0 or epochs < 1:
-        raise InvalidRequestError(f"hidden must be >= 0 and epochs >= 1, got {hidden} and {epochs}")
-    samples = read_samples(paths)
-    train, test = split(samples, held_out)
-    weights = fit(train, l2=l2)
-    meta: dict[str, Any] = {
-        "sources": [Path(p).name for p in paths],
-        "train_drafts": len(train),
-        "held_out_drafts": len(test),
-        "l2": l2,
-    }
-    logistic = evaluate(PayoffPredictor(PayoffWeights(weights), learning_rate=0.0), test, train)
-    network = None
-    if hidden == 0:
-        meta["network"] = "none: --hidden 0"
-    elif not all(len(sample.features.text) for sample in samples):
-        meta["network"] = "none: the step records carry no text classes (replay with a tokenizer)"
-    else:
-        network = fit_network(train, hidden=hidden, epochs=epochs, seed=seed)
-        meta["network"] = {"hidden": hidden, "epochs": epochs, "seed": seed}
-    result = PayoffWeights(weights, meta, network)
-    evaluation = evaluate(PayoffPredictor(result, learning_rate=0.0), test, train) if network else logistic
-    result = PayoffWeights(weights, {**meta, "held_out": evaluation.to_dict(),
-                                     "held_out_logistic": logistic.to_dict()}, network)
+    if settings is None:
+        settings = FitSettings(l2=l2, hidden=hidden, epochs=epochs, seed=seed, held_out=held_out)
+    result, evaluation = fit_payoff(read_samples(paths), settings, [Path(p).name for p in paths])
     result.save(output)
     return result, evaluation
-

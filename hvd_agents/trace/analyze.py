@@ -18,6 +18,7 @@ from typing import IO, Any
 from hvd_agents.errors import HVDError, InvalidRequestError
 from hvd_agents.policy.cost import FALLBACK_VERIFY_COST
 from hvd_agents.policy.paper import PAPER_THRESHOLD
+from hvd_agents.trace.api_bank import is_api_bank, load_api_bank
 from hvd_agents.trace.loader import TraceFile, load_trace
 from hvd_agents.trace.replay import ReplayConfig, ReplayResult, prepare_conversation, replay_trace
 from hvd_agents.trace.report import ProposalWriter, StepWriter, format_table, report_json, write_json
@@ -86,7 +87,10 @@ def run_analyze(options: AnalyzeOptions, out: IO[str] | None = None) -> dict[str
         from hvd_agents.chat.prompt_templates import load_template
 
         template = load_template(options.system_template)
-    trace = load_trace(options.file, skip_bad=options.skip_bad, limit=options.limit)
+    if is_api_bank(options.file):
+        trace = load_api_bank(options.file, limit=options.limit)
+    else:
+        trace = load_trace(options.file, skip_bad=options.skip_bad, limit=options.limit)
     from hvd_agents.runtime.loading import load_tokenizer
 
     tokenizer = load_tokenizer(options.tokenizer)

@@ -192,7 +192,8 @@ class SpeedRow:
 
 def speed_workloads(engine: Engine, workloads: Sequence[tuple[str, dict[str, Any]]], rounds: int) -> list[SpeedRow]:
     """Decode each workload (keyword arguments of ``build_chat_request``) by ``ar`` without its grammar, ``ar``
-    with it and ``hvd`` with it, ``rounds`` times each (best time kept), and compare."""
+    with it and ``hvd`` with it, ``rounds`` times each (best time kept), each run on a fresh engine over the same
+    target (an empty cross-request store and prefix cache), and compare."""
     rows = []
     for name, call in workloads:
         runs: dict[str, tuple[float, Any, Any]] = {}
@@ -204,7 +205,8 @@ def speed_workloads(engine: Engine, workloads: Sequence[tuple[str, dict[str, Any
                 if not grammar:
                     kwargs.pop("response_format", None)
                     kwargs["tool_choice"] = "none" if kwargs.get("tools") else None
-                request = build_chat_request(engine, settings=settings, **kwargs)
+                # a fresh engine over the same target: no arm drafts from another arm's reply in the store
+                request = build_chat_request(engine.sibling(), settings=settings, **kwargs)
                 reply = collect(stream_reply_deltas(request))
                 stats = reply.summary.hvd_stats
                 if best is None or stats["decode_s"] < best[0]:

@@ -23,7 +23,8 @@ MODEL = "SmolLM2-135M-Instruct"
 TOOL = {"type": "function", "name": "get_weather", "description": "Weather of a city.",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 CHAT_TOOL = {"type": "function", "function": {key: TOOL[key] for key in ("name", "description", "parameters")}}
-CALL_PIECES = ['{"city": ', '"Oslo"}', "}"]  # after the forced '<tool_call>\n{"name": "get_weather", "arguments": '
+# a forced call is decoded under the tools' grammar: the model writes it whole (the scripted engine replays it)
+CALL_PIECES = ['<tool_call>\n{"name": "get_weather", "arguments": {"city": ', '"Oslo"}', "}\n</tool_call>"]
 TEXT_EVENTS = ["response.created", "response.in_progress", "response.output_item.added",
                "response.content_part.added", "response.output_text.delta", "response.output_text.delta",
                "response.output_text.done", "response.content_part.done", "response.output_item.done",
@@ -78,17 +79,16 @@ def test_streamed_text_follows_the_documented_event_sequence(scripted) -> None:
 @pytest.mark.parametrize("choice", [{"type": "function", "name": "get_weather"}, "required"])
 def test_a_forced_function_call_whole_and_streamed(scripted, choice) -> None:
     tools = [TOOL]
-    pieces = CALL_PIECES
-    if choice == "required":  # of two tools: the forced prefix stops at '<tool_call>\n', the script writes the name
+    if choice == "required":  # of two tools: the grammar holds the name to theirs
         tools = [TOOL, {**TOOL, "name": "get_time"}]
-        pieces = ['{"name": "get_weather", "arguments": ', *CALL_PIECES]
-    engine = scripted(pieces)
+    engine = scripted(CALL_PIECES)
     with running_server(engine) as url:
         client = _client(url)
         request = {"model": MODEL, "input": "Weather in Oslo?", "tools": tools, "tool_choice": choice}
         whole = client.responses.create(**request)
         events = list(client.responses.create(**request, stream=True))
     [call] = whole.output
+    assert engine.requests[-1][1].constraint.kind == "lark"  # decoded under the call grammar
     assert call.type == "function_call" and call.name == "get_weather" and call.call_id.startswith("call_")
     assert json.loads(call.arguments) == {"city": "Oslo"}
     kinds = [event.type for event in events]

@@ -34,7 +34,8 @@ def test_openai_like_equals_chat_hvd(url, engine) -> None:
 
 
 def test_chat_openai_tool_calls(scripted) -> None:
-    engine = scripted(['{"city": "Oslo"}', "}"], finish="stop")
+    engine = scripted(['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}', "}\n</tool_call>"],
+                      finish="stop")
 
     def get_weather(city: str) -> str:
         """Weather of a city."""

@@ -74,6 +74,18 @@ def refusal_reason(message: str) -> str:
     return " ".join(message.split()[:8])
 
 
+def _answered(client: Any, body: Mapping[str, Any], tally: SchemaTally | CallTally) -> dict[str, Any] | None:
+    """The chat completion of ``body``, or None after counting a refusal (by its reason) or a server error."""
+    reply = client.post("/v1/chat/completions", json=body)
+    if reply.status_code >= 500:
+        tally.server_errors += 1
+        return None
+    if reply.status_code != 200:
+        tally.refused[refusal_reason(reply.json().get("error", {}).get("message", ""))] += 1
+        return None
+    return reply.json()
+
+
 def run_schemas(client: Any, model: str, files: Sequence[Path], max_tokens: int) -> SchemaTally:
     """Send each schema as ``response_format`` and tally the outcomes (see the module docstring)."""
     import jsonschema
@@ -91,15 +103,11 @@ def run_schemas(client: Any, model: str, files: Sequence[Path], max_tokens: int)
         body = {"model": model, "max_tokens": max_tokens, "messages": [
             {"role": "user", "content": f"Write a short example JSON document for: {str(title)[:200]}"}],
             "response_format": {"type": "json_schema", "json_schema": {"name": "doc", "schema": schema}}}
-        reply = client.post("/v1/chat/completions", json=body)
-        if reply.status_code >= 500:
-            tally.server_errors += 1
-            continue
-        if reply.status_code != 200:
-            tally.refused[refusal_reason(reply.json().get("error", {}).get("message", ""))] += 1
+        answer = _answered(client, body, tally)
+        if answer is None:
             continue
         tally.answered += 1
-        choice = reply.json()["choices"][0]
+        choice = answer["choices"][0]
         if choice["finish_reason"] == "length":
             tally.cut += 1
             continue
@@ -147,14 +155,10 @@ def run_bfcl(client: Any, model: str, questions: Iterable[Mapping[str, Any]], an
         body = {"model": model, "max_tokens": max_tokens, "messages": question["question"][0], "tools": tools,
                 "tool_choice": "required"}
         tally.asked += 1
-        reply = client.post("/v1/chat/completions", json=body)
-        if reply.status_code >= 500:
-            tally.server_errors += 1
+        answer = _answered(client, body, tally)
+        if answer is None:
             continue
-        if reply.status_code != 200:
-            tally.refused[refusal_reason(reply.json().get("error", {}).get("message", ""))] += 1
-            continue
-        calls = reply.json()["choices"][0]["message"].get("tool_calls") or []
+        calls = answer["choices"][0]["message"].get("tool_calls") or []
         if not calls:
             continue
         name, arguments = calls[0]["function"]["name"], calls[0]["function"]["arguments"]

@@ -22,6 +22,10 @@ row of :data:`FEATURE_NAMES` per position, built from a :class:`CacheDraftFeatur
   last emitted token and the entropy of its distribution. Replays of logs have no
   target, so these are 0 with ``has_target = 0`` there.
 
+The file is over 500 lines for one reason: every feature column is named once, here, and the typed records,
+the predictor's rows built from them and the checked reading of their JSON records all use those names; split,
+each part would import the others' private name tables.
+
 Inside the process features are these typed records; feature names exist only at
 the JSON boundaries: the payoff weights file (one weight per :data:`FEATURE_NAMES`
 column, :mod:`hvd_agents.policy.payoff`) and the step records that ``hvd-agents

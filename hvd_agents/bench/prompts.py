@@ -137,3 +137,36 @@ CHAT_PROMPTS: tuple[tuple[str, str], ...] = (
 def chat_prompts() -> list[AgentPrompt]:
     """The held-out free-text chat prompts, as one-turn conversations."""
     return [AgentPrompt(name, [{"role": "user", "content": text}]) for name, text in CHAT_PROMPTS]
+
+
+# Held-out prompts of the kinds the draft head is trained on, for its acceptance figures
+# (``hvd-agents bench-head``). None uses a training template, topic, programming task or tool
+# of :mod:`hvd_agents.distill.prompts` (the tools are this module's, which training does not use).
+_HELD_OUT_CODE: tuple[tuple[str, str], ...] = (
+    ("code-matrix", "Write a Python function that transposes a matrix given as a list of lists."),
+    ("code-anagram", "How do I check in JavaScript whether two words are anagrams of each other?"),
+    ("code-lru", "Implement a tiny least-recently-used cache class in Python with get and put methods."),
+)
+_HELD_OUT_JSON: tuple[tuple[str, str], ...] = (
+    ("json-recipe", "Give me a pancake recipe as a JSON object with \"ingredients\" (a list) and \"steps\"."),
+    ("json-book", ("Turn this into JSON with title, author and year: Moby-Dick was written by Herman Melville "
+                   "and published in 1851.")),
+    ("json-planets", "List the four inner planets as a JSON array of objects with \"name\" and \"moons\"."),
+)
+_HELD_OUT_TOOLS: tuple[tuple[str, str, dict], ...] = (
+    ("tools-weather-call", "Is it raining in Reykjavik at the moment?", WEATHER_TOOL),
+    ("tools-search-call", "Find where the function parse_config is used in the src directory.", SEARCH_FILES_TOOL),
+)
+
+
+def held_out_prompts() -> dict[str, list[AgentPrompt]]:
+    """Held-out prompts by kind (``chat``, ``code``, ``json``, ``tools``), fixed and deterministic."""
+    agent = {p.name: p for p in agent_prompts()}
+    code = [agent["code-docstring"]] + [AgentPrompt(name, [{"role": "user", "content": text}])
+                                        for name, text in _HELD_OUT_CODE]
+    json_kind = [agent["json-echo"]] + [AgentPrompt(name, [{"role": "user", "content": text}])
+                                        for name, text in _HELD_OUT_JSON]
+    tools = [agent["weather-summary"], agent["search-report"]] + [
+        AgentPrompt(name, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}], [tool])
+        for name, text, tool in _HELD_OUT_TOOLS]
+    return {"chat": chat_prompts(), "code": code, "json": json_kind, "tools": tools}

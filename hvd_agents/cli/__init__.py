@@ -18,6 +18,7 @@ Subcommands:
 * ``loko``: the payoff predictor fitted on all kinds of agent traces but one and judged on that one, each in turn.
 * ``bench-structured``: structured output through the server (JSON schemas, BFCL calls) and constrained decoding's speed.
 * ``train-drafter``: distil the draft head (the model drafter) from the target.
+* ``bench-head``: draft-head acceptance per prompt kind (chat, code, JSON, tools) on held-out prompts.
 * ``serve``: an OpenAI-compatible HTTP server (chat completions, completions, models, health, metrics).
 * ``load-test``: a bounded load test of a running server: checked answers, p50/p95 latency.
 

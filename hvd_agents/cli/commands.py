@@ -123,6 +123,14 @@ def cmd_bench_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_head(args: argparse.Namespace) -> int:
+    from hvd_agents.bench.head_acceptance import run_head_benchmark
+
+    run_head_benchmark(model=args.model, heads=args.head, shipped=not args.no_shipped, k=args.k,
+                       max_new_tokens=args.max_new_tokens)
+    return 0
+
+
 def cmd_bench_kernels(args: argparse.Namespace) -> int:
     from hvd_agents.bench.kernels import run_kernel_benchmark
 

@@ -232,6 +232,17 @@ def _add_train_payoff_parser(sub: argparse._SubParsersAction) -> None:
     train.set_defaults(func=commands.cmd_train_payoff)
 
 
+def _add_bench_head_parser(sub: argparse._SubParsersAction) -> None:
+    bench = sub.add_parser("bench-head", help="draft-head acceptance per prompt kind on held-out prompts (heads side by side)")
+    bench.add_argument("--model", default=None)
+    bench.add_argument("--head", action="append", default=[], metavar="FILE",
+                       help="a head file to measure beside the shipped one (repeatable)")
+    bench.add_argument("--no-shipped", action="store_true", help="measure only the --head files")
+    bench.add_argument("--k", type=int, default=4, help="tokens per draft (every step drafts k, ungated)")
+    bench.add_argument("--max-new-tokens", type=int, default=96)
+    bench.set_defaults(func=commands.cmd_bench_head)
+
+
 def _add_train_drafter_parser(sub: argparse._SubParsersAction) -> None:
     data_defaults, train_defaults = DataConfig(), TrainConfig()
     drafter = sub.add_parser("train-drafter", help="distil a draft head from the target (the model drafter)")
@@ -343,5 +354,5 @@ BUILDERS = (_add_generate_parser,
               _add_server_parsers,
               _add_train_payoff_parser,
               add_loko_parser,
-              _add_train_drafter_parser)
+              _add_train_drafter_parser, _add_bench_head_parser)
 """Each command's builder, in the order ``--help`` lists the commands."""

@@ -26,6 +26,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from hvd_agents.chat.render import encode_prompt
+from hvd_agents.distill.prompts import TrainingPrompt
 
 logger = logging.getLogger(__name__)
 
@@ -39,12 +40,14 @@ class Sample:
         hidden: ``[T, d]`` the target's last-layer hidden states (fp16 to save memory).
         greedy: ``[T]`` the target's greedy next token after each position.
         answer_start: index of the first answer token (the head is trained on answers).
+        kind: the prompt's kind (:data:`hvd_agents.distill.prompts.KINDS`), for figures per kind.
     """
 
     tokens: torch.Tensor
     hidden: torch.Tensor
     greedy: torch.Tensor
     answer_start: int
+    kind: str = "chat"
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -53,7 +56,7 @@ class Sample:
 def generate_samples(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    prompts: Sequence[str],
+    prompts: Sequence[str | TrainingPrompt],
     eos_token_ids: Sequence[int],
     *,
     max_new_tokens: int = 160,
@@ -66,7 +69,8 @@ def generate_samples(
 ) -> list[Sample]:
     """The target's answers to ``prompts`` (ending at an ``eos_token_ids`` token or ``max_new_tokens``),
     with hidden states (see the module docstring). Prompts are rendered as the engine renders a
-    one-turn chat (:func:`hvd_agents.chat.encode_prompt`).
+    chat (:func:`hvd_agents.chat.encode_prompt`): a string as one user turn, a
+    :class:`~hvd_agents.distill.prompts.TrainingPrompt` with its messages and tools.
 
     With ``parts`` (a directory), each batch's samples are saved there as they are made and a batch
     already saved is loaded instead of generated, so an interrupted run resumes where it stopped
@@ -77,7 +81,9 @@ def generate_samples(
     """
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos = set(eos_token_ids)
-    rendered = [encode_prompt(tokenizer, [{"role": "user", "content": p}]) for p in prompts]
+    prompts = [TrainingPrompt("chat", ({"role": "user", "content": p},)) if isinstance(p, str) else p
+               for p in prompts]
+    rendered = [encode_prompt(tokenizer, list(p.messages), list(p.tools) or None) for p in prompts]
     order = sorted(range(len(prompts)), key=lambda i: len(rendered[i]))
     rng = random.Random(seed)
     samples: list[Sample] = []
@@ -99,6 +105,8 @@ def generate_samples(
         torch.manual_seed(batch_seed)
         made = answer_samples(model, batch, eos, pad, max_new_tokens=max_new_tokens,
                               temperature=temperature if sampled else 0.0)
+        for sample, i in zip(made, order[b : b + batch_size]):
+            sample.kind = prompts[i].kind
         if part is not None:
             save_samples(made, part)
         samples.extend(made)
@@ -203,7 +211,7 @@ def save_samples(samples: list[Sample], path: str | Path) -> None:
     all: a run stopped while saving leaves no truncated file for a later run to load."""
     path = Path(path)
     partial = path.with_name(path.name + ".partial")
-    torch.save([(s.tokens, s.hidden, s.greedy, s.answer_start) for s in samples], str(partial))
+    torch.save([(s.tokens, s.hidden, s.greedy, s.answer_start, s.kind) for s in samples], str(partial))
     os.replace(partial, path)
 
 

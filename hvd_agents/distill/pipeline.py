@@ -29,7 +29,7 @@ from hvd_agents.draft_head.weights import save_head
 class DataConfig:
     """How the distillation data are made."""
 
-    prompts: int = 960
+    prompts: int = 1600
     max_new_tokens: int = 160
     batch_size: int = 16
     sampled_fraction: float = 0.5

@@ -69,6 +69,7 @@ class TrainReport:
     train_tokens: int = 0
     vocab_coverage: float = 0.0
     accuracy: list[float] = field(default_factory=list)  # held-out acc@1..acc@P of the best epoch
+    by_kind: dict[str, list[float]] = field(default_factory=dict)  # the same per prompt kind
     expected_accepted: float = 0.0
     epochs: list[dict] = field(default_factory=list)
     seconds: float = 0.0
@@ -173,6 +174,10 @@ def train_head(
             report.accuracy = accuracy
     if best_state is not None:
         head.load_state_dict(best_state)
+    for kind in sorted({s.kind for s in held}):
+        report.by_kind[kind] = evaluate(head, [s for s in held if s.kind == kind], config, to_draft)[1]
+        log(f"held-out {kind} ({sum(s.kind == kind for s in held)} sequences): acc@1..{config.ttt_passes} "
+            + " ".join(f"{a:.3f}" for a in report.by_kind[kind]))
     head.eval()
     report.expected_accepted = expected_accepted(report.accuracy)
     report.seconds = time.perf_counter() - start

@@ -29,7 +29,7 @@ import torch
 
 from hvd_agents.draft_head.model import DraftHead, HeadCache
 from hvd_agents.drafters.base import Draft, DraftContext, DraftOutcome
-from hvd_agents.drafters.model.loop import DEFAULT_MIN_SURVIVAL, RequestPrefix, draft_loop
+from hvd_agents.drafters.model.loop import DEFAULT_MIN_SURVIVAL, FIRST_ALTERNATIVES, RequestPrefix, draft_loop
 from hvd_agents.drafters.model.protocol import DEFAULT_INGEST_COST_PRIOR, DEFAULT_TOKEN_COST_PRIOR
 from hvd_agents.structure import PromptStructure
 
@@ -44,6 +44,8 @@ class DraftHeadDrafter:
         head: the attached head.
         min_survival: when ``propose`` is not given one (method ``model`` alone),
             drafting stops once the product of the head's confidences falls below it.
+        alternatives: greedy drafts carry up to this many other likely first tokens
+            (see :func:`~hvd_agents.drafters.model.loop.draft_loop`); 0 drafts chains only.
 
     Example: after a prompt of 7 tokens with their hidden states ``h_0 .. h_5``, the
     first ``propose(ctx, 4)`` ingests indices 0..5 (``pending`` says 6), then drafts
@@ -57,8 +59,10 @@ class DraftHeadDrafter:
     ingest_cost_prior = DEFAULT_INGEST_COST_PRIOR
     source = "head"
 
-    def __init__(self, head: DraftHead, min_survival: float = DEFAULT_MIN_SURVIVAL) -> None:
+    def __init__(self, head: DraftHead, min_survival: float = DEFAULT_MIN_SURVIVAL,
+                 alternatives: int = FIRST_ALTERNATIVES) -> None:
         self.min_survival = min_survival
+        self.alternatives = alternatives
         if head.embed is None:
             raise ValueError("the draft head must be attached to its target (DraftHead.attach) first")
         self.head = head
@@ -132,6 +136,7 @@ class DraftHeadDrafter:
                 to_target=head.draft_vocab,
                 target_vocab=head.config.target_vocab_size,
                 source=self.source,
+                alternatives=self.alternatives,
             )
         finally:
             self.cache.crop(verified)

@@ -1,0 +1,144 @@
+"""Draft-head acceptance (``hvd-agents bench-head``): how often a head's drafts are accepted, per prompt kind.
+
+For every held-out prompt (:func:`hvd_agents.bench.prompts.held_out_prompts`:
+chat, code, JSON and tool-calling turns) the engine decodes greedily with each
+head drafting a chain of ``k`` tokens at every step, ungated (no confidence stop, no
+alternative first tokens), so every
+draft starts from the target's own greedy context: the figures are the head's
+agreement with the target along the target's greedy path, measured on the path
+the engine runs (the forward's own hidden states, the head's CPU kernel where
+the engine uses it). Per head and kind: drafts, first-token acceptance
+(``acc@1``), ``acc@p`` (the p-th token accepted given the p-1 before it were),
+per-token acceptance (accepted / drafted) and accepted tokens per draft; and
+whether every output equals ``ar``'s (it must: the target verifies every token).
+
+Heads are compared in one run on one engine: the one shipped for the model and
+any head files given (``--head``), e.g. a head before and after retraining.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hvd_agents.bench.prompts import held_out_prompts
+from hvd_agents.chat.render import encode_prompt
+from hvd_agents.draft_head import DraftHead, load_head
+from hvd_agents.drafters.model.head import DraftHeadDrafter
+from hvd_agents.engine import GenerationParams
+from hvd_agents.engine.shared import shared_engine
+from hvd_agents.errors import HVDError
+
+
+@dataclass
+class Acceptance:
+    """Tallies of one head's drafts on one kind of prompt."""
+
+    k: int
+    prompts: int = 0
+    same: int = 0
+    drafts: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    reached: list[int] = field(default_factory=list)  # [p]: drafts with at least p + 1 tokens accepted
+    offered: list[int] = field(default_factory=list)  # [p]: drafts with a (p + 1)-th token and p accepted
+
+    def __post_init__(self) -> None:
+        self.reached = self.reached or [0] * self.k
+        self.offered = self.offered or [0] * self.k
+
+    def add(self, drafted: int, accepted: int) -> None:
+        """Count one draft of ``drafted`` tokens of which the first ``accepted`` were accepted."""
+        self.drafts += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        for p in range(min(drafted, self.k)):
+            if accepted >= p:
+                self.offered[p] += 1
+            if accepted >= p + 1:
+                self.reached[p] += 1
+
+    def merge(self, other: Acceptance) -> None:
+        for name in ("prompts", "same", "drafts", "drafted", "accepted"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.reached = [a + b for a, b in zip(self.reached, other.reached)]
+        self.offered = [a + b for a, b in zip(self.offered, other.offered)]
+
+    def rate(self, p: int) -> float:
+        """``acc@p`` (1-based): the p-th draft token accepted given the p-1 before it were."""
+        return self.reached[p - 1] / self.offered[p - 1] if self.offered[p - 1] else 0.0
+
+    @property
+    def per_token(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def per_draft(self) -> float:
+        return self.accepted / self.drafts if self.drafts else 0.0
+
+
+def _heads(engine, paths: Sequence[str | Path], shipped: bool) -> dict[str, DraftHead]:
+    heads: dict[str, DraftHead] = {}
+    if shipped and engine.draft_head is not None:
+        heads["shipped"] = engine.draft_head
+    for path in paths:
+        head = load_head(path, engine.model)
+        if engine.drafters.quantize_head:  # the kernel the engine drafts its own head on
+            head.quantize_for_cpu()
+        heads[Path(path).stem] = head
+    if not heads:
+        raise HVDError("no head to measure: this model has no shipped head; give one with --head")
+    return heads
+
+
+def run_head_benchmark(
+    model: str | None = None,
+    heads: Sequence[str | Path] = (),
+    *,
+    shipped: bool = True,
+    k: int = 4,
+    max_new_tokens: int = 96,
+) -> dict[str, dict[str, Acceptance]]:
+    """Measure each head (see the module docstring), print the table, return tallies by head and kind."""
+    if k < 1 or max_new_tokens < 1:
+        raise HVDError(f"k and max_new_tokens must be positive, got {k} and {max_new_tokens}")
+    engine = shared_engine(model)
+    measured = _heads(engine, heads, shipped)
+    methods = {}
+    for i, (label, head) in enumerate(measured.items()):
+        methods[label] = f"bench-head-{i}"
+        engine.add_drafter(methods[label], DraftHeadDrafter(head, min_survival=0.0, alternatives=0))
+    tallies = {label: {kind: Acceptance(k) for kind in held_out_prompts()} for label in measured}
+    for kind, prompts in held_out_prompts().items():
+        for prompt in prompts:
+            ids = encode_prompt(engine.tokenizer, prompt.messages, prompt.tools or None)
+            reference = engine.generate(ids, GenerationParams(max_new_tokens=max_new_tokens, method="ar",
+                                                              reuse_prefix=False)).token_ids
+            for label, method in methods.items():
+                params = GenerationParams(max_new_tokens=max_new_tokens, method=method, num_draft_tokens=k,
+                                          reuse_prefix=False, record_steps=True)
+                result = engine.generate(ids, params)
+                tally = tallies[label][kind]
+                tally.prompts += 1
+                tally.same += result.token_ids == reference
+                for record in result.stats.step_records or []:
+                    if record.source == DraftHeadDrafter.source and record.drafted:
+                        tally.add(record.drafted, record.accepted)
+    _print(tallies, k, max_new_tokens)
+    return tallies
+
+
+def _print(tallies: dict[str, dict[str, Acceptance]], k: int, max_new_tokens: int) -> None:
+    print(f"draft-head acceptance on held-out prompts: greedy, {k}-token drafts at every step (ungated), "
+          f"max_new_tokens={max_new_tokens}")
+    print(f"{'head':<24}{'kind':<7}{'prompts':>8}{'drafts':>8}" + "".join(f"{f'acc@{p}':>8}" for p in range(1, k + 1))
+          + f"{'per token':>11}{'per draft':>11}{'same as ar':>12}")
+    for label, by_kind in tallies.items():
+        total = Acceptance(k)
+        for tally in by_kind.values():
+            total.merge(tally)
+        for kind, tally in [*by_kind.items(), ("all", total)]:
+            print(f"{label:<24}{kind:<7}{tally.prompts:>8}{tally.drafts:>8}"
+                  + "".join(f"{tally.rate(p):>8.3f}" for p in range(1, k + 1))
+                  + f"{tally.per_token:>11.3f}{tally.per_draft:>11.2f}{f'{tally.same}/{tally.prompts}':>12}")

@@ -895,3 +895,38 @@ def test_a_proposal_is_verified_whole_where_planning_it_costs_more_than_verifyin
         assert len(draft) == 8 and drafter.decision("r") is None  # the proposal as it is, observed
     else:
         assert "whole" not in plans and predictor.calls == 30
+
+
+def test_a_cut_draft_accepted_whole_labels_the_proposals_next_token_by_the_targets() -> None:
+    from hvd_agents.drafters.hybrid.cache_step import next_accepted
+    from hvd_agents.drafters.hybrid.step import StepDecision
+
+    step = StepDecision(source="cache", main=2, cache_tokens=(5, 6, 7, 8))
+    assert next_accepted(DraftOutcome("r", Draft((5, 6)), 2, (5, 6, 7)), step) is True  # the target went on with 7
+    assert next_accepted(DraftOutcome("r", Draft((5, 6)), 2, (5, 6, 9)), step) is False
+    assert next_accepted(DraftOutcome("r", Draft((5, 6)), 1, (5, 9)), step) is None  # rejected inside the cut
+    whole = StepDecision(source="cache", main=4, cache_tokens=(5, 6, 7, 8))
+    assert next_accepted(DraftOutcome("r", Draft((5, 6, 7, 8)), 4, (5, 6, 7, 8, 1)), whole) is None  # nothing cut
+
+
+def test_the_hybrid_drafter_feeds_the_next_label_to_its_predictor() -> None:
+    from hvd_agents.policy.features import CacheDraftFeatures
+    from hvd_agents.structure import PromptStructure
+
+    w = np.zeros(NUM_FEATURES)
+    w[FEATURE_NAMES.index("bias")] = 1.0
+    online = {"learning_rate": 0.5, "moves": ["bias"], "weighting": "position"}
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3]
+    probe = CacheDraftFeatures(match_len=3)
+    moved = []
+    for next_label in (False, True):
+        predictor = PayoffPredictor(PayoffWeights(w, {"online": online | {"next_label": next_label}}))
+        drafter = HybridDrafter(SuffixDrafter(None), predictor, CostModel.linear(0.6))
+        drafter.start("r", prompt, PromptStructure(tuple(prompt), (), "s"))
+        draft = drafter.propose(DraftContext("r", list(prompt), len(prompt)), 6)
+        assert 0 < len(draft.token_ids) < 6 and draft.source.startswith("suffix")  # 4 5 6 7 8 9, cut at this c
+        before = predictor.expected_accepted(probe, 4, "s")
+        drafter.observe(DraftOutcome("r", draft, len(draft.token_ids), (*draft.token_ids, 0)))  # then not the copy
+        moved.append(predictor.expected_accepted(probe, 4, "s") - before)
+    assert moved[0] > 0  # accepted whole: the intercept rises
+    assert moved[1] < moved[0]  # but the target's next token was not the proposal's: a rejection label too

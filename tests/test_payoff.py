@@ -324,7 +324,12 @@ def test_dropped_inputs_get_no_weight_in_either_model() -> None:
     assert np.all(mlp.w1[dropped] == 0)
     weights, _ = fit_payoff(samples, FitSettings(hidden=0, drop=("kind=*",), online_rate=0.2, online=("bias",)))
     assert weights.meta["settings"]["drop"] == ["kind=*"]
-    assert weights.meta["online"] == {"learning_rate": 0.2, "moves": ["bias"], "shared_rate": 0.0}
+    assert weights.meta["online"] == {"learning_rate": 0.2, "moves": ["bias"], "shared_rate": 0.0,
+                                      "weighting": "draft", "next_label": False}
+    weights, _ = fit_payoff(samples, FitSettings(hidden=0, online_weighting="position", online_next_label=True))
+    assert weights.online.weighting == "position" and weights.online.next_label
+    with pytest.raises(InvalidRequestError, match="online_weighting"):
+        FitSettings(online_weighting="token")
     with pytest.raises(InvalidRequestError, match="names no input"):
         FitSettings(drop=("kind=nonsense",))
     with pytest.raises(InvalidRequestError, match="names no input"):
@@ -370,3 +375,42 @@ def test_a_shared_online_offset_moves_every_sessions_predictions() -> None:
     explicit = PayoffPredictor(shared.weights, learning_rate=0.0)  # an explicit rate: no online step at all
     explicit.update(features, drafted=8, accepted=0, session_id="seen")
     assert explicit.expected_accepted(features, 8, "x") == pytest.approx(before)
+
+
+def _intercept_shift(online: dict, drafted: int, accepted: int, next_accepted: bool | None = None) -> float:
+    """How far one online step moves the logit of a logistic predictor whose step moves only the intercept."""
+    features = CacheDraftFeatures(match_len=4, kind=SpanKind.TOOL_OUTPUT)
+    predictor = PayoffPredictor(PayoffWeights(weights_with(bias=0.5).weights, {"online": online}), l2=0.0)
+    logit = lambda: float(np.log(predictor.hazards(features, 1, "s")[0] / (1 - predictor.hazards(features, 1, "s")[0])))
+    before = logit()
+    predictor.update(features, drafted=drafted, accepted=accepted, session_id="s", next_accepted=next_accepted)
+    return logit() - before
+
+
+def test_the_online_step_weighs_each_draft_or_each_position() -> None:
+    h = 1 / (1 + math.exp(-0.5))  # every position's hazard before the step
+    draft = {"learning_rate": 0.1, "moves": ["bias"]}
+    position = draft | {"weighting": "position"}
+    # 8 accepted: the mean residual (1 - h) per draft, 8 times it per position
+    assert _intercept_shift(draft, 8, 8) == pytest.approx(0.1 * (1 - h))
+    assert _intercept_shift(position, 8, 8) == pytest.approx(0.8 * (1 - h))
+    # a first-token failure: one labelled position, the same either way
+    assert _intercept_shift(draft, 8, 0) == pytest.approx(_intercept_shift(position, 8, 0)) == pytest.approx(-0.1 * h)
+    # so under "position" one 8-token copy outweighs one failure, under "draft" it does not
+    assert _intercept_shift(position, 8, 8) + _intercept_shift(position, 8, 0) > 0
+    assert _intercept_shift(draft, 8, 8) + _intercept_shift(draft, 8, 0) < 0
+    with pytest.raises(PayoffWeightsError, match="weighting"):
+        PayoffPredictor(PayoffWeights(weights_with().weights, {"online": {"weighting": "token"}}))
+
+
+def test_the_next_label_tells_the_step_about_the_position_a_cut_left_unverified() -> None:
+    h = 1 / (1 + math.exp(-0.5))
+    step = {"learning_rate": 0.1, "moves": ["bias"], "weighting": "position"}
+    labelled = step | {"next_label": True}
+    # a cut draft of 4 accepted whole: the proposal's 5th token was the target's next one, or was not
+    assert _intercept_shift(labelled, 4, 4, True) == pytest.approx(0.1 * 5 * (1 - h))
+    assert _intercept_shift(labelled, 4, 4, False) == pytest.approx(0.1 * (4 * (1 - h) - h))
+    assert _intercept_shift(labelled, 4, 4, False) < _intercept_shift(step, 4, 4, False) == _intercept_shift(step, 4, 4)
+    # a draft rejected inside the cut already labels its first rejection: the next token says nothing more
+    assert _intercept_shift(labelled, 4, 2, True) == pytest.approx(_intercept_shift(step, 4, 2))
+    assert PayoffWeights(weights_with().weights).online.next_label is False  # a file without it

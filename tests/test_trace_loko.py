@@ -129,11 +129,12 @@ def test_loko_command_prints_the_table_and_writes_json(tmp_path, api_bank_dir, c
     assert "given weights on every kind" in capsys.readouterr().out
     shipped = tmp_path / "shipped.json"
     assert main(["loko", f"agents={agents}", f"api_bank={api_bank_dir}", "--tokenizer", str(tokenizer),
-                 "--rounds", "1", "--epochs", "1", "--online-rate", "0.1", "--fit-all", str(shipped)]) == 0
+                 "--rounds", "1", "--epochs", "1", "--online-rate", "0.1", "--online-weighting", "position",
+                 "--online-next-label", "--fit-all", str(shipped)]) == 0
     assert "weights written to" in capsys.readouterr().out
     fitted = PayoffWeights.load(shipped)  # fitted on both kinds, with the online step it was chosen with
     assert fitted.meta["sources"] == ["agents", "api_bank"] and fitted.mlp is not None
-    assert fitted.online.learning_rate == 0.1
+    assert fitted.online.learning_rate == 0.1 and fitted.online.weighting == "position" and fitted.online.next_label
     assert main(["loko", f"agents={agents}", "--tokenizer", str(tokenizer)]) == 2
     assert "at least two kinds" in capsys.readouterr().err
     assert main(["loko", f"agents={agents}", f"b={agents}", "--drop", "no_such_input", "--tokenizer",

@@ -24,7 +24,12 @@ weights. How fast, and which draft-level weights it moves, the weights file says
 without it: 0.05 and the intercepts, overall and per provenance kind). With a
 ``shared_rate`` above 0 the same step also moves one offset shared by every session
 (the deployment's: a new kind of agent shifts every session's predictions, not only the
-one that saw it). Sessions are kept in least-recently-used order up to a bound.
+one that saw it). The step's ``weighting`` says whether a draft's labelled positions are
+averaged (each draft weighs the same) or summed (each position does: the likelihood's
+gradient); with ``next_label``, a draft the predictor cut short of its proposal and that was
+accepted whole also labels the proposal's next position by the target's next token, so a
+predictor that cuts too early learns it (without it, what a cut hides is never seen).
+Sessions are kept in least-recently-used order up to a bound.
 
 Worked example: weights that give ``h = [0.9, 0.5, 0.5]`` predict ``S = [0.9,
 0.45, 0.225]`` and an expected accepted length of 1.575 for the whole draft, 0.9
@@ -73,6 +78,10 @@ MAX_SESSIONS = 1024  # per-session online offsets kept (least recently used drop
 # model (how match length, branch probabilities and position matter) stays as trained.
 DEFAULT_ONLINE_RATE = 0.05
 DEFAULT_ONLINE: tuple[str, ...] = ("bias", "kind=*")
+# How a verified draft's labelled positions weigh in the online step: "draft" (the mean residual: every draft
+# weighs the same, a 1-token failure as much as a 30-token copy) or "position" (the sum: the hazard's
+# log-likelihood gradient, every labelled position weighs the same).
+WEIGHTINGS: tuple[str, ...] = ("draft", "position")
 
 
 class PayoffWeightsError(HVDError, ValueError):
@@ -87,11 +96,25 @@ class OnlineStep:
         learning_rate: step size of each session's offset (0: none).
         moves: the draft-level weights the step moves, names or ``fnmatch`` patterns.
         shared_rate: step size of the offset every session shares (0: none).
+        weighting: how the labelled positions of a draft weigh (:data:`WEIGHTINGS`; a file without it: "draft").
+        next_label: a draft cut short of its proposal and accepted whole also labels the proposal's next
+            position, by the target's own next token (the one the step produced): without it the step never
+            sees the positions the predictor cut, so a predictor that cuts too early is never told so. A file
+            without it: False.
+
+    Raises:
+        PayoffWeightsError: an unknown weighting.
     """
 
     learning_rate: float = DEFAULT_ONLINE_RATE
     moves: tuple[str, ...] = DEFAULT_ONLINE
     shared_rate: float = 0.0
+    weighting: str = "draft"
+    next_label: bool = False
+
+    def __post_init__(self) -> None:
+        if self.weighting not in WEIGHTINGS:
+            raise PayoffWeightsError(f"the online step's weighting is one of {WEIGHTINGS}, got {self.weighting!r}")
 
 
 @dataclass(frozen=True)
@@ -174,7 +197,8 @@ class PayoffWeights:
         try:
             return OnlineStep(float(online.get("learning_rate", DEFAULT_ONLINE_RATE)),
                               tuple(str(m) for m in online.get("moves", DEFAULT_ONLINE)),
-                              float(online.get("shared_rate", 0.0)))
+                              float(online.get("shared_rate", 0.0)), str(online.get("weighting", "draft")),
+                              bool(online.get("next_label", False)))
         except (TypeError, ValueError) as exc:
             raise PayoffWeightsError(f"malformed online step in the weights' meta: {exc}") from exc
 
@@ -212,6 +236,8 @@ class PayoffPredictor:
         self.learning_rate = online.learning_rate if learning_rate is None else learning_rate
         self.shared_rate = online.shared_rate if learning_rate is None else 0.0
         self.l2 = l2
+        self._per_position = online.weighting == "position"
+        self._next_label = online.next_label
         self._online_mask = online_mask(online.moves)  # [F]
         self._offsets: OrderedDict[str, np.ndarray] = OrderedDict()
         self._shared = np.zeros(NUM_FEATURES)  # [F] every session's offset (moves only with shared_rate > 0)
@@ -232,21 +258,29 @@ class PayoffPredictor:
         return float(self.survival(features, length, session_id).sum())
 
     def update(self, features: CacheDraftFeatures, drafted: int, accepted: int, session_id: str | None,
-               hazards: np.ndarray | None = None) -> None:
+               hazards: np.ndarray | None = None, next_accepted: bool | None = None) -> None:
         """One online step from a verified draft of ``drafted`` tokens with ``accepted`` accepted.
 
         Only the draft-level weights the weights file's online step names move (by default the intercepts):
-        their gradient is the mean residual over the labelled positions times the draft's row (for the
-        intercepts: applied to the overall one and to the draft's provenance kind's). ``hazards`` are the ones :meth:`hazards` gave the draft before it
-        was verified (for at least its labelled positions; None: computed again).
+        their gradient is the residual over the labelled positions (their mean, or with the ``"position"``
+        weighting their sum) times the draft's row (for the intercepts: applied to the overall one and to the
+        draft's provenance kind's). ``hazards`` are the ones :meth:`hazards` gave the draft before it
+        was verified (for at least its labelled positions; None: computed again). ``next_accepted``: where the
+        draft was cut from a longer proposal, whether the proposal's next token (position ``drafted``) is the
+        one the target produced after it (None: unknown, or nothing was cut); the online step's ``next_label``
+        makes it a label when every drafted token was accepted.
         """
         if session_id is None or (self.learning_rate <= 0 and self.shared_rate <= 0) or drafted <= 0:
             return
+        if self._next_label and next_accepted is not None and accepted == drafted:
+            drafted, accepted = drafted + 1, accepted + int(next_accepted)  # position `drafted` is labelled too
         observed = min(accepted + 1, drafted)  # positions whose outcome is known
         labels = (np.arange(observed) < accepted).astype(np.float64)  # [n]
         if hazards is None or len(hazards) < observed:
             hazards = self.hazards(features, observed, session_id)
-        residual = float((labels - hazards[:observed]).sum()) / observed  # mean
+        residual = float((labels - hazards[:observed]).sum())
+        if not self._per_position:
+            residual /= observed  # the mean: each draft weighs the same
         gradient = residual * draft_row(features) * self._online_mask  # [F]
         if self.shared_rate > 0:
             self._shared *= 1.0 - self.l2

@@ -51,7 +51,13 @@ from hvd_agents.policy.features import (
     feature_matrix,
 )
 from hvd_agents.policy.hazard_mlp import MLP_INPUTS, HazardMLP, fit_hazard_mlp
-from hvd_agents.policy.payoff import DEFAULT_ONLINE, DEFAULT_ONLINE_RATE, PayoffPredictor, PayoffWeights
+from hvd_agents.policy.payoff import (
+    DEFAULT_ONLINE,
+    DEFAULT_ONLINE_RATE,
+    WEIGHTINGS,
+    PayoffPredictor,
+    PayoffWeights,
+)
 from hvd_agents.policy.token_text import text_columns
 
 logger = logging.getLogger(__name__)
@@ -99,6 +105,10 @@ class FitSettings:
         online: the draft-level weights the online step moves, by name or pattern over
             :data:`~hvd_agents.policy.features.DRAFT_FEATURES`.
         shared_rate: the online step's rate on the offset every session shares (0: none).
+        online_weighting: how a draft's labelled positions weigh in the online step
+            (:data:`~hvd_agents.policy.payoff.WEIGHTINGS`).
+        online_next_label: the online step labels the proposal's position after a cut draft accepted whole
+            (:class:`~hvd_agents.policy.payoff.OnlineStep`'s ``next_label``).
     """
 
     l2: float = 1.0
@@ -110,8 +120,12 @@ class FitSettings:
     online_rate: float = DEFAULT_ONLINE_RATE
     online: tuple[str, ...] = field(default=DEFAULT_ONLINE)
     shared_rate: float = 0.0
+    online_weighting: str = "draft"
+    online_next_label: bool = False
 
     def __post_init__(self) -> None:
+        if self.online_weighting not in WEIGHTINGS:
+            raise InvalidRequestError(f"online_weighting is one of {WEIGHTINGS}, got {self.online_weighting!r}")
         if not 0.0 <= self.held_out < 1.0:
             raise InvalidRequestError(f"held_out must be in [0, 1), got {self.held_out}")
         if self.hidden < 0 or self.epochs < 1:
@@ -125,7 +139,8 @@ class FitSettings:
     def to_dict(self) -> dict[str, Any]:
         return {"l2": self.l2, "hidden": self.hidden, "epochs": self.epochs, "seed": self.seed,
                 "held_out": self.held_out, "drop": list(self.drop), "online_rate": self.online_rate,
-                "online": list(self.online), "shared_rate": self.shared_rate}
+                "online": list(self.online), "shared_rate": self.shared_rate,
+                "online_weighting": self.online_weighting, "online_next_label": self.online_next_label}
 
 
 def matching(patterns: Sequence[str], names: Sequence[str], what: str) -> np.ndarray:
@@ -344,7 +359,8 @@ def fit_payoff(samples: Sequence[DraftSample], settings: FitSettings | None = No
         "l2": settings.l2,
         "settings": settings.to_dict(),
         "online": {"learning_rate": settings.online_rate, "moves": list(settings.online),
-                   "shared_rate": settings.shared_rate},
+                   "shared_rate": settings.shared_rate, "weighting": settings.online_weighting,
+                   "next_label": settings.online_next_label},
     }
     logistic = evaluate(PayoffPredictor(PayoffWeights(weights), learning_rate=0.0), test, train)
     network = None

@@ -25,6 +25,12 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated draft-level weights the online step moves (default bias,kind=*)")
     parser.add_argument("--shared-rate", type=float, default=0.0,
                         help="learning rate of the online offset every session shares, shipped in the weights")
+    parser.add_argument("--online-weighting", choices=("draft", "position"), default="draft",
+                        help="how a verified draft's positions weigh in the online step: draft (their mean) or "
+                             "position (their sum, the likelihood's gradient), shipped in the weights")
+    parser.add_argument("--online-next-label", action="store_true",
+                        help="the online step also labels the proposal's token after a cut draft accepted whole, "
+                             "by the target's next token; shipped in the weights")
 
 
 def fit_settings(args: argparse.Namespace) -> FitSettings:
@@ -39,7 +45,8 @@ def fit_settings(args: argparse.Namespace) -> FitSettings:
                        drop=split(args.drop),
                        online_rate=defaults.online_rate if args.online_rate is None else args.online_rate,
                        online=defaults.online if args.online is None else split(args.online),
-                       shared_rate=args.shared_rate)
+                       shared_rate=args.shared_rate, online_weighting=args.online_weighting,
+                       online_next_label=args.online_next_label)
 
 
 def cmd_loko(args: argparse.Namespace) -> int:

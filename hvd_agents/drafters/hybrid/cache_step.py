@@ -105,7 +105,7 @@ class CachePhase:
         self.cache.observe(cache_outcome)
         if step.source == "cache" and step.features is not None and outcome.draft.token_ids:
             self.predictor.update(step.features, len(cache_outcome.draft), cache_outcome.num_accepted,
-                                  session_id, np.asarray(step.hazards))
+                                  session_id, np.asarray(step.hazards), next_accepted(cache_outcome, step))
             if self.calibration is not None and step.main:
                 self.calibration.observe(np.asarray(step.survival[: step.main]), cache_outcome.num_accepted)
 
@@ -146,3 +146,14 @@ class CachePhase:
         main_accepted = sum(1 for node in draft.path(outcome.new_token_ids) if node < step.main)
         main = Draft(draft.token_ids[: step.main], None, draft.score, draft.source, draft.features)
         return DraftOutcome(outcome.req_id, main, main_accepted, outcome.new_token_ids)
+
+
+def next_accepted(outcome: DraftOutcome, step: StepDecision) -> bool | None:
+    """Whether the proposal's token after the verified main branch is the target's next one, where the branch
+    was cut from a longer proposal and accepted whole (None: else). For a cache draft, a deterministic one, the
+    target's next token equals it with the probability that verifying it would have accepted it, greedy or
+    sampled: an unbiased label of a position the cut left unverified."""
+    cut = len(outcome.draft)
+    if not 0 < cut < len(step.cache_tokens) or outcome.num_accepted != cut or len(outcome.new_token_ids) <= cut:
+        return None
+    return outcome.new_token_ids[cut] == step.cache_tokens[cut]

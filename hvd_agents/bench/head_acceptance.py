@@ -109,8 +109,9 @@ def run_head_benchmark(
     for i, (label, head) in enumerate(measured.items()):
         methods[label] = f"bench-head-{i}"
         engine.add_drafter(methods[label], DraftHeadDrafter(head, min_survival=0.0, alternatives=0))
-    tallies = {label: {kind: Acceptance(k) for kind in held_out_prompts()} for label in measured}
-    for kind, prompts in held_out_prompts().items():
+    by_kind = held_out_prompts()
+    tallies = {label: {kind: Acceptance(k) for kind in by_kind} for label in measured}
+    for kind, prompts in by_kind.items():
         for prompt in prompts:
             ids = encode_prompt(engine.tokenizer, prompt.messages, prompt.tools or None)
             reference = engine.generate(ids, GenerationParams(max_new_tokens=max_new_tokens, method="ar",

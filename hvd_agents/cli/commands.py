@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import sys
+from pathlib import Path
 
 from hvd_agents.distill.pipeline import DataConfig
 from hvd_agents.distill.train import TrainConfig
@@ -223,12 +224,18 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 def cmd_train_drafter(args: argparse.Namespace) -> int:
     from hvd_agents.distill.pipeline import train_drafter
 
-    if args.prompts < 2 or args.epochs < 1 or args.draft_vocab < 2 or args.batch_tokens < 1:
-        raise HVDError("--prompts must be >= 2, --epochs >= 1, --draft-vocab >= 2 and --batch-tokens >= 1")
-    data = DataConfig(prompts=args.prompts, max_new_tokens=args.max_new_tokens, seed=args.seed)
+    if (args.prompts < 2 or args.epochs < 1 or args.draft_vocab < 2 or args.batch_tokens < 1
+            or args.concurrency < 1):
+        raise HVDError("--prompts must be >= 2, --epochs >= 1, --draft-vocab >= 2, --batch-tokens >= 1 "
+                       "and --concurrency >= 1")
+    if args.init is not None and not Path(args.init).is_file():
+        raise HVDError(f"--init {args.init}: no such head file")
+    data = DataConfig(prompts=args.prompts, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                      source=args.data_source, concurrency=args.concurrency)
     train = TrainConfig(draft_vocab=args.draft_vocab, epochs=args.epochs, lr=args.lr,
                         batch_tokens=args.batch_tokens, seed=args.seed)
-    train_drafter(args.output, model=args.model, device=args.device, data=data, train=train, data_file=args.data)
+    train_drafter(args.output, model=args.model, device=args.device, data=data, train=train, data_file=args.data,
+                  init=args.init)
     return 0
 
 

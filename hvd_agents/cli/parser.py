@@ -11,7 +11,7 @@ import argparse
 import contextlib
 
 from hvd_agents.cli import commands
-from hvd_agents.distill.pipeline import DataConfig
+from hvd_agents.distill.pipeline import DATA_SOURCES, DataConfig
 from hvd_agents.distill.train import TrainConfig
 from hvd_agents.drafters import available_methods
 from hvd_agents.trace.loko_command import add_fit_arguments, add_loko_parser
@@ -262,6 +262,13 @@ def _add_train_drafter_parser(sub: argparse._SubParsersAction) -> None:
                          help="a file for the generated data: reused when it exists, written when it does not "
                               "(batches are kept in <file>.parts/ meanwhile, so an interrupted run resumes)")
     drafter.add_argument("--seed", type=int, default=data_defaults.seed)
+    drafter.add_argument("--data-source", choices=DATA_SOURCES, default=data_defaults.source,
+                         help="who writes the answers: the engine's own forward (the hidden states the head drafts "
+                              "from, batched decoding) or the float model's generate")
+    drafter.add_argument("--concurrency", type=int, default=data_defaults.concurrency,
+                         help="with --data-source engine: requests decoded together")
+    drafter.add_argument("--init", default=None,
+                         help="a head file for this target to start training from (its draft vocabulary is kept)")
     drafter.set_defaults(func=commands.cmd_train_drafter)
 
 

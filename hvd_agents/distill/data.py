@@ -90,7 +90,7 @@ def generate_samples(
     start = time.perf_counter()
     if parts is not None:
         claim_parts(Path(parts), {
-            "prompts": hashlib.sha256(json.dumps([rendered[i] for i in order]).encode()).hexdigest()[:16],
+            "prompts": prompts_digest([rendered[i] for i in order]),
             "batch_size": batch_size, "max_new_tokens": max_new_tokens, "sampled_fraction": sampled_fraction,
             "temperature": temperature, "seed": seed,
         })
@@ -115,6 +115,11 @@ def generate_samples(
             tokens = sum(len(s) - s.answer_start for s in samples)
             progress(f"generated {done}/{len(order)} answers, {tokens} answer tokens, {time.perf_counter() - start:.0f} s")
     return samples
+
+
+def prompts_digest(rendered: Sequence[Sequence[int]]) -> str:
+    """A short digest of tokenized prompts: a part directory is refused when made from other prompts."""
+    return hashlib.sha256(json.dumps([list(ids) for ids in rendered]).encode()).hexdigest()[:16]
 
 
 def claim_parts(parts: Path, settings: dict) -> None:

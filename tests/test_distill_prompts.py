@@ -9,7 +9,18 @@ import pytest
 import torch
 
 from hvd_agents.bench.prompts import CHAT_PROMPTS, held_out_prompts
+from hvd_agents.cli.parser import build_parser
+from hvd_agents.distill.catalogs import (
+    ACTIONS,
+    CATALOGS,
+    ENTITIES,
+    MORE_TOPICS,
+    broad_prompt,
+    made_code_tasks,
+    made_tool_names,
+)
 from hvd_agents.distill.data import Sample, generate_samples, load_samples, save_samples
+from hvd_agents.distill.pipeline import DataConfig
 from hvd_agents.distill.prompts import CODE_TASKS, DEFAULT_MIX, KINDS, TOOLS, TOPICS, TrainingPrompt, training_prompts
 
 
@@ -72,3 +83,50 @@ def test_generated_samples_carry_their_prompts_kind_through_a_saved_file(tiny_mo
     old = tmp_path / "old.pt"
     torch.save([(s.tokens, s.hidden, s.greedy, s.answer_start) for s in samples], str(old))
     assert {s.kind for s in load_samples(old)} == {"chat"} and isinstance(load_samples(old)[0], Sample)
+
+
+def test_the_broad_catalog_is_reproducible_distinct_and_broader() -> None:
+    prompts = training_prompts(600, seed=2, make=broad_prompt)
+    assert [p.key() for p in training_prompts(600, seed=2, make=broad_prompt)] == [p.key() for p in prompts]
+    assert len({p.key() for p in prompts}) == 600
+    counts = Counter(p.kind for p in prompts)
+    for kind, share in DEFAULT_MIX.items():
+        assert abs(counts[kind] - 600 * share) <= 1, kind
+    templated_tools = {t["function"]["name"] for t in TOOLS}
+    called = Counter()
+    for prompt in (p for p in prompts if p.kind == "tools"):
+        declared = [t["function"]["name"] for t in prompt.tools]
+        assert len(declared) == len(set(declared)), declared  # no tool declared twice
+        called[declared[0]] += 1
+        if prompt.messages[-1]["role"] == "tool":
+            call = prompt.messages[-2]["tool_calls"][0]["function"]
+            assert call["name"] == declared[0] and isinstance(json.loads(call["arguments"]), dict)
+            required = next(t for t in prompt.tools if t["function"]["name"] == call["name"])["function"]["parameters"]
+            assert set(required["required"]) <= set(json.loads(call["arguments"]))
+    made = set(called) - templated_tools
+    assert len(made) > 3 * len(templated_tools) and set(called) & templated_tools  # made tools, and the templated
+    assert len(made_tool_names()) == len(ENTITIES) * len(ACTIONS) and not made_tool_names() & templated_tools
+    code = " ".join(p.messages[-1]["content"] for p in prompts if p.kind == "code")
+    assert sum(task in code for task in made_code_tasks()) > 50 and any(task in code for task in CODE_TASKS)
+    chat = " ".join(p.messages[-1]["content"] for p in prompts if p.kind == "chat")
+    assert any(topic in chat for topic in MORE_TOPICS) and any(topic in chat for topic in TOPICS)
+
+
+def test_the_benchmarks_prompts_are_held_out_from_the_broad_catalog_too() -> None:
+    for prompts in held_out_prompts().values():
+        for prompt in prompts:
+            assert not {t["function"]["name"] for t in prompt.tools} & made_tool_names(), prompt.name
+            text = " ".join(str(m.get("content", "")) for m in prompt.messages)
+            assert not any(task in text for task in made_code_tasks()), prompt.name
+    assert not any(topic in text for _, text in CHAT_PROMPTS for topic in MORE_TOPICS)
+
+
+def test_a_catalog_is_named_in_the_data_settings_and_on_the_command_line() -> None:
+    assert set(CATALOGS) == {"templated", "broad"} and DataConfig().catalog == "templated"
+    with pytest.raises(ValueError, match="unknown prompt catalog 'wide': one of templated, broad"):
+        DataConfig(catalog="wide")
+    args = build_parser().parse_args(["train-drafter", "-o", "x.safetensors", "--catalog", "broad"])
+    assert args.catalog == "broad"
+    # the templated catalog is the one the shipped head's earlier data were drawn from: unchanged
+    assert [p.key() for p in training_prompts(50, seed=0, make=CATALOGS["templated"])] == \
+        [p.key() for p in training_prompts(50, seed=0)]

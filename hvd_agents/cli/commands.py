@@ -231,7 +231,7 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
     if args.init is not None and not Path(args.init).is_file():
         raise HVDError(f"--init {args.init}: no such head file")
     data = DataConfig(prompts=args.prompts, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                      source=args.data_source, concurrency=args.concurrency)
+                      source=args.data_source, concurrency=args.concurrency, catalog=args.catalog)
     train = TrainConfig(draft_vocab=args.draft_vocab, epochs=args.epochs, lr=args.lr,
                         batch_tokens=args.batch_tokens, seed=args.seed)
     train_drafter(args.output, model=args.model, device=args.device, data=data, train=train, data_file=args.data,

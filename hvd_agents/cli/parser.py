@@ -11,6 +11,7 @@ import argparse
 import contextlib
 
 from hvd_agents.cli import commands
+from hvd_agents.distill.catalogs import CATALOGS
 from hvd_agents.distill.pipeline import DATA_SOURCES, DataConfig
 from hvd_agents.distill.train import TrainConfig
 from hvd_agents.drafters import available_methods
@@ -250,7 +251,7 @@ def _add_train_drafter_parser(sub: argparse._SubParsersAction) -> None:
     drafter.add_argument("--model", default=None, help="the target (default: embedded SmolLM2)")
     drafter.add_argument("--device", default=None)
     drafter.add_argument("--prompts", type=int, default=data_defaults.prompts,
-                         help="templated chat prompts the target answers")
+                         help="how many prompts of the catalog the target answers")
     drafter.add_argument("--max-new-tokens", type=int, default=data_defaults.max_new_tokens, help="longest answer")
     drafter.add_argument("--epochs", type=int, default=train_defaults.epochs)
     drafter.add_argument("--draft-vocab", type=int, default=train_defaults.draft_vocab,
@@ -267,6 +268,9 @@ def _add_train_drafter_parser(sub: argparse._SubParsersAction) -> None:
                               "from, batched decoding) or the float model's generate")
     drafter.add_argument("--concurrency", type=int, default=data_defaults.concurrency,
                          help="with --data-source engine: requests decoded together")
+    drafter.add_argument("--catalog", choices=tuple(CATALOGS), default=data_defaults.catalog,
+                         help="the prompts the target answers: the templates, or broader ones made procedurally "
+                              "(more tools, programming tasks, topics and phrasings)")
     drafter.add_argument("--init", default=None,
                          help="a head file for this target to start training from (its draft vocabulary is kept)")
     drafter.set_defaults(func=commands.cmd_train_drafter)

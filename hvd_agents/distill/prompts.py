@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 TOPICS: tuple[str, ...] = (
@@ -109,33 +110,33 @@ CITIES: tuple[str, ...] = ("Lisbon", "Toronto", "Osaka", "Nairobi", "Oslo", "Den
 JSON_SYSTEM = "You are a helpful assistant. Answer with valid JSON only."
 
 
-def _tool(name: str, description: str, properties: dict, required: list[str]) -> dict:
+def tool_schema(name: str, description: str, properties: dict, required: list[str]) -> dict:
     return {"type": "function", "function": {
         "name": name, "description": description,
         "parameters": {"type": "object", "properties": properties, "required": required}}}
 
 
-def _string(description: str) -> dict:
+def string_property(description: str) -> dict:
     return {"type": "string", "description": description}
 
 
 TOOLS: tuple[dict, ...] = (
-    _tool("get_stock_price", "Get the latest price of a stock.", {"symbol": _string("ticker symbol, e.g. AAPL")},
+    tool_schema("get_stock_price", "Get the latest price of a stock.", {"symbol": string_property("ticker symbol, e.g. AAPL")},
           ["symbol"]),
-    _tool("convert_currency", "Convert an amount between two currencies.",
-          {"amount": {"type": "number"}, "from_currency": _string("ISO code"), "to_currency": _string("ISO code")},
+    tool_schema("convert_currency", "Convert an amount between two currencies.",
+          {"amount": {"type": "number"}, "from_currency": string_property("ISO code"), "to_currency": string_property("ISO code")},
           ["amount", "from_currency", "to_currency"]),
-    _tool("send_email", "Send an email.", {"to": _string("recipient address"), "subject": _string("subject line"),
-                                           "body": _string("message text")}, ["to", "subject", "body"]),
-    _tool("create_event", "Add an event to the calendar.",
-          {"title": _string("event title"), "date": _string("YYYY-MM-DD"), "time": _string("HH:MM")},
+    tool_schema("send_email", "Send an email.", {"to": string_property("recipient address"), "subject": string_property("subject line"),
+                                           "body": string_property("message text")}, ["to", "subject", "body"]),
+    tool_schema("create_event", "Add an event to the calendar.",
+          {"title": string_property("event title"), "date": string_property("YYYY-MM-DD"), "time": string_property("HH:MM")},
           ["title", "date"]),
-    _tool("lookup_order", "Look up the status of a customer's order.", {"order_id": _string("the order number")},
+    tool_schema("lookup_order", "Look up the status of a customer's order.", {"order_id": string_property("the order number")},
           ["order_id"]),
-    _tool("find_restaurants", "Find restaurants in a city.",
-          {"city": _string("city name"), "cuisine": _string("kind of food")}, ["city"]),
-    _tool("read_file", "Read a text file of the project.", {"path": _string("file path")}, ["path"]),
-    _tool("run_sql", "Run a read-only SQL query on the sales database.", {"query": _string("the SQL query")},
+    tool_schema("find_restaurants", "Find restaurants in a city.",
+          {"city": string_property("city name"), "cuisine": string_property("kind of food")}, ["city"]),
+    tool_schema("read_file", "Read a text file of the project.", {"path": string_property("file path")}, ["path"]),
+    tool_schema("run_sql", "Run a read-only SQL query on the sales database.", {"query": string_property("the SQL query")},
           ["query"]),
 )
 
@@ -207,42 +208,53 @@ KINDS: tuple[str, ...] = ("chat", "code", "json", "tools")
 DEFAULT_MIX: dict[str, float] = {"chat": 0.5, "code": 0.17, "json": 0.13, "tools": 0.2}
 
 
-def _user(text: str, system: str | None = None) -> tuple[dict, ...]:
+def user_turn(text: str, system: str | None = None) -> tuple[dict, ...]:
+    """The messages of one user turn, after ``system`` when given."""
     head = ({"role": "system", "content": system},) if system else ()
     return (*head, {"role": "user", "content": text})
 
 
-def _one(kind: str, rng: random.Random) -> TrainingPrompt:
+def templated_prompt(kind: str, rng: random.Random) -> TrainingPrompt:
+    """One prompt of ``kind`` from this module's templates (the ``templated`` catalog)."""
     if kind == "chat":
         topic = rng.choice(TOPICS)
         other = rng.choice([t for t in TOPICS if t != topic])
-        return TrainingPrompt(kind, _user(rng.choice(CHAT_TEMPLATES).format(topic=topic, other=other)))
+        return TrainingPrompt(kind, user_turn(rng.choice(CHAT_TEMPLATES).format(topic=topic, other=other)))
     if kind == "code":
         text = rng.choice(CODE_TEMPLATES).format(language=rng.choice(CODE_LANGUAGES), task=rng.choice(CODE_TASKS))
-        return TrainingPrompt(kind, _user(text))
+        return TrainingPrompt(kind, user_turn(text))
     if kind == "json":
         if rng.random() < 0.6:
-            return TrainingPrompt(kind, _user(rng.choice(JSON_TEMPLATES).format(topic=rng.choice(TOPICS)),
+            return TrainingPrompt(kind, user_turn(rng.choice(JSON_TEMPLATES).format(topic=rng.choice(TOPICS)),
                                               JSON_SYSTEM if rng.random() < 0.5 else None))
         person, city, age = rng.choice(PEOPLE), rng.choice(CITIES), rng.randint(19, 80)
         text = (f"Extract the name, age and city from this text as a JSON object: \"{person} is {age} years old "
                 f"and moved to {city} last year.\"")
-        return TrainingPrompt(kind, _user(text, JSON_SYSTEM if rng.random() < 0.5 else None))
+        return TrainingPrompt(kind, user_turn(text, JSON_SYSTEM if rng.random() < 0.5 else None))
     tool, request, arguments, result = _tool_turn(rng)
-    others = [t for t in TOOLS if t is not tool]
+    return tool_prompt(tool, request, arguments, result, [t for t in TOOLS if t is not tool], rng)
+
+
+def tool_prompt(tool: dict, request: str, arguments: dict, result: object, others: list[dict],
+                rng: random.Random) -> TrainingPrompt:
+    """A tool-calling turn: ``tool`` declared with up to two of ``others``, a system prompt and the user's
+    ``request``; half the time the call with ``arguments`` already made and its ``result`` returned, which the
+    model reports."""
     tools = (tool, *rng.sample(others, rng.randint(0, 2)))
-    messages = _user(request, rng.choice(TOOL_SYSTEMS))
+    messages = user_turn(request, rng.choice(TOOL_SYSTEMS))
     if rng.random() < 0.5:  # the call was made: the model reports its result
         name = tool["function"]["name"]
         call = {"id": "call_1", "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
         messages = (*messages, {"role": "assistant", "content": "", "tool_calls": [call]},
                     {"role": "tool", "tool_call_id": "call_1", "content": json.dumps(result)})
-    return TrainingPrompt(kind, messages, tools)
+    return TrainingPrompt("tools", messages, tools)
 
 
-def training_prompts(n: int, seed: int = 0, mix: dict[str, float] | None = None) -> list[TrainingPrompt]:
+def training_prompts(n: int, seed: int = 0, mix: dict[str, float] | None = None,
+                     make: Callable[[str, random.Random], TrainingPrompt] = templated_prompt) -> list[TrainingPrompt]:
     """``n`` distinct training prompts, drawn reproducibly in the proportions of ``mix`` (default
-    :data:`DEFAULT_MIX`; kinds from :data:`KINDS`), in a shuffled order.
+    :data:`DEFAULT_MIX`; kinds from :data:`KINDS`), in a shuffled order; ``make(kind, rng)`` draws one
+    (default: :func:`templated_prompt`; :mod:`hvd_agents.distill.catalogs` has the others).
 
     Raises:
         ValueError: an unknown kind, a negative share, or ``n`` more than the templates can make distinct.
@@ -261,7 +273,7 @@ def training_prompts(n: int, seed: int = 0, mix: dict[str, float] | None = None)
         for _ in range(count * 50):
             if len(seen) == count:
                 break
-            prompt = _one(kind, rng)
+            prompt = make(kind, rng)
             if prompt.key() not in seen:
                 seen.add(prompt.key())
                 prompts.append(prompt)

@@ -35,6 +35,7 @@ def test_a_head_ships_for_the_embedded_model(real_engine) -> None:
     assert recipe["report"]["accuracy"] and recipe["data"]["answers"].startswith("the target's own answers")
     assert recipe["data"]["source"] == "engine"  # recorded from the forward the engine drafts on
     assert recipe["init"]["recipe"]["report"]["accuracy"]  # the head it was trained further from, recorded
+    assert recipe["data"]["catalog"] == "broad"  # its last data: the broad prompt catalog (docs/drafters.md)
     # the benchmark's chat prompts are held out from the head's training prompts
     assert not any(topic in text for _, text in [(p.name, p.messages[0]["content"]) for p in chat_prompts()]
                    for topic in TOPICS)

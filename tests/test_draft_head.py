@@ -525,3 +525,27 @@ def test_train_drafter_command_defaults_are_the_recipe_and_bad_arguments_are_ref
     assert main(["train-drafter", "-o", str(tmp_path / "head.safetensors"), "--batch-tokens", "0"]) == 2
     assert "--batch-tokens" in capsys.readouterr().err
     assert not (tmp_path / "head.safetensors").exists()
+
+
+def test_the_attention_window_sees_only_the_latest_entries(target) -> None:
+    """With a window of w, an index's output is what a cache holding only the w - 1 entries before it gives (an
+    entry's key and value depend on its own inputs only), and not what the whole cache gives."""
+    head = random_head(target)
+    generator = torch.Generator().manual_seed(7)
+    features = torch.randn(20, 32, dtype=torch.float64, generator=generator)
+    tokens = torch.randint(0, VOCAB, (20,), generator=generator)
+    head.attention_window = 8
+    long = HeadCache()
+    head.step(features[:19], tokens[:19], list(range(19)), long)
+    windowed = head.step(features[19:], tokens[19:], [19], long)
+    short = HeadCache()
+    head.step(features[12:19], tokens[12:19], list(range(12, 19)), short)  # the 7 entries before index 19
+    alone = head.step(features[19:], tokens[19:], [19], short)
+    assert torch.allclose(windowed[0], alone[0], atol=1e-9) and torch.allclose(windowed[1], alone[1], atol=1e-9)
+    at_once = head.step(features, tokens, list(range(20)), HeadCache())  # ingested at once: the same window
+    assert torch.allclose(at_once[0], windowed[0], atol=1e-9)
+    head.attention_window = None
+    whole = head.step(features, tokens, list(range(20)), HeadCache())
+    assert not torch.allclose(whole[0], windowed[0], atol=1e-6)
+    head.attention_window = 64  # longer than the sequence: every entry
+    assert torch.allclose(head.step(features, tokens, list(range(20)), HeadCache())[0], whole[0], atol=1e-12)

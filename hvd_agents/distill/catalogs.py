@@ -21,6 +21,7 @@ deterministic: a seed gives the same prompts on any machine.
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable
 
@@ -174,9 +175,10 @@ def made_tool_names() -> set[str]:
     return {made_tool(entity, action, rng)[0]["function"]["name"] for entity in ENTITIES for action in ACTIONS}
 
 
-def made_code_tasks() -> list[str]:
-    """Every programming task the ``broad`` catalog makes."""
-    return [f"{operation} {data}" for operation in CODE_OPERATIONS for data in CODE_DATA]
+@functools.cache
+def made_code_tasks() -> tuple[str, ...]:
+    """Every programming task the ``broad`` catalog makes (built once)."""
+    return tuple(f"{operation} {data}" for operation in CODE_OPERATIONS for data in CODE_DATA)
 
 
 def broad_prompt(kind: str, rng: random.Random) -> TrainingPrompt:

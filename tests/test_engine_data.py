@@ -120,6 +120,22 @@ def test_training_from_an_initial_head_keeps_its_vocabulary_and_starts_from_its_
         train_head(target, samples, config, log=lambda _: None, init=stranger)
 
 
+def test_more_data_trains_and_is_never_held_out(engine) -> None:
+    """``--more-data``: earlier runs' sequences join the training split only. The held-out split (and so the
+    held-out figures) is the one the run's own data give without them, and the training tokens grow by
+    exactly theirs: a head started from one trained on those files is judged on sequences it has not seen."""
+    samples = engine_samples(engine, PROMPTS, concurrency=3, **SETTINGS)
+    earlier = engine_samples(engine, PROMPTS, concurrency=3, **{**SETTINGS, "seed": 6})
+    config = TrainConfig(epochs=1, lr=1e-9, batch_tokens=4096, ttt_passes=2)
+    target = engine.model
+    _, alone = train_head(target, samples, config, log=lambda _: None, init=_head_for(target, seed=4))
+    _, more = train_head(target, samples, config, log=lambda _: None, init=_head_for(target, seed=4), train_only=earlier)
+    assert more.held_out_sequences == alone.held_out_sequences == 1
+    assert more.train_sequences == alone.train_sequences + len(earlier)
+    assert more.train_tokens == alone.train_tokens + sum(len(s) - s.answer_start for s in earlier)
+    assert more.epochs[0]["held_out_loss"] == pytest.approx(alone.epochs[0]["held_out_loss"], abs=1e-3)
+
+
 def test_train_drafter_command_takes_the_data_source_and_an_initial_head(tmp_path, capsys) -> None:
     from hvd_agents.cli import build_parser, main
     from hvd_agents.distill.pipeline import DataConfig
@@ -131,6 +147,9 @@ def test_train_drafter_command_takes_the_data_source_and_an_initial_head(tmp_pat
     # refused before any model is loaded or file written
     assert main(["train-drafter", "-o", str(output), "--init", str(tmp_path / "missing.safetensors")]) == 2
     assert "--init" in capsys.readouterr().err
+    assert main(["train-drafter", "-o", str(output), "--more-data", str(tmp_path / "earlier.pt")]) == 2
+    error = capsys.readouterr().err
+    assert "--more-data" in error and "earlier.pt: no such data file" in error
     assert main(["train-drafter", "-o", str(output), "--concurrency", "0"]) == 2
     assert "--concurrency" in capsys.readouterr().err
     assert not output.exists()

@@ -230,12 +230,15 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
                        "and --concurrency >= 1")
     if args.init is not None and not Path(args.init).is_file():
         raise HVDError(f"--init {args.init}: no such head file")
+    missing = [path for path in args.more_data if not Path(path).is_file()]
+    if missing:
+        raise HVDError(f"--more-data {', '.join(missing)}: no such data file")
     data = DataConfig(prompts=args.prompts, max_new_tokens=args.max_new_tokens, seed=args.seed,
                       source=args.data_source, concurrency=args.concurrency, catalog=args.catalog)
     train = TrainConfig(draft_vocab=args.draft_vocab, epochs=args.epochs, lr=args.lr,
                         batch_tokens=args.batch_tokens, seed=args.seed)
     train_drafter(args.output, model=args.model, device=args.device, data=data, train=train, data_file=args.data,
-                  init=args.init)
+                  init=args.init, more_data=args.more_data)
     return 0
 
 

@@ -273,6 +273,9 @@ def _add_train_drafter_parser(sub: argparse._SubParsersAction) -> None:
                               "(more tools, programming tasks, topics and phrasings)")
     drafter.add_argument("--init", default=None,
                          help="a head file for this target to start training from (its draft vocabulary is kept)")
+    drafter.add_argument("--more-data", action="append", default=[], metavar="FILE",
+                         help="a data file an earlier run wrote (--data) to train on as well, never held out "
+                              "(repeatable)")
     drafter.set_defaults(func=commands.cmd_train_drafter)
 
 

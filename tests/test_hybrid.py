@@ -685,6 +685,22 @@ def test_decisions_are_kept_per_request() -> None:
     assert drafter.model_acceptance < before  # the model step did
 
 
+def test_the_step_predicts_the_proposals_median_accepted_length() -> None:
+    """What the paper's measures read (``StepDecision.predicted``, the replay's probe) is the survival curve's
+    median, not its sum: hazards of sigmoid(3) give the 6 tokens proposed a 0.75 chance together, so the median
+    is past 6 where the sum (5.1) is not."""
+    from hvd_agents.policy.payoff import median_accepted
+
+    drafter = HybridDrafter(SuffixDrafter(None), constant_predictor(3.0), CostModel.linear(0.02))
+    prompt = [10, 11, 12, 13, 20, 21, 22, 23, 5, 10, 11]
+    drafter.start("r", prompt)
+    drafter.propose(DraftContext("r", list(prompt), len(prompt)), 6)
+    decision = drafter.decision("r")
+    survival = np.cumprod(np.full(len(decision.cache_tokens), 1 / (1 + math.exp(-3.0))))
+    assert len(decision.cache_tokens) == 6 and decision.predicted == pytest.approx(median_accepted(survival))
+    assert survival.sum() < 6 < decision.predicted < 7
+
+
 class DecliningTimedDrafter(CountingModelDrafter):
     """A gated model drafter whose every ask takes ``seconds`` of the fake clock and drafts nothing (its first
     token's reach never clears the bar)."""

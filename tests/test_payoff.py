@@ -22,7 +22,7 @@ from hvd_agents.policy.features import (
     feature_matrix,
     feature_record,
 )
-from hvd_agents.policy.payoff import PayoffPredictor, PayoffWeights, PayoffWeightsError
+from hvd_agents.policy.payoff import PayoffPredictor, PayoffWeights, PayoffWeightsError, median_accepted
 from hvd_agents.policy.train import DraftSample, evaluate, fit, read_samples, spearman, split
 from hvd_agents.structure import SpanKind
 
@@ -146,6 +146,24 @@ def test_survival_is_the_cumulative_product_of_hazards() -> None:
     assert s.tolist() == pytest.approx([0.5, 0.25, 0.25 / (1 + math.exp(2.0))])
     assert predictor.expected_accepted(CacheDraftFeatures(), 2) == pytest.approx(0.75)
     assert predictor.survival(CacheDraftFeatures(), 0).shape == (0,)
+
+
+def test_the_median_accepted_length_is_above_n_exactly_where_n_tokens_have_an_even_chance() -> None:
+    """The point prediction the paper's measures read: where the survival curve crosses 1/2 (1 at no tokens, 0
+    past the draft), linear between lengths; above ``n`` iff ``S`` at ``n`` tokens is above 1/2, which the
+    expected length (the sum) is not: a long tail lifts the sum past 6 when 6 tokens are unlikely."""
+    assert median_accepted([0.9, 0.6, 0.3]) == pytest.approx(2 + 0.1 / 0.3)
+    assert median_accepted([]) == pytest.approx(0.5)  # nothing drafted: the curve falls from 1 to 0 at one token
+    assert median_accepted([0.4]) == pytest.approx(0.5 / 0.6)
+    assert median_accepted([0.8] * 3) == pytest.approx(3 + 0.3 / 0.8)  # never below 1/2: past the last token
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        survival = np.cumprod(rng.uniform(0.3, 1.0, size=rng.integers(1, 20)))
+        median = median_accepted(survival)
+        for n in range(len(survival) + 1):
+            assert (median > n) == (survival[n - 1] > 0.5 if n else True)
+    tail = np.cumprod([0.7] + [0.6] + [0.99] * 30)  # S_6 = 0.42 * 0.99^4: under 1/2, yet the sum is ~11
+    assert tail.sum() > 6 and median_accepted(tail) < 6
 
 
 def test_packaged_weights_rank_a_long_schema_match_above_a_one_token_guess() -> None:

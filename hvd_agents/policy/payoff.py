@@ -43,7 +43,7 @@ import json
 import logging
 import os
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -314,6 +314,22 @@ class PayoffPredictor:
             weights = weights + offset
         base = float(row @ weights)
         return base + weights[:NUM_POSITION_FEATURES] @ position_columns(features, length)  # [L]
+
+
+def median_accepted(survival: np.ndarray | Sequence[float]) -> float:
+    """The predicted median accepted length of a draft whose survivals are ``survival`` (``S_i``, the chance that
+    its first ``i + 1`` tokens are accepted, nonincreasing): where the survival curve, ``S = 1`` at 0 tokens and 0
+    one token past the draft, crosses 1/2, linear between whole lengths. It exceeds ``n`` exactly when the
+    predictor gives the first ``n`` tokens more than an even chance, which makes it the point prediction for the
+    question "does this draft keep ``n`` tokens?" (the expected length, the survivals' sum, can exceed ``n`` on a
+    long tail when keeping ``n`` is unlikely).
+
+    Example: survivals ``[0.9, 0.6, 0.3]`` cross 1/2 between 2 and 3 tokens, at ``2 + 0.1 / 0.3 = 2.33``.
+    """
+    curve = np.concatenate(([1.0], np.asarray(survival, dtype=float), [0.0]))  # S at 0 .. L + 1 tokens
+    below = int(np.argmax(curve < 0.5))  # the first length whose survival is under 1/2 (exists: the last is 0)
+    before, after = curve[below - 1], curve[below]
+    return float(below - 1 + (before - 0.5) / (before - after))
 
 
 def online_mask(moves: tuple[str, ...] | list[str]) -> np.ndarray:

@@ -26,7 +26,7 @@ from hvd_agents.drafters.hybrid.pricing import StepPrices, StepPricing
 from hvd_agents.drafters.hybrid.step import CacheStep, Candidate, StepDecision
 from hvd_agents.drafters.hybrid.tree import AlternativeRates, paying_reach, plan_tree
 from hvd_agents.policy.features import TargetSignal
-from hvd_agents.policy.payoff import PayoffPredictor
+from hvd_agents.policy.payoff import PayoffPredictor, median_accepted
 from hvd_agents.policy.survival_calibration import SurvivalCalibration
 
 
@@ -94,7 +94,7 @@ class CachePhase:
         pays = plan.choice.length > 0 and plan.choice.value > plain.choice.value
         judged_cost = plan.choice.cost - float(prices.cost.verify(plan.choice.length - len(plan.judged)))
         return CacheStep(proposal, features, tuple(hazards.tolist()), tuple(predicted.tolist()),
-                         expected=float(survival.sum()), short=short_match > 0 and proposal.score <= short_match,
+                         median=median_accepted(survival), short=short_match > 0 and proposal.score <= short_match,
                          plan=plan if pays else None, judge_s=judge.seconds if gated and judge is not None else 0.0,
                          judged_cost=judged_cost if pays else 0.0)
 

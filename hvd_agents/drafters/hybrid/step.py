@@ -35,7 +35,8 @@ class StepDecision:
         policy_s: the policy's own seconds in ``propose``: cache drafting and the decision,
             model drafting excluded.
         cache_tokens: the cache drafter's whole proposal, used or not (empty: none).
-        predicted: the predictor's expected accepted length of that whole proposal (None: no proposal).
+        predicted: the predictor's median accepted length of that whole proposal (None: no proposal): above
+            ``n`` exactly where it gives the first ``n`` tokens more than an even chance.
         ask_cost: where a gated model drafter was asked with nothing better to verify, what the ask cost in
             plain steps as priced (its forward and its catch-up); None where it was not asked so.
         survival: the predictor's survivals of the cache proposal, before calibration (empty: no proposal).
@@ -93,7 +94,8 @@ class CacheStep:
         features: its features with the target's signal (None: no proposal).
         hazards: the predictor's per-position acceptance probabilities (empty: no proposal).
         predicted: their running product, the predictor's survivals before calibration.
-        expected: the calibrated survivals' sum, the proposal's expected accepted length (None: no proposal).
+        median: the proposal's predicted median accepted length, from the calibrated survivals
+            (:func:`~hvd_agents.policy.payoff.median_accepted`; None: no proposal).
         short: the proposal is of the gated short-match class and was computed.
         plan: the tree cut from it where it beats a plain step (None: no cache draft pays).
         judge_s: the seconds judging alternatives, where that work is gated (0: not judged, or not gated).
@@ -104,7 +106,7 @@ class CacheStep:
     features: CacheDraftFeatures | None = None
     hazards: tuple[float, ...] = ()
     predicted: tuple[float, ...] = ()
-    expected: float | None = None
+    median: float | None = None
     short: bool = False
     plan: TreePlan | None = None
     judge_s: float = 0.0
@@ -145,7 +147,7 @@ def decide(prices: StepPrices, cache: CacheStep, model: ModelStep, policy_s: flo
         draft_s=model.draft_s,
         policy_s=policy_s,
         cache_tokens=cache.proposal.token_ids,
-        predicted=cache.expected,
+        predicted=cache.median,
         ask_cost=model.ask_cost,
         survival=cache.predicted,
         hazards=cache.hazards,

@@ -18,10 +18,10 @@ from typing import IO, Any
 from hvd_agents.errors import HVDError, InvalidRequestError
 from hvd_agents.policy.cost import FALLBACK_VERIFY_COST
 from hvd_agents.policy.paper import PAPER_THRESHOLD
-from hvd_agents.trace.api_bank import is_api_bank, load_api_bank
-from hvd_agents.trace.loader import TraceFile, load_trace
+from hvd_agents.trace.loader import TraceFile
 from hvd_agents.trace.replay import ReplayConfig, ReplayResult, prepare_conversation, replay_trace
 from hvd_agents.trace.report import ProposalWriter, StepWriter, format_table, report_json, write_json
+from hvd_agents.trace.sources import load_source
 from hvd_agents.trace.stats import ReplayStepRecord
 from hvd_agents.trace.strategies import resolve_policy_names
 
@@ -87,10 +87,7 @@ def run_analyze(options: AnalyzeOptions, out: IO[str] | None = None) -> dict[str
         from hvd_agents.chat.prompt_templates import load_template
 
         template = load_template(options.system_template)
-    if is_api_bank(options.file):
-        trace = load_api_bank(options.file, limit=options.limit)
-    else:
-        trace = load_trace(options.file, skip_bad=options.skip_bad, limit=options.limit)
+    trace = load_source(options.file, skip_bad=options.skip_bad, limit=options.limit)
     from hvd_agents.runtime.loading import load_tokenizer
 
     tokenizer = load_tokenizer(options.tokenizer)

@@ -15,7 +15,8 @@ the proposals of rounds ``1..r``. The weights of round ``rounds`` are judged. Ho
 :class:`~hvd_agents.policy.train.FitSettings`.
 
 Inputs: ``NAME=PATH`` per kind, PATH a trace file (:func:`~hvd_agents.trace.loader.load_trace`, bad lines
-skipped) or API-Bank data (:mod:`hvd_agents.trace.api_bank`). ``max_conversations`` keeps at most that many
+skipped), API-Bank data (:mod:`hvd_agents.trace.api_bank`) or a BFCL directory's single-turn results
+(:mod:`hvd_agents.trace.bfcl`), as :func:`~hvd_agents.trace.sources.load_source` reads them. ``max_conversations`` keeps at most that many
 conversations of each kind, evenly spaced in file order (deterministic; fewer conversations also means a smaller
 cross-request store, so a subsampled kind's speedups are lower than its whole file's): on two cores a full BFCL
 replay takes minutes, and the protocol replays each kind once with ``suffix``, ``rounds`` times with ``hvd`` for
@@ -37,9 +38,9 @@ from hvd_agents.policy.paper import PAPER_THRESHOLD, TokenClasses
 from hvd_agents.policy.payoff import PayoffWeights
 from hvd_agents.policy.token_text import TokenText
 from hvd_agents.policy.train import DraftSample, FitSettings, fit_payoff, record_sample
-from hvd_agents.trace.api_bank import is_api_bank, load_api_bank
-from hvd_agents.trace.loader import Conversation, load_trace
+from hvd_agents.trace.loader import Conversation
 from hvd_agents.trace.replay import Turn, conversation_turns, replay_turn
+from hvd_agents.trace.sources import load_source
 from hvd_agents.trace.stats import PolicyStats, ReplayStepRecord
 from hvd_agents.trace.strategies import make_policy
 
@@ -65,7 +66,8 @@ class KindSource:
         """
         name, sep, path = spec.partition("=")
         if not sep or not name.strip() or not path.strip():
-            raise InvalidRequestError(f"a kind is NAME=PATH (a trace file or API-Bank data), got {spec!r}")
+            raise InvalidRequestError(f"a kind is NAME=PATH (a trace file, API-Bank data or a BFCL directory), "
+                                      f"got {spec!r}")
         return cls(name.strip(), path.strip())
 
 
@@ -137,7 +139,7 @@ def prepare_kind(source: KindSource, tokenizer: Any, max_conversations: int | No
     Raises:
         HVDError: the data cannot be read, or holds no assistant turn.
     """
-    trace = load_api_bank(source.path) if is_api_bank(source.path) else load_trace(source.path, skip_bad=True)
+    trace = load_source(source.path, skip_bad=True)
     chosen = evenly_spaced(trace.conversations, max_conversations)
     prepared = PreparedKind(source.name, source.path, [conversation_turns(tokenizer, c) for c in chosen],
                             len(trace.conversations))

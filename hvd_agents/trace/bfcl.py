@@ -70,19 +70,21 @@ def load_bfcl(path: str | os.PathLike, *, limit: int | None = None) -> TraceFile
         if category not in questions:
             questions[category] = {q["id"]: q for q, _ in _lines(root / "questions" / f"{PREFIX}{category}.json")}
         model = file.parent.parent.name
-        for result, where in _lines(file):
+        for result, line in _lines(file):
+            where = f"{file} line {line}"
             if limit is not None and len(trace.conversations) >= limit:
                 return trace
             question = questions[category].get(result["id"])
             if question is None:
                 raise TraceFormatError(f"{where}: no question {result['id']!r} in questions/{PREFIX}{category}.json")
-            conversation = _conversation(question, result, f"{model}/{category}/{result['id']}", where)
+            conversation = _conversation(question, result, f"{model}/{category}/{result['id']}", where, line)
             if conversation is not None:
                 trace.conversations.append(conversation)
     return trace
 
 
-def _lines(file: Path) -> Iterator[tuple[dict, str]]:
+def _lines(file: Path) -> Iterator[tuple[dict, int]]:
+    """The JSONL file's objects, each with its line number."""
     try:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -97,10 +99,11 @@ def _lines(file: Path) -> Iterator[tuple[dict, str]]:
             raise TraceFormatError(f"{where}: {exc}") from exc
         if not isinstance(item, dict) or not isinstance(item.get("id"), str):
             raise TraceFormatError(f"{where}: expected an object with an 'id'")
-        yield item, where
+        yield item, number
 
 
-def _conversation(question: Mapping, result: Mapping, conversation_id: str, where: str) -> Conversation | None:
+def _conversation(question: Mapping, result: Mapping, conversation_id: str, where: str,
+                  line: int) -> Conversation | None:
     calls = result.get("result")
     if not isinstance(calls, list) or not calls or not all(isinstance(c, Mapping) for c in calls):
         return None  # answered in text (not kept) or not at all
@@ -119,7 +122,7 @@ def _conversation(question: Mapping, result: Mapping, conversation_id: str, wher
         to_template_messages(messages, tools)
     except (InvalidRequestError, KeyError, TypeError, AttributeError) as exc:
         raise TraceFormatError(f"{where}: {exc}") from exc
-    return Conversation(conversation_id, messages, tools, int(where.rsplit(" ", 1)[1]))
+    return Conversation(conversation_id, messages, tools, line)
 
 
 def _tool(doc: Mapping) -> dict:

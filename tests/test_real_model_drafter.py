@@ -36,7 +36,8 @@ def test_a_head_ships_for_the_embedded_model(real_engine) -> None:
     assert recipe["data"]["source"] == "engine"  # recorded from the forward the engine drafts on
     assert recipe["init"]["recipe"]["report"]["accuracy"]  # the head it was trained further from, recorded
     assert recipe["data"]["catalog"] == "broad"  # its last data: the broad prompt catalog (docs/drafters.md)
-    assert recipe["more_data"] == ["broad-data.pt"] and recipe["init"]["recipe"]["data"]["catalog"] == "broad"
+    assert recipe["more_data"] == ["broad2-data.pt", "broad-data.pt"]  # every earlier broad run's data beside its own
+    assert recipe["init"]["recipe"]["more_data"] == ["broad-data.pt"]  # the head it was trained further from
     # the benchmark's chat prompts are held out from the head's training prompts
     assert not any(topic in text for _, text in [(p.name, p.messages[0]["content"]) for p in chat_prompts()]
                    for topic in TOPICS)

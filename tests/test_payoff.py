@@ -23,7 +23,16 @@ from hvd_agents.policy.features import (
     feature_record,
 )
 from hvd_agents.policy.payoff import PayoffPredictor, PayoffWeights, PayoffWeightsError, median_accepted
-from hvd_agents.policy.train import DraftSample, evaluate, fit, read_samples, spearman, split
+from hvd_agents.policy.train import (
+    DraftSample,
+    FitSettings,
+    evaluate,
+    fit,
+    read_samples,
+    row_weights,
+    spearman,
+    split,
+)
 from hvd_agents.structure import SpanKind
 
 
@@ -432,3 +441,22 @@ def test_the_next_label_tells_the_step_about_the_position_a_cut_left_unverified(
     # a draft rejected inside the cut already labels its first rejection: the next token says nothing more
     assert _intercept_shift(labelled, 4, 2, True) == pytest.approx(_intercept_shift(step, 4, 2))
     assert PayoffWeights(weights_with().weights).online.next_label is False  # a file without it
+
+
+def test_balance_by_conversation_weighs_each_conversation_alike() -> None:
+    # one long conversation whose drafts hold, ten short ones whose drafts fail: unweighted, the long one decides
+    # the rate; balanced, each of the eleven conversations counts once
+    long = [DraftSample(CacheDraftFeatures(), 1, 1, "long") for _ in range(90)]
+    short = [DraftSample(CacheDraftFeatures(), 1, 0, f"short{i}") for i in range(10)]
+    row = feature_matrix(CacheDraftFeatures(), 1)[0]
+    rate = lambda w: 1.0 / (1.0 + math.exp(-float(row @ w)))
+    assert rate(fit(long + short, l2=1e-6)) == pytest.approx(0.9, abs=1e-3)
+    assert rate(fit(long + short, l2=1e-6, balance="conversation")) == pytest.approx(1 / 11, abs=1e-3)
+    weights = row_weights(long + short, "conversation")
+    assert weights.mean() == pytest.approx(1.0) and weights[:90].sum() == pytest.approx(weights[90:91].sum() * 1)
+    assert np.array_equal(row_weights(long, "none"), np.ones(90))
+    with pytest.raises(InvalidRequestError, match="hidden=0"):
+        FitSettings(balance="conversation")
+    with pytest.raises(InvalidRequestError, match="balance is one of"):
+        FitSettings(hidden=0, balance="kind")
+    assert FitSettings(hidden=0, balance="conversation").to_dict()["balance"] == "conversation"

@@ -60,6 +60,8 @@ from hvd_agents.policy.payoff import (
 )
 from hvd_agents.policy.token_text import text_columns
 
+BALANCES: tuple[str, ...] = ("none", "conversation")
+
 logger = logging.getLogger(__name__)
 
 
@@ -109,6 +111,10 @@ class FitSettings:
             (:data:`~hvd_agents.policy.payoff.WEIGHTINGS`).
         online_next_label: the online step labels the proposal's position after a cut draft accepted whole
             (:class:`~hvd_agents.policy.payoff.OnlineStep`'s ``next_label``).
+        balance: how the logistic fit weighs the labelled positions (:data:`BALANCES`): ``"none"`` each the
+            same, ``"conversation"`` each conversation's positions together as much as any other conversation's
+            (a long conversation no longer outweighs many short ones). The network's fit is not weighted, so a
+            balance other than ``"none"`` needs ``hidden=0``.
     """
 
     l2: float = 1.0
@@ -122,8 +128,14 @@ class FitSettings:
     shared_rate: float = 0.0
     online_weighting: str = "draft"
     online_next_label: bool = False
+    balance: str = "none"
 
     def __post_init__(self) -> None:
+        if self.balance not in BALANCES:
+            raise InvalidRequestError(f"balance is one of {BALANCES}, got {self.balance!r}")
+        if self.balance != "none" and self.hidden > 0:
+            raise InvalidRequestError(f"balance {self.balance!r} weighs the logistic fit only: it needs hidden=0 "
+                                      f"(--hidden 0), got hidden={self.hidden}")
         if self.online_weighting not in WEIGHTINGS:
             raise InvalidRequestError(f"online_weighting is one of {WEIGHTINGS}, got {self.online_weighting!r}")
         if not 0.0 <= self.held_out < 1.0:
@@ -140,7 +152,8 @@ class FitSettings:
         return {"l2": self.l2, "hidden": self.hidden, "epochs": self.epochs, "seed": self.seed,
                 "held_out": self.held_out, "drop": list(self.drop), "online_rate": self.online_rate,
                 "online": list(self.online), "shared_rate": self.shared_rate,
-                "online_weighting": self.online_weighting, "online_next_label": self.online_next_label}
+                "online_weighting": self.online_weighting, "online_next_label": self.online_next_label,
+                "balance": self.balance}
 
 
 def matching(patterns: Sequence[str], names: Sequence[str], what: str) -> np.ndarray:
@@ -262,9 +275,23 @@ def fit_network(samples: Sequence[DraftSample], hidden: int = 64, epochs: int = 
     return fit_hazard_mlp(rows, y, hidden=hidden, epochs=epochs, seed=seed)
 
 
-def fit(samples: Sequence[DraftSample], l2: float = 1.0, iterations: int = 25, drop: Sequence[str] = ()) -> np.ndarray:
+def row_weights(samples: Sequence[DraftSample], balance: str = "none") -> np.ndarray:
+    """The weight of each position :func:`labelled_rows` labels, in its order, with mean 1 (see
+    :class:`FitSettings`'s ``balance``)."""
+    counts = [min(sample.accepted + 1, sample.drafted) for sample in samples]
+    if balance == "none" or not samples:
+        return np.ones(sum(counts))
+    per_group: dict[str, int] = {}
+    for sample, count in zip(samples, counts):
+        per_group[sample.group] = per_group.get(sample.group, 0) + count
+    weights = np.concatenate([np.full(count, 1.0 / per_group[sample.group]) for sample, count in zip(samples, counts)])
+    return weights * (len(weights) / weights.sum())
+
+
+def fit(samples: Sequence[DraftSample], l2: float = 1.0, iterations: int = 25, drop: Sequence[str] = (),
+        balance: str = "none") -> np.ndarray:
     """Fit the hazard weights (``[F]``) by IRLS; ``l2`` is the ridge penalty (the bias is not penalised); the
-    features ``drop`` names get weight 0.
+    features ``drop`` names get weight 0; ``balance`` weighs the positions (:func:`row_weights`).
 
     Raises:
         InvalidRequestError: no drafted step to learn from, or a ``drop`` that names no input.
@@ -273,13 +300,14 @@ def fit(samples: Sequence[DraftSample], l2: float = 1.0, iterations: int = 25, d
     if len(y) == 0:
         raise InvalidRequestError("no drafted steps to train on")
     x[:, matching(drop, MLP_INPUTS, "drop")[:NUM_FEATURES]] = 0.0
+    r = row_weights(samples, balance)  # [n]
     penalty = np.full(NUM_FEATURES, l2)
     penalty[FEATURE_NAMES.index("bias")] = 0.0
     w = np.zeros(NUM_FEATURES)
     for _ in range(iterations):
         p = 1.0 / (1.0 + np.exp(-np.clip(x @ w, -30, 30)))  # [n]
-        grad = x.T @ (y - p) - penalty * w  # [F]
-        hess = (x * (p * (1 - p))[:, None]).T @ x + np.diag(penalty) + 1e-9 * np.eye(NUM_FEATURES)  # [F, F]
+        grad = x.T @ (r * (y - p)) - penalty * w  # [F]
+        hess = (x * (r * p * (1 - p))[:, None]).T @ x + np.diag(penalty) + 1e-9 * np.eye(NUM_FEATURES)  # [F, F]
         step = np.linalg.solve(hess, grad)
         w += step
         if np.max(np.abs(step)) < 1e-6:
@@ -351,7 +379,7 @@ def fit_payoff(samples: Sequence[DraftSample], settings: FitSettings | None = No
     """
     settings = settings or FitSettings()
     train, test = split(samples, settings.held_out)
-    weights = fit(train, l2=settings.l2, drop=settings.drop)
+    weights = fit(train, l2=settings.l2, drop=settings.drop, balance=settings.balance)
     meta: dict[str, Any] = {
         "sources": list(sources),
         "train_drafts": len(train),

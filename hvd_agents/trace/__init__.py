@@ -1,7 +1,8 @@
 """Trace replay (``hvd-agents analyze``): estimate the speedup of drafting policies on recorded agent logs.
 
-Modules: :mod:`.loader` (trace files), :mod:`.api_bank` and :mod:`.bfcl` (API-Bank dialogues and
-BFCL single-turn results as conversations), :mod:`.sources` (one reader for all of them),
+Modules: :mod:`.loader` (trace files), :mod:`.api_bank`, :mod:`.bfcl` and :mod:`.tau_bench` (API-Bank
+dialogues, BFCL single-turn results and tau-bench results as conversations), :mod:`.sources` (one reader for
+all of them),
 :mod:`.strategies` (drafters behind one protocol), :mod:`.replay` (the engine's loop without a
 model), :mod:`.stats` (step records and totals), :mod:`.report` (table, JSON, steps),
 :mod:`.html_report` (the HTML report) and :mod:`.analyze` (the command).

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from hvd_agents.errors import HVDError
-from hvd_agents.policy.train import FitSettings
+from hvd_agents.policy.train import BALANCES, FitSettings
 
 
 def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,6 +31,9 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--online-next-label", action="store_true",
                         help="the online step also labels the proposal's token after a cut draft accepted whole, "
                              "by the target's next token; shipped in the weights")
+    parser.add_argument("--balance", choices=BALANCES, default="none",
+                        help="how the logistic fit weighs labelled positions: none (each the same) or conversation "
+                             "(each conversation as much as any other); needs --hidden 0")
 
 
 def fit_settings(args: argparse.Namespace) -> FitSettings:
@@ -46,7 +49,7 @@ def fit_settings(args: argparse.Namespace) -> FitSettings:
                        online_rate=defaults.online_rate if args.online_rate is None else args.online_rate,
                        online=defaults.online if args.online is None else split(args.online),
                        shared_rate=args.shared_rate, online_weighting=args.online_weighting,
-                       online_next_label=args.online_next_label)
+                       online_next_label=args.online_next_label, balance=args.balance)
 
 
 def cmd_loko(args: argparse.Namespace) -> int:

@@ -320,7 +320,8 @@ def _add_analyze_parser(sub: argparse._SubParsersAction) -> None:
     from hvd_agents.trace.strategies import ALIASES, POLICIES
 
     ana = sub.add_parser("analyze", help="replay an agent trace through the drafters: estimated speedup (no model)")
-    ana.add_argument("file", help="trace: JSONL (one {id, messages, tools} per line) or a JSON array")
+    ana.add_argument("file", help="trace: JSONL (one {id, messages, tools} per line) or a JSON array; or API-Bank "
+                                  "data, a BFCL directory or a tau-bench results file")
     ana.add_argument("--policy", default=None,
                      help=f"comma-separated, from {', '.join([*POLICIES, *ALIASES])} (default: all available)")
     ana.add_argument("--k", type=int, default=16, help="most draft tokens verified per step")

@@ -15,8 +15,9 @@ the proposals of rounds ``1..r``. The weights of round ``rounds`` are judged. Ho
 :class:`~hvd_agents.policy.train.FitSettings`.
 
 Inputs: ``NAME=PATH`` per kind, PATH a trace file (:func:`~hvd_agents.trace.loader.load_trace`, bad lines
-skipped), API-Bank data (:mod:`hvd_agents.trace.api_bank`) or a BFCL directory's single-turn results
-(:mod:`hvd_agents.trace.bfcl`), as :func:`~hvd_agents.trace.sources.load_source` reads them. ``max_conversations`` keeps at most that many
+skipped), API-Bank data (:mod:`hvd_agents.trace.api_bank`), a BFCL directory's single-turn results
+(:mod:`hvd_agents.trace.bfcl`) or a tau-bench results file (:mod:`hvd_agents.trace.tau_bench`), as
+:func:`~hvd_agents.trace.sources.load_source` reads them. ``max_conversations`` keeps at most that many
 conversations of each kind, evenly spaced in file order (deterministic; fewer conversations also means a smaller
 cross-request store, so a subsampled kind's speedups are lower than its whole file's): on two cores a full BFCL
 replay takes minutes, and the protocol replays each kind once with ``suffix``, ``rounds`` times with ``hvd`` for

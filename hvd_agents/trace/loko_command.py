@@ -92,8 +92,8 @@ def add_loko_parser(sub: argparse._SubParsersAction) -> None:
     loko = sub.add_parser("loko", help="leave one kind out: hvd's predictor fitted on all kinds of agent traces but "
                                        "one, judged on that one, each in turn (no model)")
     loko.add_argument("kinds", nargs="+", metavar="NAME=PATH",
-                      help="a kind of agent trace: a trace file (JSONL), API-Bank data (a directory or file) or a BFCL "
-                           "directory (its single-turn results)")
+                      help="a kind of agent trace: a trace file (JSONL), API-Bank data (a directory or file), a BFCL "
+                           "directory (its single-turn results) or a tau-bench results file")
     loko.add_argument("--rounds", type=int, default=2, help="rounds fitted on hvd's own proposals after suffix's")
     loko.add_argument("--k", type=int, default=16, help="most draft tokens verified per step when judging")
     loko.add_argument("--costs", default="0.02,0.005", help="verify costs c judged at, comma-separated")

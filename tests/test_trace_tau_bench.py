@@ -115,6 +115,11 @@ def test_tau_bench_errors_name_the_file_and_line(checkout, tmp_path) -> None:
     bad.write_text(json.dumps([result(0, 0), {"task_id": 1, "traj": [{"content": "no role"}]}]))
     with pytest.raises(TraceFormatError, match="a message of 'traj' is an object with a 'role'"):
         load_tau_bench(bad)
+    broken = result(1, 0)
+    broken["traj"][2]["tool_calls"] = [{"name": "get_user_details"}]  # not OpenAI's shape
+    bad.write_text(json.dumps([result(0, 0), broken]))
+    with pytest.raises(TraceFormatError, match="'tool_calls' is a list of"):
+        load_tau_bench(bad)
     bad.write_text('[\n' + json.dumps(result(0, 0)) + ',\n{"task_id": 1, "traj": [}\n]')
     with pytest.raises(TraceFormatError, match=r"bad\.json:3: invalid JSON"):
         load_tau_bench(bad)

@@ -99,11 +99,15 @@ def _message(message: Any, where: str) -> dict:
         raise TraceFormatError(f"{where}: a message of 'traj' is an object with a 'role'")
     out = {key: message[key] for key in MESSAGE_FIELDS if key in message and message[key] is not None}
     if "tool_calls" in out:  # OpenAI's fields only (tau-bench keeps its SDK's extra ones)
+        calls = out["tool_calls"]
+        if not isinstance(calls, list) or not all(isinstance(c, Mapping) and isinstance(c.get("function"), Mapping)
+                                                  and "name" in c["function"] for c in calls):
+            raise TraceFormatError(f"{where}: a message's 'tool_calls' is a list of {{'function': {{'name', "
+                                   f"'arguments'}}}} objects")
         out["tool_calls"] = [{"id": call.get("id"), "type": "function",
                               "function": {"name": call["function"]["name"],
-                                           "arguments": call["function"]["arguments"]}}
-                             for call in out["tool_calls"] if isinstance(call, Mapping)
-                             and isinstance(call.get("function"), Mapping) and "name" in call["function"]]
+                                           "arguments": call["function"].get("arguments", "{}")}}
+                             for call in calls]
     out.setdefault("content", None)
     return out
 

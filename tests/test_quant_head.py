@@ -58,6 +58,31 @@ def test_the_head_drafts_the_same_on_one_thread_and_on_the_team(target) -> None:
         assert torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
+@pytest.mark.parametrize("window", [None, 5])
+def test_the_fused_step_is_the_layer_by_layer_step(target, window) -> None:
+    # a drafted index in one native call computes what the layers compute one PyTorch operation at a time: the
+    # same keys and values kept, the same logits to float rounding, so the same drafts
+    fused, layered = quantized_head(target), quantized_head(target)
+    layered.quantize_for_cpu(1, fused=False)
+    fused.attention_window = layered.attention_window = window
+    caches = HeadCache(), HeadCache()
+    for head, cache in zip((fused, layered), caches):
+        head.step(torch.randn(9, head.config.hidden_size, generator=torch.Generator().manual_seed(1)),
+                  torch.arange(9) + 20, list(range(9)), cache)
+    feature = torch.randn(1, fused.config.hidden_size, generator=torch.Generator().manual_seed(2))
+    for i in range(8):
+        (pf, lf), (pl, ll) = (head.step(feature, torch.tensor([30 + i]), [9 + i], cache)
+                              for head, cache in zip((fused, layered), caches))
+        torch.testing.assert_close(lf, ll, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(pf, pl, rtol=1e-4, atol=1e-5)
+        assert int(lf.argmax()) == int(ll.argmax())
+        feature = pf
+    (kf, vf), (kl, vl) = ((c.keys[:, : len(c)], c.values[:, : len(c)]) for c in caches)
+    assert caches[0].positions == caches[1].positions == list(range(17))
+    torch.testing.assert_close(kf, kl, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(vf, vl, rtol=1e-4, atol=1e-5)
+
+
 def test_quantized_layers_are_close_to_the_float_ones_and_train_on_them(target) -> None:
     head = quantized_head(target)
     assert isinstance(head.fc, QuantLinear) and head.lm_matrix is not None

@@ -17,22 +17,31 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+import pytest
 import torch
 
 from hvd_agents.draft_head import DraftHead, DraftHeadConfig
 from hvd_agents.draft_head.model import init_weights, target_signature
 from hvd_agents.drafters import DraftContext, DraftHeadDrafter
+from hvd_agents.runtime.cpu import native_forward
 from tests.tiny import make_tiny_llama
 
 VOCAB = 64
 K = 4
+needs_native = pytest.mark.skipif(not native_forward.available(), reason="the native kernel needs x86-64 with AVX2")
 
 
-def make_head(target) -> DraftHead:
+def make_head(target, fused: bool = False) -> DraftHead:
+    """A float64 head, or (``fused``) a float32 one on the native kernel, each index's key and value computed alone
+    in one native call a step (``quantize_for_cpu``)."""
     config = DraftHeadConfig(target.config.hidden_size, 4, 64, 48, VOCAB, target=target_signature(target))
     head = init_weights(DraftHead(config), seed=2)
     head.draft_vocab = torch.arange(VOCAB - 48, VOCAB)
-    return head.to(torch.float64).attach(target)
+    if not fused:
+        return head.to(torch.float64).attach(target)
+    head.attach(target)
+    assert head.quantize_for_cpu(1) == 5
+    return head
 
 
 def hidden_of(target, tokens: list[int]) -> torch.Tensor:
@@ -81,17 +90,19 @@ def run(drafter: DraftHeadDrafter, target, seed: int, steps: int = 12) -> tuple[
     return differ, outcomes
 
 
-def test_the_state_kept_across_steps_and_requests_drafts_what_the_verified_context_gives() -> None:
-    target = make_tiny_llama(VOCAB, seed=11)
-    head = make_head(target)
+@pytest.mark.parametrize("fused", [False, pytest.param(True, marks=needs_native)])
+def test_the_state_kept_across_steps_and_requests_drafts_what_the_verified_context_gives(fused) -> None:
+    target = make_tiny_llama(VOCAB, seed=11, dtype=torch.float32 if fused else torch.float64)
+    head = make_head(target, fused)
     for seed in range(3):
         differ, outcomes = run(DraftHeadDrafter(head, alternatives=0), target, seed)
         assert differ == 0
         assert set(outcomes) == {"none", "part", "all"}
 
 
-def test_a_planted_stale_hidden_state_is_caught() -> None:
-    target = make_tiny_llama(VOCAB, seed=11)
-    head = make_head(target)
+@pytest.mark.parametrize("fused", [False, pytest.param(True, marks=needs_native)])
+def test_a_planted_stale_hidden_state_is_caught(fused) -> None:
+    target = make_tiny_llama(VOCAB, seed=11, dtype=torch.float32 if fused else torch.float64)
+    head = make_head(target, fused)
     differ = sum(run(KeepsDraftedState(head, alternatives=0), target, seed)[0] for seed in range(3))
     assert differ > 0

@@ -77,10 +77,31 @@ def test_the_fused_step_is_the_layer_by_layer_step(target, window) -> None:
         torch.testing.assert_close(pf, pl, rtol=1e-4, atol=1e-5)
         assert int(lf.argmax()) == int(ll.argmax())
         feature = pf
+    more = torch.randn(3, fused.config.hidden_size, generator=torch.Generator().manual_seed(3))
+    (pf, lf), (pl, ll) = (head.step(more, torch.tensor([40, 41, 42]), [17, 18, 19], cache)
+                          for head, cache in zip((fused, layered), caches))  # several indices in one step
+    torch.testing.assert_close(lf, ll, rtol=1e-4, atol=1e-5)
     (kf, vf), (kl, vl) = ((c.keys[:, : len(c)], c.values[:, : len(c)]) for c in caches)
-    assert caches[0].positions == caches[1].positions == list(range(17))
+    assert caches[0].positions == caches[1].positions == list(range(20))
     torch.testing.assert_close(kf, kl, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(vf, vl, rtol=1e-4, atol=1e-5)
+
+
+def test_the_fused_steps_keys_do_not_depend_on_how_indices_were_grouped(target) -> None:
+    # one step of 12 indices, or steps of 5, 1, 4 and 2: the same keys, values and last logits, bit for bit (what
+    # lets a drafter that kept its state draft what a fresh one drafts from the same verified context)
+    head = quantized_head(target)
+    features = torch.randn(12, head.config.hidden_size, generator=torch.Generator().manual_seed(4))
+    tokens = torch.arange(12) + 20
+    whole, parts = HeadCache(), HeadCache()
+    _, expected = head.step(features, tokens, list(range(12)), whole)
+    start = 0
+    for size in (5, 1, 4, 2):
+        _, got = head.step(features[start : start + size], tokens[start : start + size],
+                           list(range(start, start + size)), parts)
+        start += size
+    assert torch.equal(got.view(torch.int32), expected.view(torch.int32))
+    assert torch.equal(parts.keys[:, :12], whole.keys[:, :12]) and torch.equal(parts.values[:, :12], whole.values[:, :12])
 
 
 def test_quantized_layers_are_close_to_the_float_ones_and_train_on_them(target) -> None:

@@ -138,18 +138,18 @@ class HeadCache:
         self.positions.extend(positions)
         return self.keys[:, : old + n], self.values[:, : old + n]
 
-    def slot(self, heads: int, head_dim: int, position: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """Room for one more entry at sequence index ``position``: the whole key and value buffers and the entry's
-        slot, for a caller that writes it there itself (the native head step)."""
-        old = len(self.positions)
-        if self.keys is None or old + 1 > self.keys.shape[1]:
-            shape = (heads, max(256, 2 * (old + 1)), head_dim)
+    def slots(self, heads: int, head_dim: int, positions: list[int], like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Room for entries at sequence indices ``positions``: the whole key and value buffers and the first new
+        entry's slot, for a caller that writes them there itself (the native head step)."""
+        old, n = len(self.positions), len(positions)
+        if self.keys is None or old + n > self.keys.shape[1]:
+            shape = (heads, max(256, 2 * (old + n)), head_dim)
             grown_k, grown_v = like.new_empty(shape), like.new_empty(shape)
             if self.keys is not None:
                 grown_k[:, :old] = self.keys[:, :old]
                 grown_v[:, :old] = self.values[:, :old]
             self.keys, self.values = grown_k, grown_v
-        self.positions.append(position)
+        self.positions.extend(positions)
         return self.keys, self.values, old
 
     def crop(self, length: int) -> None:
@@ -221,10 +221,12 @@ class DraftHead(nn.Module):
         (the target verifies every drafted token); a draft does not depend on ``threads``. Call it again
         after ``attach``; calling it again otherwise only sets ``threads``.
 
-        ``fused``: a drafted index (a :meth:`step` of one index) runs the whole layer and the projection in one
-        native call (``head_step`` of the native module) instead of a PyTorch operation per norm, rotation and
-        residual around the products: the same arithmetic to float rounding (about 1e-6), a drafted token in
-        0.46-0.54 ms instead of 0.99-1.11 inside the engine (2-core AMD EPYC). False keeps the layer-by-layer path.
+        ``fused``: every :meth:`step` runs in native calls (``head_step`` of the native module: the new indices'
+        keys and values, then the last one's attention, MLP and projection) instead of a PyTorch operation per
+        norm, rotation and residual around the products: the same arithmetic to float rounding (about 1e-6), a
+        drafted token in 0.46-0.54 ms instead of 0.99-1.11 inside the engine (2-core AMD EPYC). Each index's key
+        and value are computed alone, so they are the same bits however the indices were grouped into steps.
+        False keeps the layer-by-layer path.
         """
         if self.lm_rows is None:
             raise RuntimeError("attach(target) the draft head before quantizing it")
@@ -309,8 +311,8 @@ class DraftHead(nn.Module):
         """
         if self.embed is None:
             raise RuntimeError("attach(target) the draft head before using it")
-        if len(positions) == 1 and self._native is not None:
-            return self._native_step(features, tokens, positions[0], cache)
+        if self._native is not None:
+            return self._native_step(features, tokens, positions, cache)
         x = self.inputs(features, tokens)  # [n, d]
         pos = torch.tensor(positions, device=x.device)
         q, k, v = self.project(x, pos)  # [H, n, hd]
@@ -323,16 +325,25 @@ class DraftHead(nn.Module):
         predicted = self.finish(x[-1:], attended)  # [1, d]
         return predicted, self.logits(predicted[-1])
 
-    def _native_step(self, features: torch.Tensor, tokens: torch.Tensor, position: int,
+    def _native_step(self, features: torch.Tensor, tokens: torch.Tensor, positions: list[int],
                      cache: HeadCache) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`step` for one index, the whole layer in one call of the native kernel (``quantize_for_cpu``)."""
+        """:meth:`step` in native calls (``quantize_for_cpu``): every index's key and value, then the last index's
+        attention, MLP and projection, :data:`~hvd_agents.runtime.cpu.quant_linear.MAX_ROWS` indices a call."""
         matrices, norms = self._native
-        keys, values, index = cache.slot(self.num_heads, self.head_dim, position, self.inv_freq)
-        first = 0 if self.attention_window is None else max(0, index + 1 - self.attention_window)
-        predicted, logits = native_forward.module().head_step(
-            matrices, norms, features[0].float().contiguous(), self.embed[int(tokens[0])].contiguous(),
-            self.inv_freq, position, keys, values, index, first, self.config.rms_norm_eps, threads=self.lm_threads)
-        return predicted, logits
+        native = native_forward.module()
+        keys, values, index = cache.slots(self.num_heads, self.head_dim, positions, self.inv_freq)
+        last = index + len(positions) - 1
+        first = 0 if self.attention_window is None else max(0, last + 1 - self.attention_window)
+        features = features.float()
+        out: list[torch.Tensor] = []
+        for start in range(0, len(positions), quant_linear.MAX_ROWS):
+            stop = min(len(positions), start + quant_linear.MAX_ROWS)
+            out = native.head_step(matrices, norms, features[start:stop].contiguous(),
+                                   self.embed[tokens[start:stop]].contiguous(), self.inv_freq, positions[start:stop],
+                                   keys, values, index + start, first if stop == len(positions) else index + start,
+                                   stop == len(positions),
+                                   self.config.rms_norm_eps, threads=self.lm_threads)
+        return out[0], out[1]
 
     @property
     def acceptance_prior(self) -> float | None:

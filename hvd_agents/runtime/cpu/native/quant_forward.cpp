@@ -447,113 +447,126 @@ at::Tensor linear(const Matrix& W, const at::Tensor& x, int64_t threads) {
   return y;
 }
 
-// A draft head's step for one new index (hvd_agents/draft_head/model.py DraftHead.step with n = 1, its five layers
-// and its projection on this kernel): the whole layer in one call, so a drafted token costs its products and not a
-// PyTorch operation for every norm, rotation and residual around them. mats: fc [d, 2d], qkv [3d, d], o [d, d],
-// gate_up [2I, d], down [d, I], the projection [V', d]; norms: feature, embedding, attention, MLP, output ([d]).
-// Writes the index's rotated key and its value at slot `index` of keys / values ([heads, capacity, head_dim]
-// float32), attends over slots [first, index], and returns (the predicted feature [1, d], its logits [V']).
+// A draft head's step (hvd_agents/draft_head/model.py DraftHead.step, its five layers and its projection on this
+// kernel) in one call, so a drafted token costs its products and not a PyTorch operation for every norm, rotation
+// and residual around them. mats: fc [d, 2d], qkv [3d, d], o [d, d], gate_up [2I, d], down [d, I], the projection
+// [V', d]; norms: feature, embedding, attention, MLP, output ([d]). The n new indices' features and embeddings
+// ([n, d]) at `positions` give their rotated keys and values, written at slots index..index+n-1 of keys / values
+// ([heads, capacity, head_dim] float32); with `attend`, the last index attends over slots [first, index+n-1] and
+// runs through the MLP and the projection: returns (its predicted feature [1, d], its logits [V']), else nothing.
+// Every row's key and value is computed alone, so it is the same bits whatever rows share the call.
 std::vector<at::Tensor> head_step(const std::vector<Matrix>& mats, const std::vector<at::Tensor>& norms,
-                                  const at::Tensor& feature, const at::Tensor& embedded, const at::Tensor& inv_freq,
-                                  int64_t position, at::Tensor keys, at::Tensor values, int64_t index, int64_t first,
-                                  double eps, int64_t threads) {
+                                  const at::Tensor& features, const at::Tensor& embedded, const at::Tensor& inv_freq,
+                                  const std::vector<int64_t>& positions, at::Tensor keys, at::Tensor values,
+                                  int64_t index, int64_t first, bool attend, double eps, int64_t threads) {
   TORCH_CHECK(mats.size() == 6 && norms.size() == 5, "a head step takes 6 matrices and 5 norms");
   const Matrix &fc = mats[0], &wqkv = mats[1], &wo = mats[2], &wgu = mats[3], &wdown = mats[4], &wlm = mats[5];
-  const int64_t d = fc.N, I = wdown.K;
+  const int64_t d = fc.N, I = wdown.K, n = static_cast<int64_t>(positions.size());
   TORCH_CHECK(fc.K == 2 * d && wqkv.N == 3 * d && wqkv.K == d && wo.N == d && wo.K == d && wgu.N == 2 * I &&
               wgu.K == d && wdown.N == d && wlm.K == d, "the head's matrices disagree in shape");
+  TORCH_CHECK(n >= 1 && n <= kMaxRows, "a head step takes 1 to ", kMaxRows, " indices, not ", n);
   TORCH_CHECK(keys.scalar_type() == at::kFloat && keys.is_contiguous() && keys.dim() == 3 &&
               values.sizes() == keys.sizes() && values.scalar_type() == at::kFloat && values.is_contiguous(),
               "keys and values must be contiguous float32 [heads, capacity, head_dim] of one shape");
-  const int64_t H = keys.size(0), cap = keys.size(1), hd = keys.size(2), half = hd / 2;
+  const int64_t H = keys.size(0), cap = keys.size(1), hd = keys.size(2), half = hd / 2, last = index + n - 1;
   TORCH_CHECK(H * hd == d && hd % 2 == 0, "heads x head_dim must be the hidden size, with an even head_dim");
-  TORCH_CHECK(0 <= first && first <= index && index < cap, "slots must satisfy 0 <= first <= index < capacity");
-  TORCH_CHECK(position >= 0, "position must be >= 0");
-  for (const at::Tensor* t : {&feature, &embedded})
-    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == d, "feature and embedding must be float32 [d]");
+  TORCH_CHECK(0 <= index && last < cap && 0 <= first && first <= last, "slots must satisfy 0 <= first <= index + n - 1 < capacity");
+  for (const int64_t p : positions) TORCH_CHECK(p >= 0, "positions must be >= 0");
+  for (const at::Tensor* t : {&features, &embedded})
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 2 && t->size(0) == n && t->size(1) == d,
+                "features and embeddings must be float32 [n, d]");
   for (const at::Tensor& w : norms)
     TORCH_CHECK(w.scalar_type() == at::kFloat && w.is_contiguous() && w.numel() == d, "norms must be float32 [d]");
   TORCH_CHECK(inv_freq.scalar_type() == at::kFloat && inv_freq.is_contiguous() && inv_freq.numel() == half,
               "inv_freq must be float32 [head_dim / 2]");
   TORCH_CHECK(threads >= 0, "threads must be 0 (ATen's count) or more, not ", threads);
   const float e = static_cast<float>(eps), scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const int64_t n = index - first + 1;
-  std::vector<float> in(2 * d), x(d), xn(d), qkv(3 * d), att(d), tmp(d), gu(2 * I), act(I), scores(H * n);
+  const int64_t seen = last - first + 1;
+  std::vector<float> in(n * 2 * d), x(n * d), xn(n * d), qkv(n * 3 * d), att(d), tmp(d), gu(2 * I), act(I), scores(H * seen);
   at::Tensor predicted = at::empty({1, d}, at::kFloat), logits = at::empty({wlm.N}, at::kFloat);
   float* pred = predicted.data_ptr<float>();
   float *kp = keys.data_ptr<float>(), *vp = values.data_ptr<float>();
-  const float* inv = inv_freq.data_ptr<float>();
+  const float *inv = inv_freq.data_ptr<float>(), *fp_in = features.data_ptr<float>(), *ep_in = embedded.data_ptr<float>();
   auto w = [&](int64_t i) { return norms[i].data_ptr<float>(); };
-  QRows q2, q1, qi;
-  q2.resize(1, 2 * d);
-  q1.resize(1, d);
+  QRows q2, q1, qa, qi;
+  q2.resize(n, 2 * d);
+  q1.resize(n, d);
+  qa.resize(1, d);
   qi.resize(1, I);
-  auto blocks = [](const Matrix& W, const float* row, int64_t K, QRows& q) {
-    if (W.quantized()) quantize_row(row, K, q, 0);
+  auto blocks = [](const Matrix& W, const float* row, int64_t K, QRows& q, int64_t r) {
+    if (W.quantized()) quantize_row(row, K, q, r);
   };
+  auto rotate = [&](float* v, int64_t position) {
+    for (int64_t i = 0; i < half; ++i) {
+      const float angle = static_cast<float>(position) * inv[i], cs = std::cos(angle), sn = std::sin(angle);
+      const float a = v[i], b = v[i + half];
+      v[i] = a * cs - b * sn;
+      v[i + half] = b * cs + a * sn;
+    }
+  };
+  const float* xl = x.data() + (n - 1) * d;  // the last index's residual stream
   hvd_team::team().run(team_size(threads), [&](hvd_team::Ctx& c) {
-    c.single([&] {
-      rmsnorm(feature.data_ptr<float>(), w(0), e, d, in.data());
-      rmsnorm(embedded.data_ptr<float>(), w(1), e, d, in.data() + d);
-      blocks(fc, in.data(), 2 * d, q2);
+    c.for_static(n, [&](int64_t r) {
+      rmsnorm(fp_in + r * d, w(0), e, d, in.data() + r * 2 * d);
+      rmsnorm(ep_in + r * d, w(1), e, d, in.data() + r * 2 * d + d);
+      blocks(fc, in.data() + r * 2 * d, 2 * d, q2, r);
     });
-    multi_linear(c, fc, q2, in.data(), 1, x.data(), d);
-    c.single([&] {
-      rmsnorm(x.data(), w(2), e, d, xn.data());
-      blocks(wqkv, xn.data(), d, q1);
+    multi_linear(c, fc, q2, in.data(), n, x.data(), d);
+    c.for_static(n, [&](int64_t r) {
+      rmsnorm(x.data() + r * d, w(2), e, d, xn.data() + r * d);
+      blocks(wqkv, xn.data() + r * d, d, q1, r);
     });
-    multi_linear(c, wqkv, q1, xn.data(), 1, qkv.data(), 3 * d);
-    c.for_static(H, [&](int64_t h) {  // rotate the head's query and key, cache its key and value, attend
-      float *q = qkv.data() + h * hd, *k = qkv.data() + d + h * hd;
-      const float* v = qkv.data() + 2 * d + h * hd;
-      for (int64_t i = 0; i < half; ++i) {
-        const float angle = static_cast<float>(position) * inv[i], cs = std::cos(angle), sn = std::sin(angle);
-        const float q0 = q[i], q5 = q[i + half], k0 = k[i], k5 = k[i + half];
-        q[i] = q0 * cs - q5 * sn;
-        q[i + half] = q5 * cs + q0 * sn;
-        k[i] = k0 * cs - k5 * sn;
-        k[i + half] = k5 * cs + k0 * sn;
-      }
-      std::memcpy(kp + (h * cap + index) * hd, k, hd * sizeof(float));
-      std::memcpy(vp + (h * cap + index) * hd, v, hd * sizeof(float));
-      float* s = scores.data() + h * n;
+    multi_linear(c, wqkv, q1, xn.data(), n, qkv.data(), 3 * d);
+    c.for_static(n * H, [&](int64_t job) {  // rotate each row's key (and the last row's query), cache key and value
+      const int64_t r = job / H, h = job % H;
+      float* row = qkv.data() + r * 3 * d;
+      if (r == n - 1) rotate(row + h * hd, positions[r]);
+      rotate(row + d + h * hd, positions[r]);
+      std::memcpy(kp + (h * cap + index + r) * hd, row + d + h * hd, hd * sizeof(float));
+      std::memcpy(vp + (h * cap + index + r) * hd, row + 2 * d + h * hd, hd * sizeof(float));
+    });
+    if (!attend) return;
+    c.for_static(H, [&](int64_t h) {  // the last index attends over its window
+      const float* q = qkv.data() + (n - 1) * 3 * d + h * hd;
+      float* s = scores.data() + h * seen;
       float top = -std::numeric_limits<float>::infinity(), total = 0.0f;
-      for (int64_t j = 0; j < n; ++j) {
+      for (int64_t j = 0; j < seen; ++j) {
         const float* kj = kp + (h * cap + first + j) * hd;
         float dot = 0.0f;
         for (int64_t i = 0; i < hd; ++i) dot += q[i] * kj[i];
         s[j] = dot * scale;
         top = std::max(top, s[j]);
       }
-      for (int64_t j = 0; j < n; ++j) total += (s[j] = std::exp(s[j] - top));
+      for (int64_t j = 0; j < seen; ++j) total += (s[j] = std::exp(s[j] - top));
       float* out = att.data() + h * hd;
       std::fill(out, out + hd, 0.0f);
-      for (int64_t j = 0; j < n; ++j) {
+      for (int64_t j = 0; j < seen; ++j) {
         const float* vj = vp + (h * cap + first + j) * hd;
         const float p = s[j] / total;
         for (int64_t i = 0; i < hd; ++i) out[i] += p * vj[i];
       }
     });
-    c.single([&] { blocks(wo, att.data(), d, q1); });
-    multi_linear(c, wo, q1, att.data(), 1, tmp.data(), d);
+    c.single([&] { blocks(wo, att.data(), d, qa, 0); });
+    multi_linear(c, wo, qa, att.data(), 1, tmp.data(), d);
     c.single([&] {
-      for (int64_t i = 0; i < d; ++i) x[i] += tmp[i];
-      rmsnorm(x.data(), w(3), e, d, xn.data());
-      blocks(wgu, xn.data(), d, q1);
+      for (int64_t i = 0; i < d; ++i) tmp[i] += xl[i];  // tmp: the residual stream after attention
+      rmsnorm(tmp.data(), w(3), e, d, att.data());       // att: its MLP input
+      blocks(wgu, att.data(), d, qa, 0);
     });
-    multi_linear(c, wgu, q1, xn.data(), 1, gu.data(), 2 * I);
+    multi_linear(c, wgu, qa, att.data(), 1, gu.data(), 2 * I);
     c.single([&] {
       for (int64_t i = 0; i < I; ++i) act[i] = gu[i] / (1.0f + std::exp(-gu[i])) * gu[I + i];
-      blocks(wdown, act.data(), I, qi);
+      blocks(wdown, act.data(), I, qi, 0);
     });
-    multi_linear(c, wdown, qi, act.data(), 1, tmp.data(), d);
+    multi_linear(c, wdown, qi, act.data(), 1, pred, d);
     c.single([&] {
-      for (int64_t i = 0; i < d; ++i) x[i] += tmp[i];
-      rmsnorm(x.data(), w(4), e, d, pred);
-      blocks(wlm, pred, d, q1);
+      for (int64_t i = 0; i < d; ++i) tmp[i] += pred[i];
+      rmsnorm(tmp.data(), w(4), e, d, pred);
+      blocks(wlm, pred, d, qa, 0);
     });
-    multi_linear(c, wlm, q1, pred, 1, logits.data_ptr<float>(), wlm.N);
+    multi_linear(c, wlm, qa, pred, 1, logits.data_ptr<float>(), wlm.N);
   });
+  if (!attend) return {};
   return {predicted, logits};
 }
 
@@ -661,9 +674,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("num_layers", &QuantModel::num_layers)
       .def_property_readonly("vocab", &QuantModel::vocab);
   m.def("linear", &linear, py::arg("weight"), py::arg("x"), py::arg("threads") = 0, py::call_guard<py::gil_scoped_release>());
-  m.def("head_step", &head_step, py::arg("mats"), py::arg("norms"), py::arg("feature"), py::arg("embedded"),
-        py::arg("inv_freq"), py::arg("position"), py::arg("keys"), py::arg("values"), py::arg("index"), py::arg("first"),
-        py::arg("eps"), py::arg("threads") = 0, py::call_guard<py::gil_scoped_release>());
+  m.def("head_step", &head_step, py::arg("mats"), py::arg("norms"), py::arg("features"), py::arg("embedded"),
+        py::arg("inv_freq"), py::arg("positions"), py::arg("keys"), py::arg("values"), py::arg("index"), py::arg("first"),
+        py::arg("attend"), py::arg("eps"), py::arg("threads") = 0, py::call_guard<py::gil_scoped_release>());
   m.def("attention", &attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("lo"), py::arg("hi"), py::arg("scale"),
         py::arg("alone") = false, py::call_guard<py::gil_scoped_release>());
   m.def("rope_table", &rope_table, py::call_guard<py::gil_scoped_release>());

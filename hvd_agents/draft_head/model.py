@@ -123,20 +123,11 @@ class HeadCache:
 
     def append(self, keys: torch.Tensor, values: torch.Tensor, positions: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Add ``[heads, n, head_dim]`` keys/values; returns all keys and values so far."""
-        old, n = len(self.positions), keys.shape[1]
-        if self.keys is None or old + n > self.keys.shape[1]:
-            capacity = max(256, 2 * (old + n))
-            shape = (keys.shape[0], capacity, keys.shape[2])
-            grown_k = keys.new_empty(shape)
-            grown_v = values.new_empty(shape)
-            if self.keys is not None:
-                grown_k[:, :old] = self.keys[:, :old]
-                grown_v[:, :old] = self.values[:, :old]
-            self.keys, self.values = grown_k, grown_v
-        self.keys[:, old : old + n] = keys
-        self.values[:, old : old + n] = values
-        self.positions.extend(positions)
-        return self.keys[:, : old + n], self.values[:, : old + n]
+        n = keys.shape[1]
+        all_keys, all_values, old = self.slots(keys.shape[0], keys.shape[2], positions, keys)
+        all_keys[:, old : old + n] = keys
+        all_values[:, old : old + n] = values
+        return all_keys[:, : old + n], all_values[:, : old + n]
 
     def slots(self, heads: int, head_dim: int, positions: list[int], like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Room for entries at sequence indices ``positions``: the whole key and value buffers and the first new

@@ -90,12 +90,7 @@ def load_trace(path: str | os.PathLike, *, skip_bad: bool = False, limit: int | 
             malformed and ``skip_bad`` is False.
     """
     name = os.fspath(path)
-    try:
-        text = Path(name).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise TraceFormatError(f"trace file {name} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TraceFormatError(f"cannot read trace file {name}: {exc}") from exc
+    text = read_text(name, "trace file")
     trace = TraceFile(name)
     stem = Path(name).stem
     for line, raw in _records(name, text):
@@ -111,11 +106,37 @@ def load_trace(path: str | os.PathLike, *, skip_bad: bool = False, limit: int | 
     return trace
 
 
+def read_text(name: str, what: str) -> str:
+    """The UTF-8 text of file ``name`` (a ``what``: "trace file", ...).
+
+    Raises:
+        TraceFormatError: it does not exist or cannot be read.
+    """
+    try:
+        return Path(name).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TraceFormatError(f"{what} {name} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceFormatError(f"cannot read {what} {name}: {exc}") from exc
+
+
+def array_elements(name: str, text: str) -> Iterator[tuple[int, Any]]:
+    """``(line, element)`` for each element of the JSON array ``text`` (file ``name``), decoded one by one, so
+    errors name the line each element starts on.
+
+    Raises:
+        TraceFormatError: ``text`` is not a JSON array, or its syntax is broken.
+    """
+    stripped = text.lstrip()
+    if not stripped.startswith("["):
+        raise TraceFormatError(f"{name}: expected a JSON array")
+    yield from _array_records(name, text, len(text) - len(stripped) + 1)
+
+
 def _records(name: str, text: str) -> Iterator[tuple[int, Any]]:
     """``(line, decoded JSON or the JSONDecodeError)`` for each conversation of the file."""
-    stripped = text.lstrip()
-    if stripped.startswith("["):
-        yield from _array_records(name, text, len(text) - len(stripped) + 1)
+    if text.lstrip().startswith("["):
+        yield from array_elements(name, text)
         return
     # Lines end at "\n" only (a "\r" before it is JSON whitespace): str.splitlines would
     # also cut at U+2028, U+0085, ..., which JSON strings may hold unescaped.

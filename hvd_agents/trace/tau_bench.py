@@ -25,16 +25,15 @@ Example::
 from __future__ import annotations
 
 import ast
-import json
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from hvd_agents.chat.render import to_template_messages
 from hvd_agents.errors import InvalidRequestError, TraceFormatError
-from hvd_agents.trace.loader import Conversation, TraceFile
+from hvd_agents.trace.loader import Conversation, TraceFile, array_elements, read_text
 
 logger = logging.getLogger(__name__)
 
@@ -47,13 +46,9 @@ def is_tau_bench(path: str | os.PathLike) -> bool:
     p = Path(path)
     if not p.is_file() or p.suffix != ".json":
         return False
-    try:
-        text = p.read_text(encoding="utf-8")
-        start = len(text) - len(text.lstrip())
-        if not text.startswith("[", start):
-            return False
-        first, _ = json.JSONDecoder().raw_decode(text, _skip_space(text, start + 1))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+    try:  # the first element alone is decoded
+        _, first = next(array_elements(str(p), read_text(str(p), "file")), (0, None))
+    except TraceFormatError:
         return False
     return isinstance(first, dict) and RESULT_KEYS <= first.keys()
 
@@ -69,15 +64,10 @@ def load_tau_bench(path: str | os.PathLike, *, limit: int | None = None) -> Trac
         TraceFormatError: the file cannot be read, or a result or tool file is malformed.
     """
     name = os.fspath(path)
-    try:
-        text = Path(name).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise TraceFormatError(f"tau-bench results file {name} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TraceFormatError(f"cannot read tau-bench results file {name}: {exc}") from exc
+    text = read_text(name, "tau-bench results file")
     trace = TraceFile(name)
     tools: list[dict] | None = None
-    for line, result in _results(name, text):
+    for line, result in array_elements(name, text):
         if limit is not None and len(trace.conversations) >= limit:
             break
         where = f"{name}:{line}"
@@ -142,32 +132,3 @@ def _schema(tool: Path) -> dict:
     if not isinstance(schema, dict) or not isinstance(schema.get("function"), dict):
         raise TraceFormatError(f"{tool}: get_info does not return an OpenAI tool schema")
     return schema
-
-
-def _results(name: str, text: str) -> Iterator[tuple[int, Any]]:
-    """``(line, element)`` for each element of the JSON array ``text``, decoded one at a time."""
-    decoder = json.JSONDecoder()
-    position = _skip_space(text, 0)
-    if not text.startswith("[", position):
-        raise TraceFormatError(f"{name}: a tau-bench results file is a JSON array of results")
-    position, line, counted = _skip_space(text, position + 1), 1, 0
-    while position < len(text) and text[position] != "]":
-        line, counted = line + text.count("\n", counted, position), position
-        try:
-            value, end = decoder.raw_decode(text, position)
-        except (json.JSONDecodeError, RecursionError) as exc:
-            raise TraceFormatError(f"{name}:{line}: invalid JSON: {exc}") from exc
-        yield line, value
-        position = _skip_space(text, end)
-        if position < len(text) and text[position] == ",":
-            position = _skip_space(text, position + 1)
-        elif position < len(text) and text[position] != "]":
-            raise TraceFormatError(f"{name}: expected ',' or ']' after the result on line {line}")
-    if position >= len(text):
-        raise TraceFormatError(f"{name}: unterminated JSON array")
-
-
-def _skip_space(text: str, position: int) -> int:
-    while position < len(text) and text[position] in " \t\r\n":
-        position += 1
-    return position

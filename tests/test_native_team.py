@@ -93,3 +93,35 @@ def test_a_forked_child_runs_forwards_on_a_team_of_its_own(runner) -> None:
         child.kill()
         pytest.fail("the forked child hung in its first forward")
     assert child.exitcode == 0 and result.get(timeout=5) is True
+
+
+def _alternate_team_sizes(result) -> None:
+    """Regions of four threads (more than the cores of a small machine, so a worker is often descheduled), each
+    followed by a region of the caller alone (a draft head's products on one thread between the target's forwards
+    on the team)."""
+    from hvd_agents.runtime.cpu import quant_linear
+
+    native = native_forward.module()
+    weight = torch.randn(64, 64, generator=torch.Generator().manual_seed(1))
+    matrix = quant_linear.quantized_matrix(weight)
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(2))
+    lone = native.linear(matrix, x, threads=1)
+    for _ in range(3000):
+        assert torch.equal(native.linear(matrix, x, threads=4), lone)
+        native.linear(matrix, x, threads=1)
+    result.put(True)
+
+
+def test_regions_of_one_thread_between_the_teams_do_not_strand_a_worker() -> None:
+    # a worker still spinning on a region's last barrier must not miss its flip when the caller then runs a region
+    # alone: its barriers used to flip the team's sense too, and a worker that had not yet seen the first flip
+    # then waited for the sense it had just been flipped away from, while the next region waited for that worker
+    ctx = multiprocessing.get_context("spawn")
+    result = ctx.Queue()
+    child = ctx.Process(target=_alternate_team_sizes, args=(result,))
+    child.start()
+    child.join(timeout=120)
+    if child.is_alive():
+        child.kill()
+        pytest.fail("a region of two threads after regions of one hung")
+    assert child.exitcode == 0 and result.get(timeout=5) is True

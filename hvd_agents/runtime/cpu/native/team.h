@@ -181,6 +181,10 @@ inline Ctx::Ctx(Team& team, int tid, int nt)
     : team_(team), sense_(team.sense_.load(std::memory_order_acquire)), tid(tid), nt(nt) {}
 
 inline void Ctx::barrier() {
+  // A region of one thread leaves the team's barrier alone: a worker may still be spinning on the last region's
+  // final barrier, waiting to see the sense its last arrival flipped, and a caller alone flipping it on and back
+  // again meanwhile would leave that worker waiting for a flip it has missed while the next region waits for it.
+  if (nt == 1) return;
   sense_ = !sense_;
   if (team_.count_.fetch_add(1, std::memory_order_acq_rel) == nt - 1) {
     team_.count_.store(0, std::memory_order_relaxed);

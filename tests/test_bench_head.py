@@ -64,6 +64,31 @@ def test_forced_agreement_is_the_heads_teacher_forced_prediction() -> None:
                                                                         predicted_ids]), start)))
 
 
+def test_forced_agreement_reads_the_layers_each_head_fuses() -> None:
+    # rows recorded with layers 0 and 1 tapped: a head fusing layer 1 reads its block (its zero fusion agrees with
+    # the untapped head on the last-layer states), one fusing layer 2 is refused by name
+    from hvd_agents.distill.data import Sample
+    from hvd_agents.draft_head.model import with_taps
+    from tests.test_draft_head import VOCAB, random_head
+    from tests.tiny import make_tiny_llama
+
+    target = make_tiny_llama(VOCAB, seed=11)
+    head = random_head(target)
+    tapped = with_taps(head, (1,)).attach(target)
+    tokens = torch.randint(0, VOCAB, (24,), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        states = target(input_ids=tokens[None], output_hidden_states=True).hidden_states
+    wide = torch.cat([states[-1][0], states[0][0], states[1][0]], dim=-1)
+    greedy = torch.randint(0, VOCAB, (24,), generator=torch.Generator().manual_seed(7))
+    recorded = Sample(tokens, wide, greedy, 10, taps=(0, 1))
+    assert forced_agreement(tapped, recorded) == forced_agreement(head, Sample(tokens, states[-1][0], greedy, 10))
+    with torch.no_grad():
+        tapped.fuse.weight.normal_(0, 1.0)
+    assert torch.equal(recorded.features((1,)), torch.cat([states[-1][0], states[1][0]], dim=-1))
+    with pytest.raises(ValueError, match=r"hold the inputs of layers \(0, 1\), not \(2,\)"):
+        recorded.features((2,))
+
+
 @pytest.mark.real_model
 def test_bench_head_measures_the_shipped_head_per_kind_losslessly(real_engine, capsys) -> None:
     tallies = run_head_benchmark(k=2, max_new_tokens=8)

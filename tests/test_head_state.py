@@ -31,23 +31,25 @@ K = 4
 needs_native = pytest.mark.skipif(not native_forward.available(), reason="the native kernel needs x86-64 with AVX2")
 
 
-def make_head(target, fused: bool = False) -> DraftHead:
+def make_head(target, fused: bool = False, taps: tuple[int, ...] = ()) -> DraftHead:
     """A float64 head, or (``fused``) a float32 one on the native kernel, each index's key and value computed alone
-    in one native call a step (``quantize_for_cpu``)."""
-    config = DraftHeadConfig(target.config.hidden_size, 4, 64, 48, VOCAB, target=target_signature(target))
+    in one native call a step (``quantize_for_cpu``); with ``taps``, one that fuses those layers' inputs."""
+    config = DraftHeadConfig(target.config.hidden_size, 4, 64, 48, VOCAB, target=target_signature(target), taps=taps)
     head = init_weights(DraftHead(config), seed=2)
     head.draft_vocab = torch.arange(VOCAB - 48, VOCAB)
     if not fused:
         return head.to(torch.float64).attach(target)
     head.attach(target)
-    assert head.quantize_for_cpu(1) == 5
+    assert head.quantize_for_cpu(1) == 5 + bool(taps)
     return head
 
 
-def hidden_of(target, tokens: list[int]) -> torch.Tensor:
-    """The target's last-layer hidden states of every token but the last (what the engine hands over)."""
+def hidden_of(target, tokens: list[int], taps: tuple[int, ...] = ()) -> torch.Tensor:
+    """The target's last-layer hidden states of every token but the last (what the engine hands over), with the
+    inputs of the layers ``taps`` beside them."""
     with torch.no_grad():
-        return target(input_ids=torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states[-1][0]
+        states = target(input_ids=torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states
+    return torch.cat([states[-1][0], *(states[layer][0] for layer in taps)], dim=-1)
 
 
 class KeepsDraftedState(DraftHeadDrafter):
@@ -74,7 +76,7 @@ def run(drafter: DraftHeadDrafter, target, seed: int, steps: int = 12) -> tuple[
         prompt_length, reused = len(tokens), (drafter.cache.positions[-1] + 1 if request else 0)
         drafter.start(f"r{request}", tokens)
         for _ in range(steps):
-            hidden = hidden_of(target, tokens)
+            hidden = hidden_of(target, tokens, drafter.head.config.taps)
             kept = drafter.propose(DraftContext(f"r{request}", list(tokens), prompt_length,
                                                 hidden_states=hidden[reused:], hidden_start=reused), K, 0.0)
             fresh = DraftHeadDrafter(drafter.head, alternatives=0)
@@ -90,10 +92,11 @@ def run(drafter: DraftHeadDrafter, target, seed: int, steps: int = 12) -> tuple[
     return differ, outcomes
 
 
+@pytest.mark.parametrize("taps", [(), (0, 1)])
 @pytest.mark.parametrize("fused", [False, pytest.param(True, marks=needs_native)])
-def test_the_state_kept_across_steps_and_requests_drafts_what_the_verified_context_gives(fused) -> None:
+def test_the_state_kept_across_steps_and_requests_drafts_what_the_verified_context_gives(fused, taps) -> None:
     target = make_tiny_llama(VOCAB, seed=11, dtype=torch.float32 if fused else torch.float64)
-    head = make_head(target, fused)
+    head = make_head(target, fused, taps)
     for seed in range(3):
         differ, outcomes = run(DraftHeadDrafter(head, alternatives=0), target, seed)
         assert differ == 0

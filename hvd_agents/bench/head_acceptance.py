@@ -115,7 +115,7 @@ def forced_agreement(head: DraftHead, sample: Sample) -> list[bool]:
     the head ingests the prompt, then at each answer index ``t`` reads the target's hidden state there and the
     next token, and its prediction is compared with the target's greedy token after that token."""
     tokens, greedy, start = sample.tokens, sample.greedy, sample.answer_start
-    hidden = sample.hidden.to(head.fc.weight.dtype)
+    hidden = sample.features(head.config.taps).to(head.fc.weight.dtype)
     if start < 2 or len(tokens) - start < 1:
         return []
     cache = HeadCache()
@@ -160,13 +160,23 @@ def run_head_benchmark(
         engine.add_drafter(methods[label], DraftHeadDrafter(head, min_survival=0.0, alternatives=0))
     by_kind = held_out_prompts()
     tallies = {label: {kind: Acceptance(k) for kind in by_kind} for label in measured}
+    # heads may fuse different layers: the runner taps them all for the teacher-forced rows (each head reads its
+    # own), and each head's for its drafts; then the engine's own head's again
+    tap = getattr(engine.runner, "set_hidden_taps", None)
+    every_tap = tuple(sorted({layer for head in measured.values() for layer in head.config.taps}))
+    if every_tap and tap is None:
+        raise HVDError(f"the engine's runner cannot give the inputs of layers {every_tap} the heads fuse")
     for kind, prompts in by_kind.items():
         for prompt in prompts:
             ids = encode_prompt(engine.tokenizer, prompt.messages, prompt.tools or None)
             reference = engine.generate(ids, GenerationParams(max_new_tokens=max_new_tokens, method="ar",
                                                               reuse_prefix=False)).token_ids
+            if tap is not None:
+                tap(every_tap)
             forced = teacher_forced(engine, ids, reference, kind)
             for label, method in methods.items():
+                if tap is not None:
+                    tap(measured[label].config.taps)
                 params = GenerationParams(max_new_tokens=max_new_tokens, method=method, num_draft_tokens=k,
                                           reuse_prefix=False, record_steps=True)
                 result = engine.generate(ids, params)
@@ -177,6 +187,8 @@ def run_head_benchmark(
                 for record in result.stats.step_records or []:
                     if record.source == DraftHeadDrafter.source and record.drafted:
                         tally.add(record.drafted, record.accepted)
+    if tap is not None:
+        tap(engine.draft_head.config.taps if engine.draft_head is not None else ())
     _print(tallies, k, max_new_tokens)
     return tallies
 

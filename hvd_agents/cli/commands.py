@@ -233,10 +233,17 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
     missing = [path for path in args.more_data if not Path(path).is_file()]
     if missing:
         raise HVDError(f"--more-data {', '.join(missing)}: no such data file")
-    data = DataConfig(prompts=args.prompts, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                      source=args.data_source, concurrency=args.concurrency, catalog=args.catalog)
+    try:
+        taps = tuple(int(layer) for layer in args.taps.split(",") if layer.strip())
+    except ValueError:
+        raise HVDError(f"--taps {args.taps!r}: give layer indices separated by commas, e.g. 2,15,27") from None
+    try:
+        data = DataConfig(prompts=args.prompts, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                          source=args.data_source, concurrency=args.concurrency, catalog=args.catalog, taps=taps)
+    except ValueError as exc:
+        raise HVDError(f"--taps: {exc}") from None
     train = TrainConfig(draft_vocab=args.draft_vocab, epochs=args.epochs, lr=args.lr,
-                        batch_tokens=args.batch_tokens, seed=args.seed)
+                        batch_tokens=args.batch_tokens, seed=args.seed, taps=taps)
     train_drafter(args.output, model=args.model, device=args.device, data=data, train=train, data_file=args.data,
                   init=args.init, more_data=args.more_data)
     return 0

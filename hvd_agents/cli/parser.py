@@ -276,6 +276,9 @@ def _add_train_drafter_parser(sub: argparse._SubParsersAction) -> None:
     drafter.add_argument("--more-data", action="append", default=[], metavar="FILE",
                          help="a data file an earlier run wrote (--data) to train on as well, never held out "
                               "(repeatable)")
+    drafter.add_argument("--taps", default="", metavar="L1,L2,...",
+                         help="target layers whose inputs the head fuses with the last layer's state (EAGLE-3's "
+                              "fusion; the data are made with them, an --init head gains them)")
     drafter.set_defaults(func=commands.cmd_train_drafter)
 
 

@@ -37,7 +37,9 @@ class Sample:
 
     Attributes:
         tokens: ``[T]`` prompt + answer ids.
-        hidden: ``[T, d]`` the target's last-layer hidden states (fp16 to save memory).
+        hidden: ``[T, d]`` the target's last-layer hidden states (fp16 to save memory); with ``taps``,
+            ``[T, (1 + len(taps)) * d]``: each tapped layer's input beside them (what a head fusing them reads).
+        taps: the target layers whose inputs ``hidden`` carries after the last-layer states.
         greedy: ``[T]`` the target's greedy next token after each position.
         answer_start: index of the first answer token (the head is trained on answers).
         kind: the prompt's kind (:data:`hvd_agents.distill.prompts.KINDS`), for figures per kind.
@@ -48,9 +50,26 @@ class Sample:
     greedy: torch.Tensor
     answer_start: int
     kind: str = "chat"
+    taps: tuple[int, ...] = ()
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
+
+    def features(self, taps: Sequence[int]) -> torch.Tensor:
+        """``[T, (1 + len(taps)) * d]``: the last-layer states and the inputs of ``taps``, in that order.
+
+        Raises:
+            ValueError: the sample was recorded without one of ``taps``.
+        """
+        missing = [layer for layer in taps if layer not in self.taps]
+        if missing:
+            raise ValueError(f"the data hold the inputs of layers {self.taps}, not {tuple(missing)}: make them "
+                             "again with the head's taps")
+        d = self.hidden.shape[1] // (1 + len(self.taps))
+        if not taps and not self.taps:
+            return self.hidden
+        blocks = [0, *(1 + self.taps.index(layer) for layer in taps)]
+        return torch.cat([self.hidden[:, b * d : (b + 1) * d] for b in blocks], dim=1)
 
 
 def generate_samples(
@@ -216,9 +235,9 @@ def save_samples(samples: list[Sample], path: str | Path) -> None:
     all: a run stopped while saving leaves no truncated file for a later run to load."""
     path = Path(path)
     partial = path.with_name(path.name + ".partial")
-    torch.save([(s.tokens, s.hidden, s.greedy, s.answer_start, s.kind) for s in samples], str(partial))
+    torch.save([(s.tokens, s.hidden, s.greedy, s.answer_start, s.kind, s.taps) for s in samples], str(partial))
     os.replace(partial, path)
 
 
 def load_samples(path: str | Path) -> list[Sample]:
-    return [Sample(*row) for row in torch.load(str(path))]
+    return [Sample(*row[:5], tuple(row[5]) if len(row) > 5 else ()) for row in torch.load(str(path))]

@@ -11,9 +11,10 @@ training data from the same forward:
    forward per step reads the weights once for all of them; 418 tokens/s at 16
    requests against 54 for the float model's ``generate`` of 16 on 2 cores).
 2. **Hidden states and greedy tokens**: one teacher-forced forward of the runner
-   over prompt + answer gives every position's last-layer hidden state and the
-   argmax of its logits (the runner's forward is bitwise invariant to chunking,
-   so these are the rows decoding computed).
+   over prompt + answer gives every position's last-layer hidden state (and the
+   inputs of the layers the runner taps, ``set_hidden_taps``) and the argmax of
+   its logits (the runner's forward is bitwise invariant to chunking, so these are
+   the rows decoding computed).
 
 Same :class:`~hvd_agents.distill.data.Sample` as the float model's data
 (:func:`~hvd_agents.distill.data.generate_samples`); answers keep their
@@ -69,9 +70,11 @@ def engine_samples(
     rng = random.Random(seed)
     plans = [(rng.random() < sampled_fraction, rng.randrange(2**31)) for _ in prompts]
     if parts is not None:
+        taps = tuple(getattr(engine.runner, "hidden_taps", ()))
         claim_parts(Path(parts), {
             "source": "engine", "prompts": prompts_digest(rendered), "max_new_tokens": max_new_tokens,
             "sampled_fraction": sampled_fraction, "temperature": temperature, "seed": seed,
+            **({"taps": list(taps)} if taps else {}),
         })
     samples: list[Sample] = []
     start = time.perf_counter()
@@ -125,5 +128,8 @@ def record(engine: Engine, prompt: Sequence[int], answer: Sequence[int], kind: s
     hidden = torch.cat(rows) if rows else torch.empty(0)
     if hidden.shape[0] != len(tokens):
         raise RuntimeError(f"the runner gave {hidden.shape[0]} hidden states for {len(tokens)} tokens")
+    taps = tuple(getattr(runner, "hidden_taps", ()))
+    if hidden.shape[1] != engine.model.config.hidden_size * (1 + len(taps)):
+        raise RuntimeError(f"the runner gave hidden rows {hidden.shape[1]} wide for layers {taps} tapped")
     return Sample(torch.tensor(tokens), hidden.to("cpu", torch.float16).clone(), logits.argmax(-1).cpu(),
-                  len(prompt), kind)
+                  len(prompt), kind, taps)

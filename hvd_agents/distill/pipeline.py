@@ -39,8 +39,12 @@ class DataConfig:
     source: str = "engine"  # "engine": the engine's own forward (engine_data); "model": the float model's generate
     concurrency: int = 32  # source "engine": requests decoded together
     catalog: str = "templated"  # the prompt catalog (hvd_agents.distill.catalogs.CATALOGS)
+    taps: tuple[int, ...] = ()  # source "engine": target layers whose inputs the data hold beside the last layer's
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "taps", tuple(self.taps))
+        if self.taps and self.source != "engine":
+            raise ValueError("layers are tapped on the engine's forward: taps need the data source 'engine'")
         if self.source not in DATA_SOURCES:
             raise ValueError(f"unknown data source {self.source!r}: one of {', '.join(DATA_SOURCES)}")
         if self.catalog not in CATALOGS:
@@ -62,6 +66,10 @@ def _engine_data(loaded, data: DataConfig, data_file: str | Path | None, log: Ca
     from hvd_agents.engine import Engine
 
     engine = Engine.from_loaded(loaded, max_batch=data.concurrency, draft_head=None)
+    if data.taps:
+        if not hasattr(engine.runner, "set_hidden_taps"):
+            raise ValueError(f"the engine's runner ({type(engine.runner).__name__}) cannot tap layers {data.taps}")
+        engine.runner.set_hidden_taps(data.taps)
     prompts = training_prompts(data.prompts, seed=data.seed, make=CATALOGS[data.catalog])
     log(f"the engine answers {len(prompts)} prompts of the {data.catalog} catalog, {data.concurrency} at a time")
     return engine_samples(
@@ -69,6 +77,14 @@ def _engine_data(loaded, data: DataConfig, data_file: str | Path | None, log: Ca
         temperature=data.temperature, seed=data.seed, concurrency=data.concurrency, progress=log,
         parts=None if data_file is None else _parts_dir(data_file),
     )
+
+
+def _check_taps(samples: Sequence, taps: Sequence[int], path: str | Path) -> None:
+    """Refuse data that lack a layer the head fuses (before any training)."""
+    lacking = sorted({layer for sample in samples for layer in taps if layer not in sample.taps})
+    if lacking:
+        raise ValueError(f"{path} does not hold the inputs of layers {tuple(lacking)} the head fuses: make its data "
+                         "again with --taps")
 
 
 def _parts_dir(data_file: str | Path) -> Path:
@@ -111,6 +127,7 @@ def train_drafter(
     if data_file is not None and Path(data_file).is_file():
         samples = load_samples(data_file)
         log(f"loaded {len(samples)} sequences from {data_file}")
+        _check_taps(samples, train.taps, data_file)
     elif data.source == "engine":
         samples = _engine_data(loaded, data, data_file, log)
     else:
@@ -135,6 +152,7 @@ def train_drafter(
     extra_samples = []
     for path in more_data:
         more = load_samples(path)
+        _check_taps(more, train.taps, path)
         extra_samples.extend(more)
         log(f"loaded {len(more)} more training sequences (never held out) from {path}")
     data_s = time.perf_counter() - start

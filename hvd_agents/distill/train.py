@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hvd_agents.distill.data import Sample
-from hvd_agents.draft_head.model import DraftHead, DraftHeadConfig, init_weights, target_signature
+from hvd_agents.draft_head.model import DraftHead, DraftHeadConfig, init_weights, target_signature, with_taps
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,10 @@ class TrainConfig:
     feature_weight: float = 0.1
     held_out: float = 0.1
     seed: int = 0
+    taps: tuple[int, ...] = ()  # target layers the head fuses (DraftHeadConfig.taps; an init head gains them)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "taps", tuple(self.taps))
 
 
 @dataclass
@@ -131,7 +135,7 @@ def train_head(
     train = ([samples[i] for i in order[n_held:]] or held) + list(train_only)
     target_vocab = int(target.get_output_embeddings().weight.shape[0])
     if init is not None:
-        head, vocab, coverage = _start_from(init, target, train)
+        head, vocab, coverage = _start_from(with_taps(init, config.taps) if config.taps else init, target, train)
     else:
         head, vocab, coverage = _new_head(target, train, config, always_tokens)
     head.attach(target)  # trains in the target's dtype (fp32 on CPU)
@@ -199,11 +203,12 @@ def _new_head(target: nn.Module, train: Sequence[Sample], config: TrainConfig,
         rope_theta=float(getattr(tcfg, "rope_theta", None) or (getattr(tcfg, "rope_parameters", None) or {}).get("rope_theta", 10000.0)),
         rms_norm_eps=float(getattr(tcfg, "rms_norm_eps", 1e-5)),
         target=target_signature(target),
+        taps=config.taps,
     )
     head = init_weights(DraftHead(head_config), seed=config.seed)
     head.draft_vocab = vocab
     with torch.no_grad():  # start the predicted features at the scale of the target's (post-norm) hidden states
-        rows = torch.cat([s.hidden[s.answer_start :].float() for s in train[:256]])
+        rows = torch.cat([s.hidden[s.answer_start :, : head_config.hidden_size].float() for s in train[:256]])
         head.out_norm.weight.copy_(rows.pow(2).mean(0).sqrt().clamp_min(1e-3))
     return head, vocab, coverage
 
@@ -274,20 +279,21 @@ def _batch_loss(
     width = max(len(s) for s in batch)
     length = width - 1  # head indices t = 0 .. T - 2
     tokens = torch.zeros(len(batch), width, dtype=torch.long)
-    hidden = torch.zeros(len(batch), width, head.config.hidden_size, dtype=head.fc.weight.dtype)
+    d = head.config.hidden_size
+    hidden = torch.zeros(len(batch), width, head.feature_width, dtype=head.fc.weight.dtype)
     greedy = torch.full((len(batch), width), -1, dtype=torch.long)
     answer = torch.zeros(len(batch), length, dtype=torch.bool)  # index t trains when x_{t+2} is an answer token
     valid = torch.zeros(len(batch), length, dtype=torch.bool)
     for i, s in enumerate(batch):
         n = len(s)
         tokens[i, :n] = s.tokens
-        hidden[i, :n] = s.hidden.to(hidden.dtype)
+        hidden[i, :n] = s.features(head.config.taps).to(hidden.dtype)
         greedy[i, :n] = s.greedy
         valid[i, : n - 1] = True
         answer[i, max(0, s.answer_start - 2) : n - 1] = True
     tokens, hidden, greedy = tokens.to(device), hidden.to(device), greedy.to(device)
     answer, valid = answer.to(device), valid.to(device)
-    true_next = hidden[:, 1:]  # [B, L, d]: h_{t+1}
+    true_next = hidden[:, 1:, :d]  # [B, L, d]: h_{t+1}
     with torch.no_grad():
         teacher = torch.softmax(head.logits(true_next), dim=-1)  # [B, L, V']
         labels = to_draft.to(device)[greedy[:, 1:].clamp_min(0)]  # [B, L]: the target's greedy x_{t+2} in draft ids

@@ -26,7 +26,7 @@ ingests the verified context and drafts.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -59,6 +59,11 @@ class DraftHeadConfig:
         rms_norm_eps: RMSNorm epsilon.
         target: a description of the target model the head was trained on
             (its config signature, see :func:`target_signature`).
+        taps: target layers whose inputs the head fuses into the target's features (EAGLE-3's fusion of
+            several layers): the target's feature rows are then ``(1 + len(taps)) x d`` wide, its normed
+            last-layer state and then each tapped layer's input, and the head reads
+            ``h_t + fuse([norm(tap_1); ...])`` where it reads ``h_t``; its own predicted features are ``d``
+            wide, as before. Empty: the last-layer state alone.
     """
 
     hidden_size: int
@@ -69,8 +74,12 @@ class DraftHeadConfig:
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-5
     target: str = ""
+    taps: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "taps", tuple(int(layer) for layer in self.taps))  # a list when read from JSON
+        if len(set(self.taps)) != len(self.taps) or any(layer < 0 for layer in self.taps):
+            raise ValueError(f"taps must be distinct layer indices, got {self.taps}")
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
         if not 0 < self.draft_vocab_size <= self.target_vocab_size:
@@ -165,6 +174,10 @@ class DraftHead(nn.Module):
         self.norm_feature = RMSNorm(d, eps)
         self.norm_embed = RMSNorm(d, eps)
         self.fc = nn.Linear(2 * d, d, bias=False)
+        if config.taps:
+            self.norm_taps = RMSNorm(d, eps)
+            self.norm_taps.weight = nn.Parameter(torch.ones(len(config.taps), d))  # one norm per tapped layer
+            self.fuse = nn.Linear(len(config.taps) * d, d, bias=False)
         self.attn_norm = RMSNorm(d, eps)
         self.qkv = nn.Linear(d, 3 * d, bias=False)
         self.o_proj = nn.Linear(d, d, bias=False)
@@ -243,10 +256,27 @@ class DraftHead(nn.Module):
 
     # ---- the layer, in pieces (training composes them with its own attention masks) ----
 
+    @property
+    def feature_width(self) -> int:
+        """The width of the target's feature rows the head reads: ``d`` per fused layer, the last one included."""
+        return self.config.hidden_size * (1 + len(self.config.taps))
+
+    def fused(self, features: torch.Tensor) -> torch.Tensor:
+        """``f_t``: the target's feature rows ``[..., n, feature_width]`` fused to ``[..., n, d]`` (``h_t`` plus
+        ``fuse`` of the normed tapped layers' inputs); ``d``-wide features (the head's own) are returned as they are."""
+        d = self.config.hidden_size
+        if features.shape[-1] == d:
+            return features
+        if features.shape[-1] != self.feature_width:
+            raise ValueError(f"the head reads features {d} or {self.feature_width} wide, not {features.shape[-1]}")
+        taps = features[..., d:].unflatten(-1, (len(self.config.taps), d))
+        return features[..., :d] + self.fuse(self.norm_taps(taps).flatten(-2))
+
     def inputs(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """``fc([norm(f); norm(embed(x))])``: ``[..., n, d]`` features and ``[..., n]`` next tokens -> ``[..., n, d]``."""
+        """``fc([norm(f); norm(embed(x))])``: ``[..., n, d]`` (or the target's ``feature_width``) features and
+        ``[..., n]`` next tokens -> ``[..., n, d]``."""
         embedded = F.embedding(tokens, self.embed)
-        return self.fc(torch.cat([self.norm_feature(features), self.norm_embed(embedded)], dim=-1))
+        return self.fc(torch.cat([self.norm_feature(self.fused(features)), self.norm_embed(embedded)], dim=-1))
 
     def project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, keys, values ``[..., heads, n, head_dim]`` of ``x`` ``[..., n, d]``, RoPE applied at ``positions`` ``[n]``."""
@@ -325,7 +355,7 @@ class DraftHead(nn.Module):
         keys, values, index = cache.slots(self.num_heads, self.head_dim, positions, self.inv_freq)
         last = index + len(positions) - 1
         first = 0 if self.attention_window is None else max(0, last + 1 - self.attention_window)
-        features = features.float()
+        features = self.fused(features.float())
         out: list[torch.Tensor] = []
         for start in range(0, len(positions), quant_linear.MAX_ROWS):
             stop = min(len(positions), start + quant_linear.MAX_ROWS)
@@ -354,11 +384,34 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
+def with_taps(head: DraftHead, taps: tuple[int, ...]) -> DraftHead:
+    """A head that fuses the target layers ``taps`` (see :class:`DraftHeadConfig`) with ``head``'s weights, its
+    fusion starting at zero: it drafts exactly as ``head`` until trained. Returns ``head`` when it already fuses them.
+
+    Raises:
+        ValueError: ``head`` already fuses other layers.
+    """
+    taps = tuple(taps)
+    if head.config.taps == taps:
+        return head
+    if head.config.taps:
+        raise ValueError(f"the head fuses layers {head.config.taps}, not {taps}")
+    fused = DraftHead(replace(head.config, taps=taps))
+    missing, unexpected = fused.load_state_dict(head.state_dict(), strict=False)
+    if unexpected or set(missing) != {"norm_taps.weight", "fuse.weight"}:
+        raise ValueError(f"the head's weights do not fit: missing {missing}, unexpected {unexpected}")
+    with torch.no_grad():
+        fused.fuse.weight.zero_()
+    fused.recipe = head.recipe
+    fused.to(head.fc.weight.device, head.fc.weight.dtype)
+    return fused
+
+
 def init_weights(head: DraftHead, seed: int = 0) -> DraftHead:
     """Small random init (normal, std 0.02 scaled for the residual outputs), reproducible by ``seed``."""
     gen = torch.Generator().manual_seed(seed)
     for name, param in head.named_parameters():
-        if param.ndim == 2:
+        if param.ndim == 2 and not name.startswith("norm_taps"):  # the taps' norms start at one
             std = 0.02 / math.sqrt(2.0) if name.startswith(("o_proj", "down")) else 0.02
             with torch.no_grad():
                 param.copy_(torch.randn(param.shape, generator=gen) * std)

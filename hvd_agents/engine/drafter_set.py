@@ -12,11 +12,15 @@
   head the set loads itself (``"auto"`` or a path) drafts on the native int8 kernel
   (:meth:`~hvd_agents.draft_head.DraftHead.quantize_for_cpu`); a :class:`DraftHead` given as an
   object is used as it is.
+* A head that fuses several of the target's layers (its config's ``taps``) has the runner give them with the
+  hidden states (``set_hidden_taps``, passed in as ``tap_layers``); without it the head drafts from the
+  last-layer state alone (a warning says so).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +54,7 @@ class DrafterSet:
         draft_head: a :class:`~hvd_agents.draft_head.DraftHead`, a path to a head file,
             ``"auto"`` or None.
         quantize_head: a head loaded here (``"auto"`` or a path) drafts on the native int8 kernel.
+        tap_layers: the runner's ``set_hidden_taps``, or None when it has none.
 
     Raises:
         InvalidRequestError: the draft model's vocabulary is not the target's.
@@ -58,7 +63,9 @@ class DrafterSet:
     def __init__(self, target: PreTrainedModel, vocab_size: int, cache_store: CacheStore,
                  cost: Callable[[], CostModel], draft_model: PreTrainedModel | None = None,
                  draft_head: DraftHead | str | Path | None = "auto", tokenizer: Any = None,
-                 quantize_head: bool = False) -> None:
+                 quantize_head: bool = False,
+                 tap_layers: Callable[[Sequence[int]], None] | None = None) -> None:
+        self.tap_layers = tap_layers
         self.tokenizer = tokenizer  # handed to the drafter factories (hvd-paper reads punctuation ids off it)
         if draft_model is not None:
             draft_vocab = draft_model.get_output_embeddings().weight.shape[0]
@@ -69,9 +76,11 @@ class DrafterSet:
                 )
         self.quantize_head = quantize_head
         if isinstance(draft_head, (str, Path)) and draft_head != "auto":
-            draft_head = self._quantized(load_head(draft_head, target))
-        elif isinstance(draft_head, DraftHead) and draft_head.embed is None:
-            draft_head.attach(target)
+            draft_head = self._prepared(load_head(draft_head, target))
+        elif isinstance(draft_head, DraftHead):
+            if draft_head.embed is None:
+                draft_head.attach(target)
+            self._tap(draft_head)
         self.target = target
         self.vocab_size = vocab_size
         self.cache_store = cache_store
@@ -85,14 +94,25 @@ class DrafterSet:
     def draft_head(self) -> DraftHead | None:
         """The draft head (the one shipped for the target when ``"auto"``), or None."""
         if isinstance(self._draft_head, str):  # "auto", resolved on first use
-            self._draft_head = self._quantized(shipped_head_for(self.target))
+            self._draft_head = self._prepared(shipped_head_for(self.target))
         return self._draft_head
 
-    def _quantized(self, head: DraftHead | None) -> DraftHead | None:
-        """``head`` on the native int8 kernel when the set quantizes the heads it loads."""
-        if head is not None and self.quantize_head:
-            head.quantize_for_cpu()
+    def _prepared(self, head: DraftHead | None) -> DraftHead | None:
+        """``head`` on the native int8 kernel when the set quantizes the heads it loads, its layers tapped."""
+        if head is not None:
+            if self.quantize_head:
+                head.quantize_for_cpu()
+            self._tap(head)
         return head
+
+    def _tap(self, head: DraftHead) -> None:
+        """Have the runner give the layers ``head`` fuses with the hidden states."""
+        taps = head.config.taps
+        if self.tap_layers is not None:
+            self.tap_layers(taps)
+        elif taps:
+            warnings.warn(f"the runner cannot give the inputs of layers {taps} the draft head fuses: it drafts from "
+                          "the last layer's states alone", stacklevel=3)
 
     def model_drafter(self) -> Drafter | None:
         """A fresh model drafter: over ``draft_model`` when given, else over the draft head; None without either."""

@@ -188,7 +188,8 @@ class Engine:
         self._scheduler = self._batcher if self._batcher is not None else SerialScheduler(self._lock)
         self.drafters = DrafterSet(self.model, self.vocab_size, self.cache_store, self.cost_model,
                                    draft_model=draft_model, draft_head=draft_head, tokenizer=self.tokenizer,
-                                   quantize_head=bool(getattr(self.runner, "runs_own_threads", False)))
+                                   quantize_head=bool(getattr(self.runner, "runs_own_threads", False)),
+                                   tap_layers=getattr(self.runner, "set_hidden_taps", None))
 
     @classmethod
     def load(

@@ -36,6 +36,10 @@ Contract, per request::
   them one after another (:func:`forward_each`).
 * ``max_tree_tokens`` (optional, default none): the most draft tokens of a tree one
   ``forward`` verifies; the engine cuts a longer tree to its first that many nodes.
+* ``set_hidden_taps(layers)`` (optional): ``hidden`` rows carry, beside the last-layer state, the input of
+  each layer in ``layers`` (the residual stream before its norm), ``[n, (1 + len(layers)) * hidden]``: what a
+  draft head that fuses several layers reads (:class:`~hvd_agents.draft_head.DraftHeadConfig`'s ``taps``).
+  A runner without it gives the last-layer state alone, and such a head drafts from that (worse, never wrong).
 * ``runs_own_threads`` (optional, default False): the forward runs on the runner's own
   threads rather than torch's; the engine then runs its steps inside
   :func:`hvd_agents.runtime.cpu.threads.step_threads`, so torch's small ops between forwards
@@ -167,6 +171,18 @@ class HFRunner:
         self.context_window = int(context_window or model.config.max_position_embeddings)
         self._cost_model = cost_model
         self._cache_arg = cache_argument(model)
+        self.hidden_taps: tuple[int, ...] = ()
+
+    def set_hidden_taps(self, layers: Sequence[int]) -> None:
+        """``hidden`` rows carry the input of each of ``layers`` beside the last-layer state (the module docstring).
+
+        Raises:
+            ValueError: a layer the model does not have.
+        """
+        count = int(self.model.config.num_hidden_layers)
+        if any(not 0 <= layer < count for layer in layers):
+            raise ValueError(f"layers {tuple(layers)} are not all in 0..{count - 1}")
+        self.hidden_taps = tuple(layers)
 
     def new_kv(self) -> RunnerKV:
         return new_cache(self.model.config)
@@ -206,7 +222,9 @@ class HFRunner:
                 attention_mask=mask,
             )
         if hidden is not None:
-            add_hidden(hidden, out.hidden_states[-1][0])  # [n, hidden]
+            # hidden_states[l]: the input of layer l; [-1]: the last layer's output after the final norm
+            rows = [out.hidden_states[-1][0], *(out.hidden_states[layer][0] for layer in self.hidden_taps)]
+            add_hidden(hidden, torch.cat(rows, dim=-1))  # [n, (1 + taps) * hidden]
         return out.logits[0]  # [n or logits_to_keep, vocab]
 
 

@@ -295,6 +295,23 @@ class QuantRunner:
                 call.hidden.append(rows[s0 : s0 + n])
         return [logits[s0 : s0 + n] for s0, n in zip(starts, sizes)]
 
+    @property
+    def hidden_taps(self) -> tuple[int, ...]:
+        """The layers whose inputs ``hidden`` rows carry beside the last-layer state (:meth:`set_hidden_taps`)."""
+        return tuple(self.native.native.taps)
+
+    def set_hidden_taps(self, layers: Sequence[int]) -> None:
+        """``hidden`` rows carry the input of each of ``layers`` beside the last-layer state
+        (:mod:`hvd_agents.runtime.runner`; the native forward copies each row's residual stream as it enters them).
+
+        Raises:
+            ValueError: a layer the model does not have.
+        """
+        try:
+            self.native.native.set_taps([int(layer) for layer in layers])
+        except RuntimeError as exc:
+            raise ValueError(str(exc).splitlines()[0]) from exc
+
     def forward(
         self,
         kv: QuantKV,

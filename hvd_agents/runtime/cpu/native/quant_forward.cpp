@@ -180,9 +180,19 @@ class QuantModel {
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
   int64_t vocab() const { return out_.N; }
 
+  // The layers whose input (the residual stream the previous layers made, before the layer's norm) a forward
+  // asked for hidden states returns beside the normed last-layer state: hidden rows become
+  // [normed | input of taps[0] | input of taps[1] | ...], (1 + taps) x hidden wide. Empty: the normed state alone.
+  void set_taps(std::vector<int64_t> taps) {
+    for (int64_t l : taps) TORCH_CHECK(l >= 0 && l < num_layers(), "layer ", l, " is not in 0..", num_layers() - 1);
+    taps_ = std::move(taps);
+  }
+  std::vector<int64_t> taps() const { return taps_; }
+
   // tokens, positions: int64 [M]; visible: bool [M, M] (row i sees new row j) or an empty tensor for a chain;
   // kc, vc: float16 [layers, kv_heads, cap, head_dim], positions [0, past) filled; rows are written at past + i.
-  // Returns (logits of the last `keep` rows [keep, vocab], normed hidden states [M, hidden] or empty).
+  // Returns (logits of the last `keep` rows [keep, vocab], normed hidden states [M, hidden] (with the tapped
+  // layers' inputs beside them: set_taps) or empty).
   // threads: the team's size (0: ATen's thread count on the calling thread).
   std::vector<at::Tensor> forward(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& visible,
                                   at::Tensor kc, at::Tensor vc, int64_t past, int64_t keep, bool want_hidden,
@@ -257,7 +267,11 @@ class QuantModel {
     qa.resize(M, qd);
     qf.resize(M, I);
     at::Tensor logits = at::empty({keep, out_.N}, at::kFloat);
-    at::Tensor hidden = want_hidden ? at::empty({M, H}, at::kFloat) : at::Tensor();
+    const std::vector<int64_t> taps = taps_;
+    const int64_t FW = H * (1 + static_cast<int64_t>(taps.size()));  // a hidden row's width
+    std::vector<int64_t> tap_slot(layers_.size(), -1);
+    for (size_t j = 0; j < taps.size(); ++j) tap_slot[taps[j]] = static_cast<int64_t>(j);
+    at::Tensor hidden = want_hidden ? at::empty({M, FW}, at::kFloat) : at::Tensor();
     const float scale = attn_scale_;
     const int64_t group = nh_ / nkv_;
 
@@ -283,6 +297,8 @@ class QuantModel {
         // 1. norm (after the previous layer's MLP residual) and the inputs' blocks
         c.for_static(M, [&](int64_t r) {
           if (l > 0) add_residual(x.data() + r * H, tmp.data() + r * H, fp(layers_[l - 1].post_ffn_norm));
+          if (want_hidden && tap_slot[l] >= 0)
+            std::memcpy(hidden.data_ptr<float>() + r * FW + H * (1 + tap_slot[l]), x.data() + r * H, H * sizeof(float));
           rmsnorm(x.data() + r * H, L.attn_norm.data_ptr<float>(), eps_, H, xn.data() + r * H);
           if (qin) quantize_row(xn.data() + r * H, H, qx, r);
         });
@@ -364,7 +380,7 @@ class QuantModel {
       c.for_static(M, [&](int64_t r) {
         add_residual(x.data() + r * H, tmp.data() + r * H, fp(layers_.back().post_ffn_norm));
         rmsnorm(x.data() + r * H, norm_.data_ptr<float>(), eps_, H, xn.data() + r * H);
-        if (want_hidden) std::memcpy(hidden.data_ptr<float>() + r * H, xn.data() + r * H, H * sizeof(float));
+        if (want_hidden) std::memcpy(hidden.data_ptr<float>() + r * FW, xn.data() + r * H, H * sizeof(float));
         if (out_.quantized() && r >= first)
           quantize_row(xn.data() + r * H, H, qo, r - first);
       });
@@ -422,6 +438,7 @@ class QuantModel {
   at::Tensor norm_;
   Matrix out_;
   std::vector<Layer> layers_;
+  std::vector<int64_t> taps_;  // set_taps
 };
 
 // y = x W^T (+ bias) for 1..64 float32 rows on the kernel the forward uses (inputs quantized per block
@@ -671,6 +688,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("forward_batch", &QuantModel::forward_batch, py::arg("tokens"), py::arg("positions"), py::arg("visible"),
            py::arg("starts"), py::arg("kcs"), py::arg("vcs"), py::arg("pasts"), py::arg("keep"), py::arg("want_hidden"),
            py::arg("threads") = 0, py::call_guard<py::gil_scoped_release>())
+      .def("set_taps", &QuantModel::set_taps, py::arg("taps"))
+      .def_property_readonly("taps", &QuantModel::taps)
       .def_property_readonly("num_layers", &QuantModel::num_layers)
       .def_property_readonly("vocab", &QuantModel::vocab);
   m.def("linear", &linear, py::arg("weight"), py::arg("x"), py::arg("threads") = 0, py::call_guard<py::gil_scoped_release>());

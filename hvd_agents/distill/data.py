@@ -240,4 +240,5 @@ def save_samples(samples: list[Sample], path: str | Path) -> None:
 
 
 def load_samples(path: str | Path) -> list[Sample]:
-    return [Sample(*row[:5], tuple(row[5]) if len(row) > 5 else ()) for row in torch.load(str(path))]
+    # rows of older files lack the taps (and before them the kind): they were recorded without either
+    return [Sample(*row[:4], *row[4:5], taps=tuple(row[5]) if len(row) > 5 else ()) for row in torch.load(str(path))]

@@ -84,15 +84,22 @@ def _child(runner: QuantRunner, expected: list[torch.Tensor], result) -> None:
 @pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="no fork() on this platform")
 def test_a_forked_child_runs_forwards_on_a_team_of_its_own(runner) -> None:
     expected = _decode(runner, seed=7)  # the parent's team has threads; the child has none of them
-    ctx = multiprocessing.get_context("fork")
+    assert _in_child("fork", _child, (runner, expected), "the forked child hung in its first forward") is True
+
+
+def _in_child(method: str, target, args: tuple, hang: str) -> bool:
+    """What ``target(*args, result)`` puts in its queue, run in a child started by ``method``; fails the test with
+    ``hang`` when the child does not finish within two minutes."""
+    ctx = multiprocessing.get_context(method)
     result = ctx.Queue()
-    child = ctx.Process(target=_child, args=(runner, expected, result))
+    child = ctx.Process(target=target, args=(*args, result))
     child.start()
     child.join(timeout=120)
     if child.is_alive():
         child.kill()
-        pytest.fail("the forked child hung in its first forward")
-    assert child.exitcode == 0 and result.get(timeout=5) is True
+        pytest.fail(hang)
+    assert child.exitcode == 0
+    return result.get(timeout=5)
 
 
 def _alternate_team_sizes(result) -> None:
@@ -116,12 +123,4 @@ def test_regions_of_one_thread_between_the_teams_do_not_strand_a_worker() -> Non
     # a worker still spinning on a region's last barrier must not miss its flip when the caller then runs a region
     # alone: its barriers used to flip the team's sense too, and a worker that had not yet seen the first flip
     # then waited for the sense it had just been flipped away from, while the next region waited for that worker
-    ctx = multiprocessing.get_context("spawn")
-    result = ctx.Queue()
-    child = ctx.Process(target=_alternate_team_sizes, args=(result,))
-    child.start()
-    child.join(timeout=120)
-    if child.is_alive():
-        child.kill()
-        pytest.fail("a region of two threads after regions of one hung")
-    assert child.exitcode == 0 and result.get(timeout=5) is True
+    assert _in_child("spawn", _alternate_team_sizes, (), "a region of four threads after one of one hung") is True

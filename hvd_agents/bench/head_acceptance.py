@@ -32,11 +32,12 @@ from pathlib import Path
 
 import torch
 
+from hvd_agents.bench.head_files import head_files, tapped
 from hvd_agents.bench.prompts import held_out_prompts
 from hvd_agents.chat.render import encode_prompt
 from hvd_agents.distill.data import Sample
 from hvd_agents.distill.engine_data import record as teacher_forced
-from hvd_agents.draft_head import DraftHead, HeadCache, load_head
+from hvd_agents.draft_head import DraftHead, HeadCache
 from hvd_agents.drafters.model.head import DraftHeadDrafter
 from hvd_agents.engine import GenerationParams
 from hvd_agents.engine.shared import shared_engine
@@ -131,11 +132,7 @@ def _heads(engine, paths: Sequence[str | Path], shipped: bool) -> dict[str, Draf
     heads: dict[str, DraftHead] = {}
     if shipped and engine.draft_head is not None:
         heads["shipped"] = engine.draft_head
-    for path in paths:
-        head = load_head(path, engine.model)
-        if engine.drafters.quantize_head:  # the kernel the engine drafts its own head on
-            head.quantize_for_cpu()
-        heads[Path(path).stem] = head
+    heads.update(head_files(engine, paths))
     if not heads:
         raise HVDError("no head to measure: this model has no shipped head; give one with --head")
     return heads
@@ -161,25 +158,20 @@ def run_head_benchmark(
     by_kind = held_out_prompts()
     tallies = {label: {kind: Acceptance(k) for kind in by_kind} for label in measured}
     # heads may fuse different layers: the runner taps them all for the teacher-forced rows (each head reads its
-    # own), and each head's for its drafts; then the engine's own head's again
-    tap = getattr(engine.runner, "set_hidden_taps", None)
+    # own), and each head's for its drafts
     every_tap = tuple(sorted({layer for head in measured.values() for layer in head.config.taps}))
-    if every_tap and tap is None:
-        raise HVDError(f"the engine's runner cannot give the inputs of layers {every_tap} the heads fuse")
     for kind, prompts in by_kind.items():
         for prompt in prompts:
             ids = encode_prompt(engine.tokenizer, prompt.messages, prompt.tools or None)
             reference = engine.generate(ids, GenerationParams(max_new_tokens=max_new_tokens, method="ar",
                                                               reuse_prefix=False)).token_ids
-            if tap is not None:
-                tap(every_tap)
-            forced = teacher_forced(engine, ids, reference, kind)
+            with tapped(engine, every_tap):
+                forced = teacher_forced(engine, ids, reference, kind)
             for label, method in methods.items():
-                if tap is not None:
-                    tap(measured[label].config.taps)
                 params = GenerationParams(max_new_tokens=max_new_tokens, method=method, num_draft_tokens=k,
                                           reuse_prefix=False, record_steps=True)
-                result = engine.generate(ids, params)
+                with tapped(engine, measured[label].config.taps):
+                    result = engine.generate(ids, params)
                 tally = tallies[label][kind]
                 tally.prompts += 1
                 tally.add_forced(forced_agreement(measured[label], forced))
@@ -187,8 +179,6 @@ def run_head_benchmark(
                 for record in result.stats.step_records or []:
                     if record.source == DraftHeadDrafter.source and record.drafted:
                         tally.add(record.drafted, record.accepted)
-    if tap is not None:
-        tap(engine.draft_head.config.taps if engine.draft_head is not None else ())
     _print(tallies, k, max_new_tokens)
     return tallies
 

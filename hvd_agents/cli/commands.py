@@ -120,7 +120,7 @@ def cmd_bench_model(args: argparse.Namespace) -> int:
     from hvd_agents.bench.model_drafter import run_model_benchmark
 
     run_model_benchmark(model=args.model, device=args.device, draft_model=args.draft_model,
-                        max_new_tokens=args.max_new_tokens, k=args.k, rounds=args.rounds)
+                        max_new_tokens=args.max_new_tokens, k=args.k, rounds=args.rounds, heads=args.head)
     return 0
 
 

@@ -167,6 +167,8 @@ def _add_bench_model_parser(sub: argparse._SubParsersAction) -> None:
     model_bench.add_argument("--max-new-tokens", type=int, default=128)
     model_bench.add_argument("--k", type=int, default=6, help="most tokens per model draft in the model arm")
     model_bench.add_argument("--rounds", type=int, default=2)
+    model_bench.add_argument("--head", action="append", default=[], metavar="FILE",
+                             help="a head file to draft with in an arm of its own beside the model arm (repeatable)")
     model_bench.set_defaults(func=commands.cmd_bench_model)
 
 

@@ -23,11 +23,14 @@ from hvd_agents.policy.features import (
     feature_record,
 )
 from hvd_agents.policy.payoff import PayoffPredictor, PayoffWeights, PayoffWeightsError, median_accepted
+from hvd_agents.policy.token_text import CLASS_NAMES, TEXT_COLUMNS
 from hvd_agents.policy.train import (
     DraftSample,
     FitSettings,
     evaluate,
     fit,
+    fit_payoff,
+    fit_text,
     read_samples,
     row_weights,
     spearman,
@@ -460,3 +463,38 @@ def test_balance_by_conversation_weighs_each_conversation_alike() -> None:
     with pytest.raises(InvalidRequestError, match="balance is one of"):
         FitSettings(hidden=0, balance="kind")
     assert FitSettings(hidden=0, balance="conversation").to_dict()["balance"] == "conversation"
+
+
+def test_the_logistic_hazard_reads_the_text_where_it_is_fitted_on_it(tmp_path) -> None:
+    # drafts of two tokens, the same features; the second token breaks off where it is a double quote
+    quote = 1 << CLASS_NAMES.index("dquote")
+    plain = CacheDraftFeatures(match_len=4, probs=[1.0, 1.0], support=[1, 1], text=[0, 0, 0, 0, 0])
+    quoted = CacheDraftFeatures(match_len=4, probs=[1.0, 1.0], support=[1, 1], text=[0, 0, 0, 0, quote])
+    samples = ([DraftSample(plain, 2, 2, f"p{i}") for i in range(40)]
+               + [DraftSample(quoted, 2, 1, f"q{i}") for i in range(40)])
+    weights, text_weights = fit_text(samples, l2=1.0, text_l2=0.1)
+    assert text_weights[TEXT_COLUMNS.index("text+0:dquote")] < -2  # the quote, where it is the drafted token
+    assert np.count_nonzero(text_weights) == 1  # no other column ever varied
+    predictor = PayoffPredictor(PayoffWeights(weights, text_weights=text_weights), learning_rate=0.0)
+    assert predictor.hazards(plain, 2)[1] > 0.9 and predictor.hazards(quoted, 2)[1] < 0.1
+    unread = PayoffPredictor(PayoffWeights(weights), learning_rate=0.0)  # the same weights without the text
+    assert unread.hazards(quoted, 2)[1] == pytest.approx(unread.hazards(plain, 2)[1])
+    blind = replace(quoted, text=np.zeros(0, dtype=np.int64))  # a draft whose text is not known: the features alone
+    assert predictor.hazards(blind, 2)[1] == pytest.approx(unread.hazards(plain, 2)[1])
+    # dropped, the text columns get no weight; the fit through fit_payoff ships them in the file
+    assert not np.any(fit_text(samples, text_l2=0.1, drop=("text*",))[1])
+    fitted, _ = fit_payoff(samples, FitSettings(hidden=0, text_l2=0.1, held_out=0.0))
+    assert fitted.text_weights is not None and fitted.meta["settings"]["text_l2"] == 0.1
+    fitted.save(tmp_path / "w.json")
+    loaded = PayoffWeights.load(tmp_path / "w.json")
+    assert np.array_equal(loaded.text_weights, fitted.text_weights)
+    assert PayoffWeights.load(tmp_path / "w.json").mlp is None
+    document = json.loads((tmp_path / "w.json").read_text())
+    del document["text_weights"]["text+0:dquote"]
+    with pytest.raises(PayoffWeightsError, match="must name each of the 72 text columns"):
+        PayoffWeights.from_document(document)
+    with pytest.raises(InvalidRequestError, match="needs hidden=0"):
+        FitSettings(text_l2=1.0)
+    with pytest.raises(InvalidRequestError, match="carry no text classes"):
+        fit_payoff([DraftSample(replace(plain, text=np.zeros(0, dtype=np.int64)), 2, 2, "x")],
+                   FitSettings(hidden=0, text_l2=1.0, held_out=0.0))

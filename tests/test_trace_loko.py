@@ -117,13 +117,13 @@ def test_loko_command_prints_the_table_and_writes_json(tmp_path, api_bank_dir, c
     PayoffWeights.default().save(weights)
     code = main(["loko", f"agents={agents}", f"api_bank={api_bank_dir}", "--tokenizer", str(tokenizer),
                  "--rounds", "0", "--hidden", "0", "--costs", "0.02", "--json", str(out), "--drop", "kind=*",
-                 "--online-rate", "0.1", "--balance", "conversation"])
+                 "--online-rate", "0.1", "--balance", "conversation", "--text-l2", "30"])
     assert code == 0
     printed = capsys.readouterr().out
     assert "leave one kind out" in printed and "agents" in printed
     document = json.loads(out.read_text())
     assert document["_meta"]["settings"]["drop"] == ["kind=*"] and document["_meta"]["settings"]["online_rate"] == 0.1
-    assert document["_meta"]["settings"]["balance"] == "conversation"
+    assert document["_meta"]["settings"]["balance"] == "conversation" and document["_meta"]["settings"]["text_l2"] == 30
     assert list(document["kinds"]["api_bank"]["costs"]) == ["0.02"]
     assert main(["loko", f"agents={agents}", f"api_bank={api_bank_dir}", "--tokenizer", str(tokenizer),
                  "--weights", str(weights), "--costs", "0.02"]) == 0
@@ -143,4 +143,7 @@ def test_loko_command_prints_the_table_and_writes_json(tmp_path, api_bank_dir, c
     assert "names no input" in capsys.readouterr().err
     assert main(["loko", f"agents={agents}", f"b={agents}", "--balance", "conversation", "--tokenizer",
                  str(tokenizer)]) == 2  # the network's fit is not weighted
+    assert "needs hidden=0" in capsys.readouterr().err
+    assert main(["loko", f"agents={agents}", f"b={agents}", "--text-l2", "30", "--tokenizer",
+                 str(tokenizer)]) == 2  # the network reads the text itself
     assert "needs hidden=0" in capsys.readouterr().err

@@ -11,7 +11,9 @@ Where the drafter knows the draft's text (:mod:`hvd_agents.policy.token_text`: t
 classes of the tokens around each position) and the weights file ships a hazard
 network (:mod:`hvd_agents.policy.hazard_mlp`), the network gives the logit instead
 of ``w . x_i``, from the same feature row and the text columns; the logistic
-weights serve drafts whose text is not known.
+weights serve drafts whose text is not known. Without a network, weights fitted with
+the text (``FitSettings.text_l2``) add ``t . text_i`` to the logistic logit where the
+text is known: one weight per text column, the same for every kind of agent.
 
 Weights start from offline-trained defaults shipped in the package
 (``weights/default.json``, fitted by ``hvd-agents train-payoff``) and are adapted
@@ -126,15 +128,25 @@ class PayoffWeights:
         meta: where they came from (sources, sample counts, held-out figures).
         mlp: the hazard network (:mod:`hvd_agents.policy.hazard_mlp`), used for drafts whose text is known;
             None: the logistic hazard for every draft.
+        text_weights: ``[T]`` the logistic hazard's weights of the text columns
+            (:data:`~hvd_agents.policy.token_text.TEXT_COLUMNS`), added where a draft's text is known and there is
+            no network; None: the logistic hazard reads no text.
     """
 
     weights: np.ndarray  # [F]
     meta: Mapping[str, Any] = field(default_factory=dict)
     mlp: HazardMLP | None = None
+    text_weights: np.ndarray | None = None  # [T]
 
     def __post_init__(self) -> None:
         if self.weights.shape != (NUM_FEATURES,):
             raise PayoffWeightsError(f"expected {NUM_FEATURES} weights, got shape {self.weights.shape}")
+        if self.text_weights is not None:
+            if np.shape(self.text_weights) != (len(TEXT_COLUMNS),):
+                raise PayoffWeightsError(f"expected {len(TEXT_COLUMNS)} text weights, got shape "
+                                         f"{np.shape(self.text_weights)}")
+            if not np.all(np.isfinite(self.text_weights)):
+                raise PayoffWeightsError("text weights must be finite")
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> PayoffWeights:
@@ -171,13 +183,28 @@ class PayoffWeights:
                 mlp = HazardMLP.from_document(document["mlp"], origin)
             except HazardMLPError as exc:
                 raise PayoffWeightsError(str(exc)) from exc
-        return cls(weights, dict(document.get("meta", {})), mlp)
+        text_weights = None
+        if document.get("text_weights") is not None:
+            named = document["text_weights"]
+            if not isinstance(named, dict) or set(named) != set(TEXT_COLUMNS):
+                raise PayoffWeightsError(f"{origin}: 'text_weights' must name each of the {len(TEXT_COLUMNS)} text "
+                                         "columns of this version once")
+            try:
+                text_weights = np.array([float(named[name]) for name in TEXT_COLUMNS])
+            except (TypeError, ValueError) as exc:
+                raise PayoffWeightsError(f"{origin}: a text weight is not a number: {exc}") from exc
+        try:
+            return cls(weights, dict(document.get("meta", {})), mlp, text_weights)
+        except PayoffWeightsError as exc:
+            raise PayoffWeightsError(f"{origin}: {exc}") from exc
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the weights as JSON (feature name -> weight, plus ``meta``), atomically."""
         document = {"weights": dict(zip(FEATURE_NAMES, map(float, self.weights))), "meta": dict(self.meta)}
         if self.mlp is not None:
             document["mlp"] = self.mlp.to_document()
+        if self.text_weights is not None:
+            document["text_weights"] = dict(zip(TEXT_COLUMNS, map(float, self.text_weights)))
         target = Path(path)
         tmp = target.with_name(target.name + ".tmp")
         tmp.write_text(json.dumps(document) + "\n", encoding="utf-8")
@@ -300,7 +327,8 @@ class PayoffPredictor:
 
     def _logits(self, features: CacheDraftFeatures, length: int, session_id: str | None) -> np.ndarray:
         """The hazard's logit for ``i < length`` (``[L]``): the network's where it is shipped and the draft's text
-        is known, else ``w . x_i`` (without building the ``[L, F]`` matrix); plus the session's offset."""
+        is known, else ``w . x_i`` (without building the ``[L, F]`` matrix) plus, where the weights read the text
+        and it is known, ``t . text_i``; plus the session's offset."""
         weights = self.weights.weights
         offset = self._offsets.get(session_id) if session_id is not None else None
         if self.shared_rate > 0:
@@ -313,7 +341,11 @@ class PayoffPredictor:
         if offset is not None:
             weights = weights + offset
         base = float(row @ weights)
-        return base + weights[:NUM_POSITION_FEATURES] @ position_columns(features, length)  # [L]
+        logits = base + weights[:NUM_POSITION_FEATURES] @ position_columns(features, length)  # [L]
+        text_weights = self.weights.text_weights
+        if text_weights is not None and len(features.text):
+            logits += text_columns(features.text, length) @ text_weights
+        return logits
 
 
 def median_accepted(survival: np.ndarray | Sequence[float]) -> float:

@@ -115,6 +115,10 @@ class FitSettings:
             same, ``"conversation"`` each conversation's positions together as much as any other conversation's
             (a long conversation no longer outweighs many short ones). The network's fit is not weighted, so a
             balance other than ``"none"`` needs ``hidden=0``.
+        text_l2: the ridge on the text columns' weights when the logistic hazard reads the draft's text too
+            (:attr:`~hvd_agents.policy.payoff.PayoffWeights.text_weights`; the step records must carry their
+            text); None: it reads none. The text serves the logistic hazard only where there is no network, so
+            it needs ``hidden=0``.
     """
 
     l2: float = 1.0
@@ -129,8 +133,13 @@ class FitSettings:
     online_weighting: str = "draft"
     online_next_label: bool = False
     balance: str = "none"
+    text_l2: float | None = None
 
     def __post_init__(self) -> None:
+        if self.text_l2 is not None and (self.hidden > 0 or self.text_l2 < 0):
+            raise InvalidRequestError(f"text_l2 fits text weights into the logistic hazard, which serves drafts whose "
+                                      f"text is known only without a network: it needs hidden=0 (--hidden 0) and "
+                                      f"a ridge >= 0, got hidden={self.hidden} and text_l2={self.text_l2}")
         if self.balance not in BALANCES:
             raise InvalidRequestError(f"balance is one of {BALANCES}, got {self.balance!r}")
         if self.balance != "none" and self.hidden > 0:
@@ -153,7 +162,7 @@ class FitSettings:
                 "held_out": self.held_out, "drop": list(self.drop), "online_rate": self.online_rate,
                 "online": list(self.online), "shared_rate": self.shared_rate,
                 "online_weighting": self.online_weighting, "online_next_label": self.online_next_label,
-                "balance": self.balance}
+                "balance": self.balance, "text_l2": self.text_l2}
 
 
 def matching(patterns: Sequence[str], names: Sequence[str], what: str) -> np.ndarray:
@@ -300,14 +309,38 @@ def fit(samples: Sequence[DraftSample], l2: float = 1.0, iterations: int = 25, d
     if len(y) == 0:
         raise InvalidRequestError("no drafted steps to train on")
     x[:, matching(drop, MLP_INPUTS, "drop")[:NUM_FEATURES]] = 0.0
-    r = row_weights(samples, balance)  # [n]
     penalty = np.full(NUM_FEATURES, l2)
     penalty[FEATURE_NAMES.index("bias")] = 0.0
-    w = np.zeros(NUM_FEATURES)
+    return _irls(x, y, row_weights(samples, balance), penalty, iterations)
+
+
+def fit_text(samples: Sequence[DraftSample], l2: float = 1.0, text_l2: float = 1.0, iterations: int = 25,
+             drop: Sequence[str] = (), balance: str = "none") -> tuple[np.ndarray, np.ndarray]:
+    """:func:`fit` with the text columns beside the features (every sample must carry its text): the hazard
+    weights ``[F]`` and the text columns' ``[T]``, whose ridge is ``text_l2``; the inputs ``drop`` names (features
+    or text columns) get weight 0.
+
+    Raises:
+        InvalidRequestError: no drafted step, a sample without text classes, or a ``drop`` that names no input.
+    """
+    x, y = labelled_rows(samples)  # [n, F], [n]
+    if len(y) == 0:
+        raise InvalidRequestError("no drafted steps to train on")
+    rows = np.concatenate([x, labelled_text_rows(samples)], axis=1)  # [n, F + T]
+    rows[:, matching(drop, MLP_INPUTS, "drop")] = 0.0
+    penalty = np.concatenate([np.full(NUM_FEATURES, l2), np.full(rows.shape[1] - NUM_FEATURES, text_l2)])
+    penalty[FEATURE_NAMES.index("bias")] = 0.0
+    w = _irls(rows, y, row_weights(samples, balance), penalty, iterations)
+    return w[:NUM_FEATURES], w[NUM_FEATURES:]
+
+
+def _irls(x: np.ndarray, y: np.ndarray, r: np.ndarray, penalty: np.ndarray, iterations: int) -> np.ndarray:
+    """Ridge-penalised logistic regression of ``y`` ``[n]`` on ``x`` ``[n, D]``, rows weighted by ``r``, by IRLS."""
+    w = np.zeros(x.shape[1])
     for _ in range(iterations):
         p = 1.0 / (1.0 + np.exp(-np.clip(x @ w, -30, 30)))  # [n]
-        grad = x.T @ (r * (y - p)) - penalty * w  # [F]
-        hess = (x * (r * p * (1 - p))[:, None]).T @ x + np.diag(penalty) + 1e-9 * np.eye(NUM_FEATURES)  # [F, F]
+        grad = x.T @ (r * (y - p)) - penalty * w  # [D]
+        hess = (x * (r * p * (1 - p))[:, None]).T @ x + np.diag(penalty) + 1e-9 * np.eye(len(w))  # [D, D]
         step = np.linalg.solve(hess, grad)
         w += step
         if np.max(np.abs(step)) < 1e-6:
@@ -380,6 +413,13 @@ def fit_payoff(samples: Sequence[DraftSample], settings: FitSettings | None = No
     settings = settings or FitSettings()
     train, test = split(samples, settings.held_out)
     weights = fit(train, l2=settings.l2, drop=settings.drop, balance=settings.balance)
+    text_weights = None
+    if settings.text_l2 is not None:
+        if not all(len(sample.features.text) for sample in samples):
+            raise InvalidRequestError("text_l2 fits the logistic hazard on the drafts' text, and the step records "
+                                      "carry no text classes (replay with a tokenizer)")
+        weights, text_weights = fit_text(train, l2=settings.l2, text_l2=settings.text_l2, drop=settings.drop,
+                                         balance=settings.balance)
     meta: dict[str, Any] = {
         "sources": list(sources),
         "train_drafts": len(train),
@@ -390,7 +430,8 @@ def fit_payoff(samples: Sequence[DraftSample], settings: FitSettings | None = No
                    "shared_rate": settings.shared_rate, "weighting": settings.online_weighting,
                    "next_label": settings.online_next_label},
     }
-    logistic = evaluate(PayoffPredictor(PayoffWeights(weights), learning_rate=0.0), test, train)
+    logistic = evaluate(PayoffPredictor(PayoffWeights(weights, text_weights=text_weights), learning_rate=0.0),
+                        test, train)
     network = None
     if settings.hidden == 0:
         meta["network"] = "none: --hidden 0"
@@ -400,10 +441,10 @@ def fit_payoff(samples: Sequence[DraftSample], settings: FitSettings | None = No
         network = fit_network(train, hidden=settings.hidden, epochs=settings.epochs, seed=settings.seed,
                               drop=settings.drop)
         meta["network"] = {"hidden": settings.hidden, "epochs": settings.epochs, "seed": settings.seed}
-    result = PayoffWeights(weights, meta, network)
+    result = PayoffWeights(weights, meta, network, text_weights)
     evaluation = evaluate(PayoffPredictor(result, learning_rate=0.0), test, train) if network else logistic
     meta |= {"held_out": evaluation.to_dict(), "held_out_logistic": logistic.to_dict()}
-    return PayoffWeights(weights, meta, network), evaluation
+    return PayoffWeights(weights, meta, network, text_weights), evaluation
 
 
 def train_payoff(

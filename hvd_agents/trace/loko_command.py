@@ -34,6 +34,9 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--balance", choices=BALANCES, default="none",
                         help="how the logistic fit weighs labelled positions: none (each the same) or conversation "
                              "(each conversation as much as any other); needs --hidden 0")
+    parser.add_argument("--text-l2", type=float, default=None,
+                        help="the logistic hazard reads the draft's text classes too, their weights under this "
+                             "ridge (default: it reads none); needs --hidden 0")
 
 
 def fit_settings(args: argparse.Namespace) -> FitSettings:
@@ -49,7 +52,7 @@ def fit_settings(args: argparse.Namespace) -> FitSettings:
                        online_rate=defaults.online_rate if args.online_rate is None else args.online_rate,
                        online=defaults.online if args.online is None else split(args.online),
                        shared_rate=args.shared_rate, online_weighting=args.online_weighting,
-                       online_next_label=args.online_next_label, balance=args.balance)
+                       online_next_label=args.online_next_label, balance=args.balance, text_l2=args.text_l2)
 
 
 def cmd_loko(args: argparse.Namespace) -> int:

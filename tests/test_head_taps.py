@@ -193,6 +193,19 @@ def test_tapped_samples_train_a_tapped_head_and_untapped_data_are_refused(target
     config = TrainConfig(epochs=1, lr=1e-3, batch_tokens=256, ttt_passes=2, taps=(1,))
     head, _ = train_head(target, samples, config, log=lambda _: None, init=head_for(target))
     assert head.config.taps == (1,) and head.fuse.weight.abs().max() > 0  # the fusion trained from zero
+    # trained alone, the fusion moves and every other weight of the head it was added to stays as it was
+    init = head_for(target)
+    alone, _ = train_head(target, samples, TrainConfig(epochs=1, lr=1e-3, batch_tokens=256, ttt_passes=2, taps=(1,),
+                                                       fusion_only=True), log=lambda _: None, init=init)
+    kept = {name: value for name, value in init.state_dict().items()}
+    changed = {name for name, value in alone.state_dict().items()
+               if name not in kept or not torch.equal(value, kept[name])}
+    assert changed == {"fuse.weight", "norm_taps.weight"} and alone.fuse.weight.abs().max() > 0
+    assert all(param.requires_grad for param in alone.parameters())  # a head as any other afterwards
+    with pytest.raises(ValueError, match="needs a trained head"):
+        train_head(target, samples, TrainConfig(taps=(1,), fusion_only=True), log=lambda _: None)
+    with pytest.raises(ValueError, match="needs the layers it fuses"):
+        TrainConfig(fusion_only=True)
     untapped = [Sample(s.tokens, s.hidden[:, : target.config.hidden_size], s.greedy, s.answer_start) for s in samples]
     with pytest.raises(ValueError, match=r"hold the inputs of layers \(\), not \(1,\)"):
         train_head(target, untapped, config, log=lambda _: None, init=head_for(target))
@@ -206,3 +219,5 @@ def test_train_drafter_refuses_bad_taps(tmp_path, capsys) -> None:
     assert main(["train-drafter", "-o", str(tmp_path / "h.safetensors"), "--taps", "2",
                  "--data-source", "model"]) != 0
     assert "taps need the data source 'engine'" in capsys.readouterr().err
+    assert main(["train-drafter", "-o", str(tmp_path / "h.safetensors"), "--taps", "2", "--fusion-only"]) != 0
+    assert "--fusion-only trains the fusion of an --init head alone" in capsys.readouterr().err

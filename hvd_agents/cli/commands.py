@@ -242,8 +242,10 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
                           source=args.data_source, concurrency=args.concurrency, catalog=args.catalog, taps=taps)
     except ValueError as exc:
         raise HVDError(f"--taps: {exc}") from None
+    if args.fusion_only and (not taps or args.init is None):
+        raise HVDError("--fusion-only trains the fusion of an --init head alone: give --taps and --init")
     train = TrainConfig(draft_vocab=args.draft_vocab, epochs=args.epochs, lr=args.lr,
-                        batch_tokens=args.batch_tokens, seed=args.seed, taps=taps)
+                        batch_tokens=args.batch_tokens, seed=args.seed, taps=taps, fusion_only=args.fusion_only)
     train_drafter(args.output, model=args.model, device=args.device, data=data, train=train, data_file=args.data,
                   init=args.init, more_data=args.more_data)
     return 0

@@ -281,6 +281,8 @@ def _add_train_drafter_parser(sub: argparse._SubParsersAction) -> None:
     drafter.add_argument("--taps", default="", metavar="L1,L2,...",
                          help="target layers whose inputs the head fuses with the last layer's state (EAGLE-3's "
                               "fusion; the data are made with them, an --init head gains them)")
+    drafter.add_argument("--fusion-only", action="store_true",
+                         help="with --taps and --init: train the fusion alone, the --init head's other weights kept")
     drafter.set_defaults(func=commands.cmd_train_drafter)
 
 

@@ -59,9 +59,12 @@ class TrainConfig:
     held_out: float = 0.1
     seed: int = 0
     taps: tuple[int, ...] = ()  # target layers the head fuses (DraftHeadConfig.taps; an init head gains them)
+    fusion_only: bool = False  # train the fusion alone (the init head's other weights kept as they are)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "taps", tuple(self.taps))
+        if self.fusion_only and not self.taps:
+            raise ValueError("training the fusion alone needs the layers it fuses (taps)")
 
 
 @dataclass
@@ -123,7 +126,7 @@ def train_head(
             this one starts from may have trained on: the held-out figures stay on ``samples``' split).
 
     Raises:
-        ValueError: ``init`` was trained for another target.
+        ValueError: ``init`` was trained for another target, or ``config.fusion_only`` without ``init``.
     """
     start = time.perf_counter()
     torch.manual_seed(config.seed)
@@ -136,6 +139,8 @@ def train_head(
     target_vocab = int(target.get_output_embeddings().weight.shape[0])
     if init is not None:
         head, vocab, coverage = _start_from(with_taps(init, config.taps) if config.taps else init, target, train)
+    elif config.fusion_only:
+        raise ValueError("training the fusion alone needs a trained head to add it to (init)")
     else:
         head, vocab, coverage = _new_head(target, train, config, always_tokens)
     head.attach(target)  # trains in the target's dtype (fp32 on CPU)
@@ -146,6 +151,9 @@ def train_head(
     # the greedy target's token as a draft-vocabulary index (-1 when outside it)
     to_draft = torch.full((target_vocab,), -1, dtype=torch.long)
     to_draft[vocab] = torch.arange(len(vocab))
+    if config.fusion_only:  # the rest of the head is kept: no gradient reaches it
+        for name, param in head.named_parameters():
+            param.requires_grad_(name.startswith(("fuse.", "norm_taps.")))
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     batches_per_epoch = len(_batches(train, config.batch_tokens, rng))
@@ -178,6 +186,8 @@ def train_head(
             report.accuracy = accuracy
     if best_state is not None:
         head.load_state_dict(best_state)
+    for param in head.parameters():
+        param.requires_grad_(True)
     for kind in sorted({s.kind for s in held}):
         report.by_kind[kind] = evaluate(head, [s for s in held if s.kind == kind], config, to_draft)[1]
         log(f"held-out {kind} ({sum(s.kind == kind for s in held)} sequences): acc@1..{config.ttt_passes} "

@@ -739,6 +739,41 @@ def test_a_gated_drafter_is_asked_only_while_its_measured_ask_pays(monkeypatch, 
 
 
 
+@pytest.mark.parametrize(("prompt", "asked"), [
+    (4, True),  # 40 of the reply's tokens piled up while it was not asked: not charged to the ask
+    (44, False),  # 40 of the prompt's: a debt the ask pays, more than the gate's running gain
+])
+def test_an_ask_is_charged_for_the_prompt_it_must_ingest_not_the_reply_it_missed(prompt, asked) -> None:
+    # charged for the reply's tokens too, each step the gate skips raises the next ask's price about as fast as the
+    # gain recovers towards its prior: a drafter passed over a few times was never asked again in the reply
+    from hvd_agents.drafters.hybrid.ask import AskGain, Ema, Gate
+    from hvd_agents.drafters.hybrid.model_step import ask_model
+    from hvd_agents.drafters.hybrid.pricing import StepPrices
+    from hvd_agents.drafters.hybrid.step import Candidate
+    from hvd_agents.policy.selection import no_draft
+
+    model = GatedModelDrafter(reach=0.9)
+    ctx = DraftContext("r", list(range(100, 144)), prompt)  # 44 tokens, the drafter last saw none of them
+    model.drafted_at["r"] = 0 if prompt == 44 else 4
+    assert model.pending(ctx) == 44 - model.drafted_at["r"]
+    cost = CostModel.linear(0.02)
+    prices = StepPrices(rate=1.0, cost=cost, model_cost=cost.with_drafting(0.1), draft_token=0.1, ingest=0.01)
+    gate = Gate(Ema(0.1), AskGain(prior=0.5, ema=0.2, explore=0.02, value=0.3))  # above 0.1, below 0.1 + 0.44
+    step = ask_model(model, ctx, 4, Candidate("none", no_draft(cost, 1.0)), prices, acceptance=0.5, caught_up=False,
+                     ask=gate, pricing=_NoPricing(), clock=lambda: 0.0)
+    assert (model.proposed == 1) is asked and (step.ask_cost is not None) is asked
+    if asked:
+        assert step.ask_cost == pytest.approx(0.1)  # the forward alone
+        assert step.best.source == "model" and step.best.choice.cost > float(cost.with_drafting(0.1).verify(4)) - 1e-9
+
+
+class _NoPricing:
+    """Takes the timings an ask reports and keeps none."""
+
+    def observe_model_draft(self, seconds: float, drafted: int, pending: int, caught_up: bool) -> None:
+        pass
+
+
 class MatchCountingSuffix(SuffixDrafter):
     """The cache drafter, counting the proposals whose features it computed and those a gate cut short."""
 

@@ -54,7 +54,11 @@ def ask_model(model: ModelDrafter | None, ctx: DraftContext, k: int, best: Candi
         return ModelStep(best)
     ask_cost = None
     if gated:  # the forward and the catch-up are spent whether or not it drafts: ask only where asking pays
-        ask_cost = prices.draft_token + catch_up
+        # the reply's tokens that piled up while the drafter was not asked are not charged to the ask: each
+        # skipped step would raise the next ask's price about as fast as the gain recovers, locking the drafter
+        # out for the rest of the reply, and they are few and cheap (the prompt's part, a one-time debt, is charged)
+        prompt_pending = max(0, ctx.num_prompt_tokens - (len(ctx.token_ids) - pending))
+        ask_cost = prices.draft_token + prompt_pending * prices.ingest / prices.share
         if not ask.pays(rate, ask_cost):
             ask.skipped()
             return ModelStep(best)

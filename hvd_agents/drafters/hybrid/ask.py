@@ -12,7 +12,7 @@ makes decoding slower than plain decoding whenever the drafter is rarely right.
 its own cost: for an ask that drafted, the accepted tokens less the rate ``R`` times the
 draft's extra cost over a plain step, the ask's cost added back
 (``accepted - R * (cost - 1) + R * ask_cost``); 0 for an ask that drafted nothing. The
-policy asks iff that mean exceeds ``R * ask_cost`` (the drafter's forward and its catch-up,
+policy asks iff that mean exceeds ``R * ask_cost`` (the drafter's forward and its catch-up of the prompt,
 in plain steps, as :mod:`.pricing` prices them). A step where it does not ask moves the mean
 a little back towards the prior (``explore``), so a drafter priced out by a bad stretch is
 asked again after a while and can show it has become worth asking.

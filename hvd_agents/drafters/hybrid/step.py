@@ -38,7 +38,7 @@ class StepDecision:
         predicted: the predictor's median accepted length of that whole proposal (None: no proposal): above
             ``n`` exactly where it gives the first ``n`` tokens more than an even chance.
         ask_cost: where a gated model drafter was asked with nothing better to verify, what the ask cost in
-            plain steps as priced (its forward and its catch-up); None where it was not asked so.
+            plain steps as priced (its forward and its catch-up of the prompt); None where it was not asked so.
         survival: the predictor's survivals of the cache proposal, before calibration (empty: no proposal).
         hazards: the predictor's per-position acceptance probabilities they are the running product of (the
             online step's predictions).

@@ -276,12 +276,24 @@ def fit_network(samples: Sequence[DraftSample], hidden: int = 64, epochs: int = 
     Raises:
         InvalidRequestError: no drafted step, a sample without text classes, or a ``drop`` that names no input.
     """
+    rows, y = labelled_inputs(samples, drop)
+    return fit_hazard_mlp(rows, y, hidden=hidden, epochs=epochs, seed=seed)
+
+
+def labelled_inputs(samples: Sequence[DraftSample], drop: Sequence[str] = ()) -> tuple[np.ndarray, np.ndarray]:
+    """The rows ``[n, F + T]`` of :data:`~hvd_agents.policy.hazard_mlp.MLP_INPUTS` (features, then text columns) of
+    every observed position and their hazard labels ``[n]``; the inputs ``drop`` names read as 0 (constant: a fit
+    gives them no weight).
+
+    Raises:
+        InvalidRequestError: no drafted step, a sample without text classes, or a ``drop`` that names no input.
+    """
     x, y = labelled_rows(samples)  # [n, F], [n]
     if len(y) == 0:
         raise InvalidRequestError("no drafted steps to train on")
     rows = np.concatenate([x, labelled_text_rows(samples)], axis=1)  # [n, F + T]
-    rows[:, matching(drop, MLP_INPUTS, "drop")] = 0.0  # constant: the fit gives them no weight
-    return fit_hazard_mlp(rows, y, hidden=hidden, epochs=epochs, seed=seed)
+    rows[:, matching(drop, MLP_INPUTS, "drop")] = 0.0
+    return rows, y
 
 
 def row_weights(samples: Sequence[DraftSample], balance: str = "none") -> np.ndarray:
@@ -323,11 +335,7 @@ def fit_text(samples: Sequence[DraftSample], l2: float = 1.0, text_l2: float = 1
     Raises:
         InvalidRequestError: no drafted step, a sample without text classes, or a ``drop`` that names no input.
     """
-    x, y = labelled_rows(samples)  # [n, F], [n]
-    if len(y) == 0:
-        raise InvalidRequestError("no drafted steps to train on")
-    rows = np.concatenate([x, labelled_text_rows(samples)], axis=1)  # [n, F + T]
-    rows[:, matching(drop, MLP_INPUTS, "drop")] = 0.0
+    rows, y = labelled_inputs(samples, drop)
     penalty = np.concatenate([np.full(NUM_FEATURES, l2), np.full(rows.shape[1] - NUM_FEATURES, text_l2)])
     penalty[FEATURE_NAMES.index("bias")] = 0.0
     w = _irls(rows, y, row_weights(samples, balance), penalty, iterations)

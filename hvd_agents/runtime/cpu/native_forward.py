@@ -181,9 +181,11 @@ def _random_field(rng: np.random.Generator, kind: str, shape: tuple[int, int]) -
     return rng.integers(0, 256, size=shape, dtype=np.uint8)  # i8 and u4u4 scales, weights (masked by the caller)
 
 
-def random_weight(module: ModuleType, fmt: int, rows: int, cols: int, rng: np.random.Generator):
+def random_weight(module: ModuleType, fmt: int, rows: int, cols: int, rng: np.random.Generator,
+                  fill: int | None = None):
     """A ``module.Matrix`` of random records in ``fmt`` (scales kept small and finite, weights in the format's range):
-    the same weight in two builds from the same state of ``rng``."""
+    the same weight in two builds from the same state of ``rng``. ``fill``: every byte of the weights field set to it
+    (then brought into the format's range as random bytes are): 0xFF is every weight at its largest."""
     if fmt == F32:
         return module.Matrix(F32, rows, cols, torch.from_numpy(rng.standard_normal((rows, cols)).astype(np.float32)))
     if fmt in (F16, BF16):
@@ -194,6 +196,8 @@ def random_weight(module: ModuleType, fmt: int, rows: int, cols: int, rng: np.ra
     records = rows * cols // 32 // blocks
     parts = [_random_field(rng, kind, (records, unit * count)) for unit, count, kind in fields]
     weights = parts[-1]
+    if fill is not None:
+        weights[:] = fill
     if fmt == Q5F:
         weights &= 0x1F
     elif fmt == Q6S:

@@ -39,9 +39,24 @@ inline VI i_lo(VI w) { return _mm512_and_si512(w, _mm512_set1_epi8(0x0F)); }
 inline VI i_hi(VI w) { return _mm512_and_si512(_mm512_srli_epi16(w, 4), _mm512_set1_epi8(0x0F)); }
 // acc + the dot of each lane's 4 unsigned weights with the 4 int8 values of x (exact)
 inline VI i_dot_u(VI acc, VI w, const int8_t* x) { return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(word(x))); }
+// acc + the dots of N words of unsigned weights w[0..N) with the int8 values at x, x + 4, ... (exact): one
+// instruction a word here; G (how many words the AVX2 code may sum in 16 bits) is not needed
+template <int N, int G>
+inline VI i_dots_u(VI acc, const VI* w, const int8_t* x) {
+  for (int k = 0; k < N; ++k) acc = i_dot_u(acc, w[k], x + 4 * k);
+  return acc;
+}
 // signed weights: (w + 128) as unsigned, the 128 * sum(x) taken back once a block (i_signed_fix)
 inline VI i_prep_s(VI w) { return _mm512_xor_si512(w, _mm512_set1_epi8(static_cast<char>(0x80))); }
 inline VI i_dot_s(VI acc, VI w_prepped, const int8_t* x) { return i_dot_u(acc, w_prepped, x); }
+// what i_dots_s reads besides the prepared words: nothing here
+inline VI i_abs_s(VI w) { return w; }
+// acc + the dots of N prepared signed words w[0..N) with the int8 values at x, x + 4, ...
+template <int N>
+inline VI i_dots_s(VI acc, const VI* w, const VI*, const int8_t* x) {
+  for (int k = 0; k < N; ++k) acc = i_dot_s(acc, w[k], x + 4 * k);
+  return acc;
+}
 inline VI i_signed_fix(VI acc, int32_t xsum) { return _mm512_sub_epi32(acc, _mm512_set1_epi32(128 * xsum)); }
 // acc - v in every lane (an offset's share of a dot taken back: exact)
 inline VI i_sub1(VI acc, int32_t v) { return _mm512_sub_epi32(acc, _mm512_set1_epi32(v)); }
@@ -132,12 +147,43 @@ inline VI i_dot_u(VI acc, VI w, const int8_t* x) {
   const __m256i xv = _mm256_set1_epi32(word(x));
   return {dot_u8(acc.a, w.a, xv), dot_u8(acc.b, w.b, xv)};
 }
+// acc + the dots of N words of unsigned weights w[0..N) with the int8 values at x, x + 4, ... (exact): the
+// maddubs pairs of G words at a time summed in 16 bits before one madd widens them, which stays exact while
+// G * 2 * max(w) * 127 <= 32767 (Layout::GROUP): 8 words of 4-bit weights need one madd instead of 8, the
+// multiplier ports' other half of a many-row pass
+template <int N, int G>
+inline VI i_dots_u(VI acc, const VI* w, const int8_t* x) {
+  static_assert(G >= 1, "a group holds one word at least");
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int k0 = 0; k0 < N; k0 += G) {
+    __m256i sa = _mm256_setzero_si256(), sb = _mm256_setzero_si256();
+    for (int k = k0; k < N && k < k0 + G; ++k) {
+      const __m256i xv = _mm256_set1_epi32(word(x + 4 * k));
+      sa = _mm256_add_epi16(sa, _mm256_maddubs_epi16(w[k].a, xv));
+      sb = _mm256_add_epi16(sb, _mm256_maddubs_epi16(w[k].b, xv));
+    }
+    acc = {_mm256_add_epi32(acc.a, _mm256_madd_epi16(sa, ones)), _mm256_add_epi32(acc.b, _mm256_madd_epi16(sb, ones))};
+  }
+  return acc;
+}
 // signed weights: |w| times x with w's sign
 inline VI i_prep_s(VI w) { return w; }
 inline VI i_dot_s(VI acc, VI w, const int8_t* x) {
   const __m256i xv = _mm256_set1_epi32(word(x));
   return {dot_u8(acc.a, _mm256_sign_epi8(w.a, w.a), _mm256_sign_epi8(xv, w.a)),
           dot_u8(acc.b, _mm256_sign_epi8(w.b, w.b), _mm256_sign_epi8(xv, w.b))};
+}
+// |w| of signed words, the rows' loop's invariant of i_dots_s
+inline VI i_abs_s(VI w) { return {_mm256_sign_epi8(w.a, w.a), _mm256_sign_epi8(w.b, w.b)}; }
+// acc + the dots of N signed words w[0..N) (wabs: their i_abs_s) with the int8 values at x, x + 4, ...: |w| times x
+// with w's sign, as i_dot_s
+template <int N>
+inline VI i_dots_s(VI acc, const VI* w, const VI* wabs, const int8_t* x) {
+  for (int k = 0; k < N; ++k) {
+    const __m256i xv = _mm256_set1_epi32(word(x + 4 * k));
+    acc = {dot_u8(acc.a, wabs[k].a, _mm256_sign_epi8(xv, w[k].a)), dot_u8(acc.b, wabs[k].b, _mm256_sign_epi8(xv, w[k].b))};
+  }
+  return acc;
 }
 inline VI i_signed_fix(VI acc, int32_t) { return acc; }
 inline VI i_sub1(VI acc, int32_t v) {

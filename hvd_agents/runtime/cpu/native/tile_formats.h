@@ -107,6 +107,14 @@ struct Layout {
   static constexpr bool MIN16 = FMT == Q2K;                      // and a minimum per 16 weights
   static constexpr bool SIGNED = FMT == Q8_0 || FMT == Q6S;      // int8 weights
   static constexpr bool OFFSET = FMT == Q6K;                     // weights q - 32, q in 0..63
+  // the largest unsigned weight (signed formats: |w| <= 128), and how many words' maddubs pairs (each pair at most
+  // 2 * WMAX * 127 in magnitude against int8 inputs in -127..127) an int16 lane holds exactly (isa.h's i_dots_u)
+  static constexpr int WMAX = SIGNED ? 128 : CRUMBS ? 3 : FMT == Q5F ? 31 : PLANES == 0 ? 15 : PLANES == 1 ? 31 : 63;
+#if defined(HVD_MUTATE_DOT_GROUP)  // for the tests only: every format's words summed 8 at a time in 16 bits
+  static constexpr int GROUP = 8;
+#else
+  static constexpr int GROUP = 32767 / (2 * WMAX * 127) < 1 ? 1 : (32767 / (2 * WMAX * 127) > 8 ? 8 : 32767 / (2 * WMAX * 127));
+#endif
 };
 
 // ---------------------------------------------------------------- weights

@@ -119,18 +119,22 @@ void vector_dots(const uint8_t* tile, int64_t g0, int64_t ng, const QRows& x, in
   using Lt = Layout<FMT>;
   for (int64_t j = 0; j < ng; ++j) {
     const int64_t b = g0 + j;
-    VI w[8];
+    VI w[8], wabs[Lt::SIGNED ? 8 : 1];
     block_words<FMT>(block_weights<FMT>(tile, b), w);
+    if constexpr (Lt::SIGNED)
+      for (int k = 0; k < 8; ++k) wabs[k] = i_abs_s(w[k]);
     for (int64_t i = 0; i < R; ++i) {
       const int8_t* xb = x.row(r0 + i) + b * QK;
       const int32_t* sums = x.sum.data() + 2 * ((r0 + i) * x.nb + b);
       VI a = i_zero(), a2 = i_zero();
       if constexpr (Lt::SIGNED) {
-        for (int k = 0; k < 4; ++k) a = i_dot_s(a, w[k], xb + 4 * k);
-        for (int k = 4; k < 8; ++k) (Lt::HALVES ? a2 : a) = i_dot_s(Lt::HALVES ? a2 : a, w[k], xb + 4 * k);
+        a = i_dots_s<4>(a, w, wabs, xb);
+        (Lt::HALVES ? a2 : a) = i_dots_s<4>(Lt::HALVES ? a2 : a, w + 4, wabs + 4, xb + 16);
+      } else if constexpr (Lt::HALVES) {
+        a = i_dots_u<4, Lt::GROUP>(a, w, xb);
+        a2 = i_dots_u<4, Lt::GROUP>(a2, w + 4, xb + 16);
       } else {
-        for (int k = 0; k < 4; ++k) a = i_dot_u(a, w[k], xb + 4 * k);
-        for (int k = 4; k < 8; ++k) (Lt::HALVES ? a2 : a) = i_dot_u(Lt::HALVES ? a2 : a, w[k], xb + 4 * k);
+        a = i_dots_u<8, Lt::GROUP>(a, w, xb);
       }
       if constexpr (FMT == Q6S) {
         i_store(dots[i][j], i_signed_fix(a, sums[0]));
@@ -147,6 +151,48 @@ void vector_dots(const uint8_t* tile, int64_t g0, int64_t ng, const QRows& x, in
         i_store(dots[i][j], a);
       }
     }
+  }
+}
+
+// Phase 2 of a pass for one input row over a group of blocks (ng of 8; NG = 8 when the group is whole, so its
+// loop is unrolled at compile time, else 0): the products and the group's sums into acc and macc, in the one order.
+// xd, xs, xsum: the row's scales, scaled sums and half-block sums from the group's first block.
+template <int FMT, int NG>
+inline void row_group(const VF* S, const VF* S2, const VF* M, const VF* M2, const int32_t (*dots)[NT],
+                      const int32_t (*dots2)[NT], const float* xd, const float* xs, const int32_t* xsum, int64_t ng,
+                      VF& acc, VF& macc) {
+  using Lt = Layout<FMT>;
+  const auto product = [&](int64_t j) {  // block j's product
+    const VF dx = f_set1(xd[j]);
+    VF p = f_mul(f_mul(S[j], dx), f_cvt(i_load(dots[j])));
+    if constexpr (Lt::HALVES)  // the two halves' products, first half first
+      p = f_add(p, f_mul(f_mul(S2[j], dx), f_cvt(i_load(dots2[j]))));
+    return p;
+  };
+  const auto minimum = [&](int64_t j) {  // block j's minimum's share
+    if constexpr (Lt::MIN16) {  // each half's minimum times dx times the half's sum of x, first half first
+      const float sx0 = xd[j] * static_cast<float>(xsum[2 * j]), sx1 = xd[j] * static_cast<float>(xsum[2 * j + 1]);
+      return f_add(f_mul(M[j], f_set1(sx0)), f_mul(M2[j], f_set1(sx1)));
+    } else {
+      return f_mul(S2[j], f_set1(xs[j]));
+    }
+  };
+  constexpr bool MINS = Lt::MIN || Lt::MIN16;
+  if constexpr (NG == 8) {  // tree8's order, each pair added as soon as it is made (fewer vectors held)
+    const VF p03 = f_add(f_add(product(0), product(1)), f_add(product(2), product(3)));
+    acc = f_add(acc, f_add(p03, f_add(f_add(product(4), product(5)), f_add(product(6), product(7)))));
+    if constexpr (MINS) {
+      const VF q03 = f_add(f_add(minimum(0), minimum(1)), f_add(minimum(2), minimum(3)));
+      macc = f_add(macc, f_add(q03, f_add(f_add(minimum(4), minimum(5)), f_add(minimum(6), minimum(7)))));
+    }
+  } else {
+    VF P[8], Q[8];
+    for (int64_t j = 0; j < 8; ++j) {
+      P[j] = j < ng ? product(j) : f_zero();
+      if constexpr (MINS) Q[j] = j < ng ? minimum(j) : f_zero();
+    }
+    acc = f_add(acc, tree8(P));
+    if constexpr (MINS) macc = f_add(macc, tree8(Q));
   }
 }
 
@@ -186,27 +232,13 @@ void tile_rows(const uint8_t* tile, int64_t nb, const QRows& x, int64_t r0, int6
     VF M[Lt::MIN16 ? 8 : 1], M2[Lt::MIN16 ? 8 : 1];  // Q2K: the halves' minimums
     group_scales<FMT>(tile, g0, ng, S, S2, M, M2);
     for (int64_t i = 0; i < R; ++i) {
-      VF P[8], Q[8];
-      for (int64_t j = 0; j < 8; ++j) {
-        if (j >= ng) {
-          P[j] = Q[j] = f_zero();
-          continue;
-        }
-        const int64_t xi = (r0 + i) * x.nb + g0 + j;
-        const VF dx = f_set1(x.d[xi]);
-        P[j] = f_mul(f_mul(S[j], dx), f_cvt(i_load(dots[i][j])));
-        if (Lt::HALVES)  // the two halves' products, first half first
-          P[j] = f_add(P[j], f_mul(f_mul(S2[j], dx), f_cvt(i_load(dots2[i][j]))));
-        if constexpr (Lt::MIN16) {  // each half's minimum times dx times the half's sum of x, first half first
-          const int32_t* sums = x.sum.data() + 2 * xi;
-          const float sx0 = x.d[xi] * static_cast<float>(sums[0]), sx1 = x.d[xi] * static_cast<float>(sums[1]);
-          Q[j] = f_add(f_mul(M[j], f_set1(sx0)), f_mul(M2[j], f_set1(sx1)));
-        } else {
-          Q[j] = Lt::MIN ? f_mul(S2[j], f_set1(x.s[xi])) : f_zero();
-        }
-      }
-      acc[i] = f_add(acc[i], tree8(P));
-      if (Lt::MIN || Lt::MIN16) macc[i] = f_add(macc[i], tree8(Q));
+      const int64_t xi = (r0 + i) * x.nb + g0;
+      if (ng == 8)  // a whole group: its loop unrolled at compile time
+        row_group<FMT, 8>(S, S2, M, M2, dots[i], dots2[Lt::HALVES ? i : 0], x.d.data() + xi, x.s.data() + xi,
+                          x.sum.data() + 2 * xi, 8, acc[i], macc[i]);
+      else
+        row_group<FMT, 0>(S, S2, M, M2, dots[i], dots2[Lt::HALVES ? i : 0], x.d.data() + xi, x.s.data() + xi,
+                          x.sum.data() + 2 * xi, ng, acc[i], macc[i]);
     }
   }
   for (int64_t i = 0; i < R; ++i) f_store(out + i * NT, f_add(acc[i], macc[i]));

@@ -5,7 +5,8 @@ On AVX2 the dots of unsigned weights sum several words' ``maddubs`` pairs in 16 
 while no sum can pass 32,767. Random weights almost never come near that bound, so these tests put every weight
 at its format's largest value against inputs quantized to +127 or -127 (every product of one sign), where a sum
 that wrapped would be off by a multiple of 65,536 products, and check the result against float64 arithmetic on
-the dequantized weight.
+the dequantized weight. Signed weights (never summed in 16 bits) are put at their most negative, where ``|w|`` is
+128 and a ``maddubs`` pair is closest to saturating.
 """
 
 from __future__ import annotations
@@ -19,15 +20,17 @@ from hvd_agents.runtime.cpu import native_forward
 pytestmark = pytest.mark.skipif(not native_forward.available(), reason="the native kernel needs x86-64 with AVX2")
 
 PATHS = native_forward.cpu_paths() if native_forward.available() else []
+SIGNED = (native_forward.Q8_0, native_forward.Q6S)
 COLS = 512  # two K-quant super-blocks; 16 blocks of 32: two groups of 8
 ROWS = 40  # three tiles of 16 weight rows, the last one partial
 
 
 def extreme_errors(module, fmt: int, sign: float) -> float:
     """The largest relative error of ``module.linear`` against float64 on the dequantized weight, every weight of
-    ``fmt`` at its largest and every input at ``sign`` times one value (so quantized to +-127 exactly), on 1 to 17
-    input rows."""
-    weight = native_forward.random_weight(module, fmt, ROWS, COLS, np.random.default_rng(fmt), fill=0xFF)
+    ``fmt`` at its largest (signed ones: at their most negative) and every input at ``sign`` times one value (so
+    quantized to +-127 exactly), on 1 to 17 input rows."""
+    weight = native_forward.random_weight(module, fmt, ROWS, COLS, np.random.default_rng(fmt),
+                                         fill=0x80 if fmt in SIGNED else 0xFF)
     dense = module.dequantize(weight).double()
     worst = 0.0
     for rows in (1, 2, 5, 17):

@@ -185,7 +185,8 @@ def random_weight(module: ModuleType, fmt: int, rows: int, cols: int, rng: np.ra
                   fill: int | None = None):
     """A ``module.Matrix`` of random records in ``fmt`` (scales kept small and finite, weights in the format's range):
     the same weight in two builds from the same state of ``rng``. ``fill``: every byte of the weights field set to it
-    (then brought into the format's range as random bytes are): 0xFF is every weight at its largest."""
+    (then brought into the format's range as random bytes are): 0xFF puts every unsigned weight at its largest, 0x80
+    every int8 weight (Q8_0, Q6S) at its most negative."""
     if fmt == F32:
         return module.Matrix(F32, rows, cols, torch.from_numpy(rng.standard_normal((rows, cols)).astype(np.float32)))
     if fmt in (F16, BF16):

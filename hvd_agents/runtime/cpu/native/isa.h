@@ -143,10 +143,6 @@ inline VI i_hi(VI w) { return {hi8(w.a), hi8(w.b)}; }
 inline __m256i dot_u8(__m256i acc, __m256i w, __m256i x) {
   return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
 }
-inline VI i_dot_u(VI acc, VI w, const int8_t* x) {
-  const __m256i xv = _mm256_set1_epi32(word(x));
-  return {dot_u8(acc.a, w.a, xv), dot_u8(acc.b, w.b, xv)};
-}
 // acc + the dots of N words of unsigned weights w[0..N) with the int8 values at x, x + 4, ... (exact): the
 // maddubs pairs of G words at a time summed in 16 bits before one madd widens them, which stays exact while
 // G * 2 * max(w) * 127 <= 32767 (Layout::GROUP): 8 words of 4-bit weights need one madd instead of 8, the
@@ -166,17 +162,12 @@ inline VI i_dots_u(VI acc, const VI* w, const int8_t* x) {
   }
   return acc;
 }
-// signed weights: |w| times x with w's sign
+// signed weights: |w| times x with w's sign (i_dots_s)
 inline VI i_prep_s(VI w) { return w; }
-inline VI i_dot_s(VI acc, VI w, const int8_t* x) {
-  const __m256i xv = _mm256_set1_epi32(word(x));
-  return {dot_u8(acc.a, _mm256_sign_epi8(w.a, w.a), _mm256_sign_epi8(xv, w.a)),
-          dot_u8(acc.b, _mm256_sign_epi8(w.b, w.b), _mm256_sign_epi8(xv, w.b))};
-}
 // |w| of signed words, the rows' loop's invariant of i_dots_s
 inline VI i_abs_s(VI w) { return {_mm256_sign_epi8(w.a, w.a), _mm256_sign_epi8(w.b, w.b)}; }
 // acc + the dots of N signed words w[0..N) (wabs: their i_abs_s) with the int8 values at x, x + 4, ...: |w| times x
-// with w's sign, as i_dot_s
+// with w's sign
 template <int N>
 inline VI i_dots_s(VI acc, const VI* w, const VI* wabs, const int8_t* x) {
   for (int k = 0; k < N; ++k) {

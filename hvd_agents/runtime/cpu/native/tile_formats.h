@@ -179,7 +179,7 @@ inline const uint8_t* block_weights(const uint8_t* tile, int64_t b) {
   return tile + (b / Lt::BLOCKS) * Lt::TRB + Lt::W_OFF + (b % Lt::BLOCKS) * Lt::WB;
 }
 
-// The 8 words of a tile's block: w[k] holds weights 4k..4k+3 of every row (unsigned, or prepared for i_dot_s).
+// The 8 words of a tile's block: w[k] holds weights 4k..4k+3 of every row (unsigned, or prepared for i_dots_s).
 // A plane of 5th bits holds bit k of byte i for weight 4k + i; two planes of high bits hold, in plane k / 4, bits
 // 2 (k % 4) and up of byte i for weight 4k + i.
 template <int FMT>

@@ -42,6 +42,7 @@ from hvd_agents.engine.verify import Verification, verify_greedy_on_host, verify
 from hvd_agents.errors import RequestTimeoutError
 from hvd_agents.policy.cost import CostModel
 from hvd_agents.policy.features import feature_record
+from hvd_agents.runtime.greedy_rows import TORCH_GREEDY_ROWS
 from hvd_agents.runtime.hidden import HiddenStateBuffer
 from hvd_agents.runtime.runner import BatchCall, Runner, RunnerKV
 from hvd_agents.runtime.transfer import to_device
@@ -318,7 +319,8 @@ class Request:
         if self.grammar is not None:
             logits = self.grammar.masked(logits, draft)  # [d + 1, vocab]: row i under the grammar after x_1..x_i
         if verifies_on_host(self.sampling, logits):  # host integers: no tensor op per stage
-            result = verify_greedy_on_host(logits, draft.token_ids, draft.parents if tree else None)
+            result = verify_greedy_on_host(logits, draft.token_ids, draft.parents if tree else None,
+                                           getattr(self.host.runner, "greedy_rows", TORCH_GREEDY_ROWS))
         else:
             draft_ids = to_device(draft.token_ids, device)  # [d]
             if tree:

@@ -49,7 +49,8 @@ the host with a single ``.tolist()`` and :meth:`Verification.from_packed` decode
 On the CPU, where logits are already on the host and every tensor operation costs a few
 microseconds of dispatch, a greedy step is verified on host integers instead
 (:func:`verify_greedy_on_host`): the rows' argmax, then the same acceptance rule over the
-draft's tokens and parents in Python, then the same target signal. Its result equals the
+draft's tokens and parents in Python, then the same target signal (read by the runner's own
+:class:`~hvd_agents.runtime.greedy_rows.GreedyRows` where it has one: the native CPU runner's kernels). Its result equals the
 packed path's field for field (a property test compares them).
 """
 
@@ -61,6 +62,7 @@ from dataclasses import dataclass
 import torch
 
 from hvd_agents.engine.sampling import SamplingParams, target_probs
+from hvd_agents.runtime.greedy_rows import TORCH_GREEDY_ROWS, GreedyRows, log_probs_and_entropy
 from hvd_agents.runtime.tree_mask import ancestors
 
 _HEADER = 3  # n, logp, entropy; then d + 1 emitted tokens and d path entries
@@ -135,7 +137,7 @@ def verify_step(
 
 
 def verify_greedy_on_host(logits: torch.Tensor, draft_ids: Sequence[int],
-                          parents: Sequence[int] | None = None) -> Verification:
+                          parents: Sequence[int] | None = None, rows: GreedyRows = TORCH_GREEDY_ROWS) -> Verification:
     """A greedy step's :class:`Verification` computed on host integers (logits on the CPU): what
     ``Verification.from_packed(verify_step(...).tolist())`` gives, without a tensor operation per stage.
 
@@ -143,8 +145,9 @@ def verify_greedy_on_host(logits: torch.Tensor, draft_ids: Sequence[int],
         logits: ``[d + 1, vocab]`` target logits.
         draft_ids: the ``d`` draft tokens.
         parents: their parents, each -1 or an earlier token (None: a chain).
+        rows: what reads the rows' argmax and the signal (the runner's own, or PyTorch's).
     """
-    choice = logits.argmax(dim=-1).tolist()  # [d + 1]
+    choice = rows.choices(logits)  # [d + 1]
     d = len(draft_ids)
     parents = list(range(-1, d - 1)) if parents is None else list(parents)
     depth = [0] * d
@@ -164,9 +167,8 @@ def verify_greedy_on_host(logits: torch.Tensor, draft_ids: Sequence[int],
     path.reverse()  # root first
     tokens = (choice[0], *(choice[node + 1] for node in path))  # [n + 1]
     row = 0 if n == 0 else path[-1] + 1
-    logp = torch.log_softmax(logits.index_select(0, torch.tensor([row])).float(), dim=-1)[0]  # [vocab]
-    entropy = -(logp.exp() * logp).sum()
-    return Verification(n, tuple(tokens), tuple(path), float(logp[tokens[n]]), float(entropy))
+    logp, entropy = rows.signal(logits, row, tokens[n])
+    return Verification(n, tuple(tokens), tuple(path), logp, entropy)
 
 
 def race(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -253,8 +255,7 @@ def pack(logits: torch.Tensor, n: torch.Tensor, path: torch.Tensor, tokens: torc
     """
     rows = torch.cat([path.new_zeros(1), path + 1])  # [d + 1]
     row = rows.index_select(0, n.view(1))  # [1]
-    logp = torch.log_softmax(logits.index_select(0, row).float(), dim=-1)[0]  # [vocab]
-    entropy = -(logp.exp() * logp).sum()
+    logp, entropy = log_probs_and_entropy(logits.index_select(0, row)[0])  # [vocab], 0-dim
     extra = tokens.index_select(0, n.view(1))  # [1]
     head = torch.stack([n.float(), logp.index_select(0, extra)[0], entropy])  # [3]
     return torch.cat([head, tokens.float(), path.float()])  # token ids below 2**24 are exact in float32

@@ -40,6 +40,9 @@ Contract, per request::
   each layer in ``layers`` (the residual stream before its norm), ``[n, (1 + len(layers)) * hidden]``: what a
   draft head that fuses several layers reads (:class:`~hvd_agents.draft_head.DraftHeadConfig`'s ``taps``).
   A runner without it gives the last-layer state alone, and such a head drafts from that (worse, never wrong).
+* ``greedy_rows`` (optional, default PyTorch's): what reads a greedy step's rows' argmax and the target's
+  signal from logits on the CPU (:class:`~hvd_agents.runtime.greedy_rows.GreedyRows`; the native CPU runner
+  reads them on its own kernels).
 * ``runs_own_threads`` (optional, default False): the forward runs on the runner's own
   threads rather than torch's; the engine then runs its steps inside
   :func:`hvd_agents.runtime.cpu.threads.step_threads`, so torch's small ops between forwards

@@ -31,6 +31,8 @@ from hvd_agents.draft_head.model import DraftHead, HeadCache
 from hvd_agents.drafters.base import Draft, DraftContext, DraftOutcome
 from hvd_agents.drafters.model.loop import DEFAULT_MIN_SURVIVAL, FIRST_ALTERNATIVES, RequestPrefix, draft_loop
 from hvd_agents.drafters.model.protocol import DEFAULT_INGEST_COST_PRIOR, DEFAULT_TOKEN_COST_PRIOR
+from hvd_agents.runtime.cpu.greedy_rows import native_top_probs
+from hvd_agents.runtime.greedy_rows import top_probs
 from hvd_agents.structure import PromptStructure
 
 
@@ -137,6 +139,7 @@ class DraftHeadDrafter:
                 target_vocab=head.config.target_vocab_size,
                 source=self.source,
                 alternatives=self.alternatives,
+                top=native_top_probs if head.lm_matrix is not None else top_probs,  # logits from the native kernels
             )
         finally:
             self.cache.crop(verified)

@@ -40,6 +40,7 @@ import torch
 
 from hvd_agents.drafters.base import Draft
 from hvd_agents.policy.features import ModelDraftFeatures
+from hvd_agents.runtime.greedy_rows import TopProbs, top_probs
 
 # Used by method ``model`` alone and by ``hvd-paper``'s model drafts (no policy to set it): stop once the drafter
 # gives the whole draft less than this chance of surviving. About what a drafted token costs against what an
@@ -50,19 +51,11 @@ FIRST_ALTERNATIVES = 3  # greedy drafts: other likely first tokens verified alon
 
 
 def distribution(logits: torch.Tensor, temperature: float) -> tuple[torch.Tensor, float]:
-    """The drafter's distribution over ``[V']`` logits (tempered when sampling) and its confidence,
-    the probability of its most likely token: a property of the distribution, never of a sample,
-    so deciding from it whether to draft keeps sampling exact."""
-    probs = torch.softmax(logits.float() / (temperature if temperature > 0.0 else 1.0), dim=-1)
+    """The drafter's sampling distribution over ``[V']`` logits (tempered) and its confidence, the
+    probability of its most likely token: a property of the distribution, never of a sample, so
+    deciding from it whether to draft keeps sampling exact."""
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
     return probs, float(probs.max())
-
-
-def draw(probs: torch.Tensor, temperature: float, generator: torch.Generator | None) -> tuple[int, torch.Tensor | None]:
-    """One draft token from ``probs``: the argmax when greedy (q is then a point mass and not
-    reported), else a sample, reported with the q it was drawn from."""
-    if temperature <= 0.0:
-        return int(torch.argmax(probs)), None
-    return int(torch.multinomial(probs, 1, generator=generator)), probs
 
 
 def draft_loop(
@@ -78,6 +71,7 @@ def draft_loop(
     target_vocab: int,
     source: str,
     alternatives: int = FIRST_ALTERNATIVES,
+    top: TopProbs = top_probs,
 ) -> Draft:
     """Draft up to ``k`` tokens, starting from the next-token ``logits`` ``[V']``.
 
@@ -89,36 +83,42 @@ def draft_loop(
         min_survival: a further token is drafted while the draft's survival stays above it.
         min_first: nothing is drafted when the first token's reach is below it (default ``min_survival``).
         alternatives: greedy only: most other first tokens added as a tree's siblings of the first.
+        top: greedy only: reads a distribution's most likely indices and probabilities
+            (:func:`~hvd_agents.runtime.greedy_rows.top_probs`'s contract; a drafter on native kernels gives its own).
     """
+    greedy = temperature <= 0.0
     tokens: list[int] = []
     q_rows: list[torch.Tensor] = []
     others: list[int] = []
     survival = 1.0
     for i in range(k):
-        probs, confidence = distribution(logits, temperature)
+        width = 1 + alternatives if i == 0 and alternatives > 0 and k > 1 else 1
+        if greedy:
+            indices, values = top(logits, min(width, logits.shape[0]))
+            confidence, probs = values[0], None
+        else:
+            probs, confidence = distribution(logits, temperature)
         if i == 0:
             reach = confidence  # the chance that some first token is the target's
-            if temperature <= 0.0 and alternatives > 0 and k > 1:
-                top = torch.topk(probs, min(1 + alternatives, probs.shape[0]))
-                kept = [(int(index), p) for index, p in zip(top.indices[1:].tolist(), top.values[1:].tolist())
-                        if p >= min_survival]
-                others = [index for index, _ in kept]
-                reach += sum(p for _, p in kept)
+            if greedy and width > 1:
+                others = [index for index, p in zip(indices[1:], values[1:]) if p >= min_survival]
+                reach += sum(p for p in values[1:] if p >= min_survival)
             if reach < (min_survival if min_first is None else min_first):  # decided before drawing
                 others = []
                 break
         elif survival * confidence < min_survival:  # decided before drawing: the token drawn must not decide it
             break
         survival *= confidence
-        index, probs = draw(probs, temperature, generator)
-        token = index if to_target is None else int(to_target[index])
-        tokens.append(token)
-        if probs is not None:
+        if greedy:  # the argmax: q is a point mass, not reported
+            index = indices[0]
+        else:
+            index = int(torch.multinomial(probs, 1, generator=generator))
             q_rows.append(_to_target_vocab(probs, to_target, target_vocab))
+        tokens.append(index if to_target is None else int(to_target[index]))
         if i + 1 < k:
             if survival * confidence < min_survival:  # the next token would have to beat this one's odds
                 break
-            logits = advance(token)
+            logits = advance(tokens[-1])
     probs = torch.stack(q_rows) if q_rows else None
     features = ModelDraftFeatures(survival, len(tokens))
     if not others:

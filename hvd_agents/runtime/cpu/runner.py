@@ -38,6 +38,7 @@ import torch
 from hvd_agents.policy.cost import CostModel
 from hvd_agents.runtime.cpu import native_forward
 from hvd_agents.runtime.cpu.arch import architecture
+from hvd_agents.runtime.cpu.greedy_rows import NativeGreedyRows
 from hvd_agents.runtime.cpu.threads import team_threads
 from hvd_agents.runtime.cpu.weights import MATRICES, WeightInfo, WeightSet
 from hvd_agents.runtime.kv import LayerKV
@@ -107,6 +108,7 @@ class NativeModel:
             self.native.add_layer(norm(n.attn), norm(n.ffn), norm(n.q), norm(n.k), norm(n.post_attn),
                                   norm(n.post_ffn), *self.matrices[-1].values(), arch.windows[i], arch.layer_ropes[i])
         self.model = model
+        self.greedy_rows = NativeGreedyRows(native)  # a greedy step's argmax and signal on the same build's kernels
         self.info = WeightInfo(weights.scheme, dict(weights.formats), nbytes)  # formats: complete once all are read
         summary = {"scheme": self.info.scheme, "formats": self.info.formats, "bytes": self.info.nbytes}
         self.key = hashlib.sha256(json.dumps(summary, sort_keys=True).encode()).hexdigest()[:16]
@@ -228,6 +230,7 @@ class QuantRunner:
         self.native = native
         self.device = torch.device("cpu")
         self.vocab_size = int(native.native.vocab)
+        self.greedy_rows = native.greedy_rows
         self.context_window = min(int(context_window or native.context_window), native.context_window)
         self._cost_model = cost_model
         self._no_tree = torch.empty(0, dtype=torch.bool)

@@ -39,6 +39,7 @@
 #include "cpu_paths.h"
 #include "isa.h"
 #include "lanes.h"
+#include "logit_rows.h"
 #include "row_ops.h"
 #include "team.h"
 #include "tile_linear.h"
@@ -650,6 +651,38 @@ at::Tensor dequantize(const Matrix& W) {
   return y;
 }
 
+// Each row's argmax (-1 for a row holding a NaN), logits float32 [rows, vocab].
+std::vector<int64_t> argmax_rows(const at::Tensor& logits) {
+  TORCH_CHECK(logits.scalar_type() == at::kFloat && logits.dim() == 2, "logits must be float32 [rows, vocab]");
+  const at::Tensor x = logits.contiguous();
+  const int64_t rows = x.size(0), n = x.size(1);
+  TORCH_CHECK(n > 0, "logits must have a vocabulary");
+  std::vector<int64_t> out(rows);
+  const float* p = x.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) out[r] = hvd_logits::argmax_row(p + r * n, n);
+  return out;
+}
+
+// (log p(token), entropy) of row `row` of logits float32 [rows, vocab].
+std::pair<float, float> token_signal(const at::Tensor& logits, int64_t row, int64_t token) {
+  TORCH_CHECK(logits.scalar_type() == at::kFloat && logits.dim() == 2, "logits must be float32 [rows, vocab]");
+  TORCH_CHECK(row >= 0 && row < logits.size(0) && token >= 0 && token < logits.size(1), "row or token out of range");
+  const at::Tensor x = logits[row].contiguous();
+  return hvd_logits::token_signal(x.data_ptr<float>(), x.size(0), token);
+}
+
+// The k largest values of logits float32 [vocab] (largest first, the lower index first among ties) and their softmax
+// probabilities; empty lists if the row holds a NaN or no finite value.
+std::pair<std::vector<int64_t>, std::vector<float>> top_probs(const at::Tensor& logits, int64_t k) {
+  TORCH_CHECK(logits.scalar_type() == at::kFloat && logits.dim() == 1, "logits must be float32 [vocab]");
+  TORCH_CHECK(k >= 1 && k <= hvd_logits::kMaxTop && k <= logits.size(0), "k must be 1 to 8 and at most the vocabulary");
+  const at::Tensor x = logits.contiguous();
+  std::vector<int64_t> index(k);
+  std::vector<float> prob(k);
+  if (!hvd_logits::top_probs(x.data_ptr<float>(), x.size(0), static_cast<int>(k), index.data(), prob.data())) return {};
+  return {index, prob};
+}
+
 #if defined(HVD_AMX)
 // c + a b on one tile product, a [M, K] and b [K / 4, 4 N] bytes (VNNI layout) read signed or not as asked, c [M, N]
 // int32 (M, N <= 16, K <= 64 a multiple of 4). For the tests: the tile instructions against their definition.
@@ -698,6 +731,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("attend"), py::arg("eps"), py::arg("threads") = 0, py::call_guard<py::gil_scoped_release>());
   m.def("attention", &attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("lo"), py::arg("hi"), py::arg("scale"),
         py::arg("alone") = false, py::call_guard<py::gil_scoped_release>());
+  m.def("argmax_rows", &argmax_rows, py::arg("logits"));
+  m.def("token_signal", &token_signal, py::arg("logits"), py::arg("row"), py::arg("token"));
+  m.def("top_probs", &top_probs, py::arg("logits"), py::arg("k"));
   m.def("rope_table", &rope_table, py::call_guard<py::gil_scoped_release>());
   m.def("dequantize", &dequantize, py::call_guard<py::gil_scoped_release>());
   m.attr("MAX_ROWS") = kMaxRows;

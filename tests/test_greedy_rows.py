@@ -100,7 +100,7 @@ def test_the_entropy_under_a_mask_is_that_of_the_live_tokens() -> None:
 
 
 def test_the_engine_reads_greedy_rows_from_its_runner() -> None:
-    from hvd_agents.engine.verify import verify_greedy_on_host
+    from hvd_agents.engine.verify import verify_on_host
 
     class Counting:
         def __init__(self) -> None:
@@ -117,7 +117,7 @@ def test_the_engine_reads_greedy_rows_from_its_runner() -> None:
     counting = Counting()
     logits = torch.randn(3, 20)
     draft = logits.argmax(dim=-1).tolist()[:2]
-    assert verify_greedy_on_host(logits, draft, rows=counting) == verify_greedy_on_host(logits, draft)
+    assert verify_on_host(logits, draft, rows=counting) == verify_on_host(logits, draft)
     assert counting.calls == 2
 
 

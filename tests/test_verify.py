@@ -18,7 +18,7 @@ from hvd_agents.engine.verify import (
     accept,
     race,
     speculative_sampling,
-    verify_greedy_on_host,
+    verify_on_host,
     verify_step,
 )
 from tests import verify_reference as reference
@@ -311,6 +311,44 @@ def test_a_greedy_step_verified_on_host_integers_equals_the_packed_tensor_path(d
     ids = torch.tensor(tokens, dtype=torch.long)
     packed = verify_step(logits, ids, torch.tensor(parents, dtype=torch.long), SamplingParams())
     expected = Verification.from_packed(packed.tolist())
-    assert verify_greedy_on_host(logits, tokens, parents) == expected
+    assert verify_on_host(logits, tokens, parents) == expected
     if chain:
-        assert verify_greedy_on_host(logits, tokens) == expected
+        assert verify_on_host(logits, tokens) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_a_sampled_step_verified_on_host_integers_equals_the_packed_tensor_path(data) -> None:
+    # a deterministic draft (chain or tree) under sampling: the host path makes the packed path's own
+    # draws (the same race over the same p, from generators seeded alike) and walks them on the host,
+    # so its Verification is the packed path's field for field and the generators end in the same state
+    d = data.draw(st.integers(0, 10))
+    vocab = data.draw(st.sampled_from([3, 7, 60]))
+    seed = data.draw(st.integers(0, 2**16))
+    sampling = data.draw(st.sampled_from([SamplingParams(temperature=0.3), SamplingParams(temperature=1.0, top_p=0.8),
+                                          SamplingParams(temperature=0.7, top_k=2, top_p=0.95)]))
+    logits = torch.randn(d + 1, vocab, generator=torch.Generator().manual_seed(seed)) * 3
+    likely = logits.argmax(dim=-1).tolist()
+    chain = data.draw(st.booleans())
+    parents: list[int] = []
+    tokens: list[int] = []
+    for i in range(d):
+        parent = i - 1 if chain else data.draw(st.integers(-1, i - 1))
+        taken = {t for p, t in zip(parents, tokens) if p == parent}  # siblings differ
+        options = [t for t in range(vocab) if t not in taken]
+        if not options:
+            break
+        token = likely[parent + 1]
+        if token not in options or data.draw(st.booleans()):
+            token = data.draw(st.sampled_from(options))
+        parents.append(parent)
+        tokens.append(token)
+    d = len(tokens)
+    logits = logits[: d + 1]
+    on_device, on_host = torch.Generator().manual_seed(seed + 1), torch.Generator().manual_seed(seed + 1)
+    packed = verify_step(logits, torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long),
+                         sampling, on_device)
+    expected = Verification.from_packed(packed.tolist())
+    assert verify_on_host(logits, tokens, parents if not chain else None, sampling=sampling,
+                          generator=on_host) == expected
+    assert torch.rand(1, generator=on_device) == torch.rand(1, generator=on_host)

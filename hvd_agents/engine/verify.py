@@ -47,9 +47,10 @@ entropy), is ONE small packed tensor (:func:`verify_step`); the engine reads it 
 the host with a single ``.tolist()`` and :meth:`Verification.from_packed` decodes it.
 
 On the CPU, where logits are already on the host and every tensor operation costs a few
-microseconds of dispatch, a greedy step is verified on host integers instead
-(:func:`verify_greedy_on_host`): the rows' argmax, then the same acceptance rule over the
-draft's tokens and parents in Python, then the same target signal (read by the runner's own
+microseconds of dispatch, a greedy step, and a sampled step with a deterministic draft, is
+verified on host integers instead (:func:`verify_on_host`): the rows' argmax (or the sampled
+step's race, the same draws), then the same acceptance rule over the draft's tokens and parents
+in Python, then the same target signal (read by the runner's own
 :class:`~hvd_agents.runtime.greedy_rows.GreedyRows` where it has one: the native CPU runner's kernels). Its result equals the
 packed path's field for field (a property test compares them).
 """
@@ -66,6 +67,7 @@ from hvd_agents.runtime.greedy_rows import TORCH_GREEDY_ROWS, GreedyRows, log_pr
 from hvd_agents.runtime.tree_mask import ancestors
 
 _HEADER = 3  # n, logp, entropy; then d + 1 emitted tokens and d path entries
+GREEDY = SamplingParams()
 
 
 @dataclass(frozen=True)
@@ -136,18 +138,26 @@ def verify_step(
     return pack(logits, n, path, tokens)
 
 
-def verify_greedy_on_host(logits: torch.Tensor, draft_ids: Sequence[int],
-                          parents: Sequence[int] | None = None, rows: GreedyRows = TORCH_GREEDY_ROWS) -> Verification:
-    """A greedy step's :class:`Verification` computed on host integers (logits on the CPU): what
-    ``Verification.from_packed(verify_step(...).tolist())`` gives, without a tensor operation per stage.
+def verify_on_host(logits: torch.Tensor, draft_ids: Sequence[int], parents: Sequence[int] | None = None,
+                   rows: GreedyRows = TORCH_GREEDY_ROWS, sampling: SamplingParams = GREEDY,
+                   generator: torch.Generator | None = None) -> Verification:
+    """A step's :class:`Verification` computed on host integers (logits on the CPU) for a greedy step or a
+    sampled step with a deterministic draft: what ``Verification.from_packed(verify_step(...).tolist())``
+    gives, without a tensor operation per stage. A sampled step's choices are :func:`verify_step`'s own
+    (the same race over the same p, consuming the same randomness); only the walk moves to the host.
 
     Args:
         logits: ``[d + 1, vocab]`` target logits.
         draft_ids: the ``d`` draft tokens.
         parents: their parents, each -1 or an earlier token (None: a chain).
-        rows: what reads the rows' argmax and the signal (the runner's own, or PyTorch's).
+        rows: what reads a greedy step's argmax and every step's signal (the runner's own, or PyTorch's).
+        sampling: the request's sampling parameters (greedy by default).
+        generator: the request's RNG (sampling only).
     """
-    choice = rows.choices(logits)  # [d + 1]
+    if sampling.greedy:
+        choice = rows.choices(logits)  # [d + 1]
+    else:
+        choice = race(target_probs(logits, sampling), generator).tolist()  # [d + 1]
     d = len(draft_ids)
     parents = list(range(-1, d - 1)) if parents is None else list(parents)
     depth = [0] * d

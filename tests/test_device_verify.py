@@ -154,8 +154,15 @@ def test_verify_step_does_not_synchronise_on_cuda() -> None:
         assert len(result.token_ids) == result.num_accepted + 1
 
 
-def test_a_greedy_cpu_step_is_verified_on_host_integers(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
-    # on the CPU no greedy step goes through the packed tensor; a sampled one does
+@pytest.mark.parametrize("method, temperature", [("ar", 0.0), ("ar", 0.8), ("tree", 1.0), ("q", 1.0), ("q", 0.0)])
+def test_a_cpu_step_is_verified_on_host_integers(engine: Engine, monkeypatch: pytest.MonkeyPatch,
+                                                 method, temperature) -> None:
+    # on the CPU no step goes through the packed tensor: greedy or sampled, a chain, a tree or a draft with q
+    prompt = [3, 17, 12, 5, 9, 3, 17]
+    reference = engine.generate(prompt, GenerationParams(max_new_tokens=16, method="ar")).token_ids
+    drafters = {"tree": TreeDrafter(reference, VOCAB, seed=2, uses_hidden_states=True), "q": RandomQDrafter(VOCAB, seed=3)}
+    if method in drafters:
+        engine.add_drafter(method, drafters[method])
     decoded: list[int] = []
     original_from_packed = Verification.from_packed.__func__
 
@@ -164,9 +171,8 @@ def test_a_greedy_cpu_step_is_verified_on_host_integers(engine: Engine, monkeypa
         return original_from_packed(cls, values)
 
     monkeypatch.setattr(Verification, "from_packed", classmethod(counted_from_packed))
-    prompt = [3, 17, 12, 5, 9, 3, 17]
-    greedy = engine.generate(prompt, GenerationParams(max_new_tokens=8, method="ar", reuse_prefix=False))
-    assert greedy.stats.steps > 0 and decoded == []
-    sampled = engine.generate(prompt, GenerationParams(max_new_tokens=8, method="ar", temperature=0.8, seed=1,
-                                                       reuse_prefix=False))
-    assert len(decoded) == sampled.stats.steps > 0
+    result = engine.generate(prompt, GenerationParams(max_new_tokens=8, method=method, num_draft_tokens=4,
+                                                      temperature=temperature, seed=1, reuse_prefix=False))
+    assert result.stats.steps > 0 and decoded == []
+    if method != "ar":
+        assert result.stats.drafted_tokens > 0

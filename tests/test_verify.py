@@ -352,3 +352,42 @@ def test_a_sampled_step_verified_on_host_integers_equals_the_packed_tensor_path(
     assert verify_on_host(logits, tokens, parents if not chain else None, sampling=sampling,
                           generator=on_host) == expected
     assert torch.rand(1, generator=on_device) == torch.rand(1, generator=on_host)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_speculative_sampling_on_host_integers_equals_the_packed_tensor_path(data) -> None:
+    # a chain with drafter distributions q: the host path draws the packed path's uniforms and race and
+    # computes p only for the rows it reaches, and still gives its Verification field for field (so a
+    # row's p alone is bit for bit the row's p among the step's rows), the generators ending alike
+    d = data.draw(st.integers(0, 8))
+    vocab = data.draw(st.sampled_from([3, 7, 60]))
+    seed = data.draw(st.integers(0, 2**16))
+    sampling = data.draw(st.sampled_from([SamplingParams(temperature=0.5), SamplingParams(temperature=1.0, top_p=0.8),
+                                          SamplingParams(temperature=0.7, top_k=3, top_p=0.95)]))
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(d + 1, vocab, generator=gen) * 2
+    p = target_probs(logits, sampling)
+    # q: near p (long accepted runs), far from it, a point mass, or p itself (a residual of zeros)
+    kind = data.draw(st.sampled_from(["near", "far", "point", "same"]))
+    if kind == "near":
+        q = (p[:d] + 0.05 * torch.rand(d, vocab, generator=gen)).clamp_min(0)
+    elif kind == "far":
+        q = torch.rand(d, vocab, generator=gen)
+    elif kind == "point":
+        q = torch.zeros(d, vocab)
+    else:
+        q = p[:d].clone()
+    draft = []
+    for i in range(d):
+        token = data.draw(st.integers(0, vocab - 1)) if data.draw(st.booleans()) else int(p[i].argmax())
+        if kind == "point":
+            q[i, token] = 1.0
+        draft.append(token)
+    q = q / q.sum(dim=-1, keepdim=True).clamp_min(1e-30)
+    on_device, on_host = torch.Generator().manual_seed(seed + 1), torch.Generator().manual_seed(seed + 1)
+    packed = verify_step(logits, torch.tensor(draft, dtype=torch.long), torch.arange(-1, d - 1), sampling,
+                         on_device, q)
+    expected = Verification.from_packed(packed.tolist())
+    assert verify_on_host(logits, draft, sampling=sampling, generator=on_host, draft_probs=q) == expected
+    assert torch.rand(1, generator=on_device) == torch.rand(1, generator=on_host)

@@ -55,11 +55,10 @@ DEFAULT_PREFILL_CHUNK = 512
 PRIOR_RATE = 0.5  # a request's acceptance rate before it has verified anything
 
 
-def verifies_on_host(sampling: SamplingParams, logits: torch.Tensor, draft: Draft) -> bool:
-    """Whether a step is verified on host integers (:func:`~hvd_agents.engine.verify.verify_on_host`): the
-    logits on the CPU, and greedy or a deterministic draft (a draft with its drafter's distributions q is
-    verified by speculative sampling's tensor code; on a device, verification runs there and is read once)."""
-    return logits.device.type == "cpu" and (sampling.greedy or draft.probs is None)
+def verifies_on_host(logits: torch.Tensor) -> bool:
+    """Whether a step is verified on host integers (:func:`~hvd_agents.engine.verify.verify_on_host`): with
+    the logits on the CPU (on a device, verification runs there and is read once)."""
+    return logits.device.type == "cpu"
 
 
 @dataclass(frozen=True)
@@ -319,10 +318,10 @@ class Request:
         tree = draft.is_tree
         if self.grammar is not None:
             logits = self.grammar.masked(logits, draft)  # [d + 1, vocab]: row i under the grammar after x_1..x_i
-        if verifies_on_host(self.sampling, logits, draft):  # host integers: no tensor op per stage
+        if verifies_on_host(logits):  # host integers: no tensor op per stage
             result = verify_on_host(logits, draft.token_ids, draft.parents if tree else None,
                                     getattr(self.host.runner, "greedy_rows", TORCH_GREEDY_ROWS),
-                                    self.sampling, self.generator)
+                                    self.sampling, self.generator, draft.probs)
         else:
             draft_ids = to_device(draft.token_ids, device)  # [d]
             if tree:

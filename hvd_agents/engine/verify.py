@@ -47,10 +47,10 @@ entropy), is ONE small packed tensor (:func:`verify_step`); the engine reads it 
 the host with a single ``.tolist()`` and :meth:`Verification.from_packed` decodes it.
 
 On the CPU, where logits are already on the host and every tensor operation costs a few
-microseconds of dispatch, a greedy step, and a sampled step with a deterministic draft, is
-verified on host integers instead (:func:`verify_on_host`): the rows' argmax (or the sampled
-step's race, the same draws), then the same acceptance rule over the draft's tokens and parents
-in Python, then the same target signal (read by the runner's own
+microseconds of dispatch, a step is verified on host integers instead (:func:`verify_on_host`):
+the rows' argmax (a sampled step: the same race over the same p, or speculative sampling's same
+draws, with p computed only for the rows it reads), then the same acceptance rule over the
+draft's tokens and parents in Python, then the same target signal (read by the runner's own
 :class:`~hvd_agents.runtime.greedy_rows.GreedyRows` where it has one: the native CPU runner's kernels). Its result equals the
 packed path's field for field (a property test compares them).
 """
@@ -140,11 +140,11 @@ def verify_step(
 
 def verify_on_host(logits: torch.Tensor, draft_ids: Sequence[int], parents: Sequence[int] | None = None,
                    rows: GreedyRows = TORCH_GREEDY_ROWS, sampling: SamplingParams = GREEDY,
-                   generator: torch.Generator | None = None) -> Verification:
-    """A step's :class:`Verification` computed on host integers (logits on the CPU) for a greedy step or a
-    sampled step with a deterministic draft: what ``Verification.from_packed(verify_step(...).tolist())``
-    gives, without a tensor operation per stage. A sampled step's choices are :func:`verify_step`'s own
-    (the same race over the same p, consuming the same randomness); only the walk moves to the host.
+                   generator: torch.Generator | None = None, draft_probs: torch.Tensor | None = None) -> Verification:
+    """A step's :class:`Verification` computed on host integers (logits on the CPU): what
+    ``Verification.from_packed(verify_step(...).tolist())`` gives, field for field, without a tensor
+    operation per stage. A sampled step makes :func:`verify_step`'s own draws (the same randomness, the
+    same p); a draft with q computes p only for the rows speculative sampling reads.
 
     Args:
         logits: ``[d + 1, vocab]`` target logits.
@@ -153,11 +153,22 @@ def verify_on_host(logits: torch.Tensor, draft_ids: Sequence[int], parents: Sequ
         rows: what reads a greedy step's argmax and every step's signal (the runner's own, or PyTorch's).
         sampling: the request's sampling parameters (greedy by default).
         generator: the request's RNG (sampling only).
+        draft_probs: ``[d, vocab]`` drafter distributions q of a chain draft (sampling only), or None.
     """
-    if sampling.greedy:
-        choice = rows.choices(logits)  # [d + 1]
+    if sampling.greedy or draft_probs is None:
+        choice = rows.choices(logits) if sampling.greedy else race(target_probs(logits, sampling), generator).tolist()
+        n, tokens, path = _walk(choice, draft_ids, parents)
     else:
-        choice = race(target_probs(logits, sampling), generator).tolist()  # [d + 1]
+        n, extra = _speculative_sampling_on_host(logits, draft_ids, draft_probs, sampling, generator)
+        tokens, path = (*(int(t) for t in draft_ids[:n]), extra), tuple(range(n))
+    row = 0 if n == 0 else path[-1] + 1
+    logp, entropy = rows.signal(logits, row, tokens[n])
+    return Verification(n, tuple(tokens), path, logp, entropy)
+
+
+def _walk(choice: Sequence[int], draft_ids: Sequence[int],
+          parents: Sequence[int] | None) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """:func:`accept` on host integers: ``n``, the emitted tokens (``n + 1``) and the path (``n``, root first)."""
     d = len(draft_ids)
     parents = list(range(-1, d - 1)) if parents is None else list(parents)
     depth = [0] * d
@@ -175,10 +186,25 @@ def verify_on_host(logits: torch.Tensor, draft_ids: Sequence[int], parents: Sequ
         path.append(node)
         node = parents[node]
     path.reverse()  # root first
-    tokens = (choice[0], *(choice[node + 1] for node in path))  # [n + 1]
-    row = 0 if n == 0 else path[-1] + 1
-    logp, entropy = rows.signal(logits, row, tokens[n])
-    return Verification(n, tuple(tokens), tuple(path), logp, entropy)
+    return n, (choice[0], *(choice[node + 1] for node in path)), tuple(path)
+
+
+def _speculative_sampling_on_host(logits: torch.Tensor, draft_ids: Sequence[int], draft_probs: torch.Tensor,
+                                  sampling: SamplingParams, generator: torch.Generator | None) -> tuple[int, int]:
+    """:func:`speculative_sampling`'s draws and float32 arithmetic, with p computed row by row up to the
+    first rejection (a row's p is the same alone as among the step's rows): ``n`` and the extra token."""
+    d = len(draft_ids)
+    q = draft_probs.to(dtype=torch.float32)  # [d, vocab]
+    uniform = torch.rand(d, generator=generator, dtype=torch.float32)  # [d]: the same d uniforms
+    n = 0
+    p_n = target_probs(logits[:1], sampling)  # [1, vocab]
+    while n < d and bool(uniform[n] * q[n, draft_ids[n]] < p_n[0, draft_ids[n]]):  # x_{n+1} accepted
+        n += 1
+        p_n = target_probs(logits[n : n + 1], sampling)
+    residual = (p_n - q[n : n + 1]).clamp_min(0.0) if n < d else p_n.clamp_min(0.0)  # [1, vocab]
+    if not bool(residual.sum() > 0):  # p_n == q_n: rejection had probability 0
+        residual = p_n
+    return n, int(race(residual, generator)[0])
 
 
 def race(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

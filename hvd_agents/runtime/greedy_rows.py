@@ -6,6 +6,7 @@ native CPU runner's reads each row in one or two passes of its own kernels
 millisecond on a verification step's rows. A reader's choices are ``torch.argmax``'s exactly (the first of tied
 maxima, a NaN where a row has one), so greedy output never depends on which reader ran; the signal (the
 log-probability of a token and the entropy, the policy's features) may differ from PyTorch's by float rounding.
+A sampled step verified on the host reads its signal here too (its choices are drawn, not read).
 
 A greedy model draft reads its drafter's distribution the same way (:data:`TopProbs`): its most likely tokens and
 their probabilities, PyTorch's :func:`top_probs` or the native kernels' when the drafter runs on them.

@@ -33,6 +33,7 @@ def few_prompts(monkeypatch):
     chat, agent = bench_model.chat_prompts()[0], bench_model.agent_prompts()[0]
     monkeypatch.setattr(bench_model, "chat_prompts", lambda: [chat])
     monkeypatch.setattr(bench_model, "agent_prompts", lambda: [agent])
+    return chat, agent
 
 
 def test_a_head_file_drafts_with_its_layers_tapped_and_the_engines_head_gets_its_own_back(real_engine,
@@ -63,3 +64,18 @@ def test_bench_model_runs_a_head_file_in_an_arm_beside_the_shipped_head(real_eng
     out = capsys.readouterr().out
     assert "model:fused/ar" in out and "model:fused drafts:" in out and "model drafts:" in out
     assert main(["bench-model", "--head", str(fused_head_file.with_name("missing.safetensors"))]) == 2
+
+
+def test_bench_model_samples_every_arm_when_asked(real_engine, few_prompts, capsys) -> None:
+    sampling = bench_model.SamplingParams(temperature=0.8, top_p=0.9, seed=11)
+    tallies = bench_model.run_model_benchmark(max_new_tokens=6, rounds=1, sampling=sampling)
+    out = capsys.readouterr().out
+    assert "sampled (temperature=0.8, top_p=0.9, top_k=0, seed=11" in out
+    ids = bench_model.encode_prompt(real_engine.tokenizer, few_prompts[0].messages, few_prompts[0].tools)
+    alone = real_engine.generate(ids, GenerationParams(max_new_tokens=6, method="ar", reuse_prefix=False,
+                                                       temperature=0.8, top_p=0.9, seed=11))
+    assert tallies["chat"]["ar"].outputs == [alone.token_ids]  # the arm sampled with the seed it was given
+    greedy = real_engine.generate(ids, GenerationParams(max_new_tokens=6, method="ar", reuse_prefix=False))
+    assert alone.token_ids != greedy.token_ids  # and it was sampled: this prompt's seeded draw is not greedy's
+    assert main(["bench-model", "--temperature", "0.7", "--top-p", "1.5"]) == 2
+    assert "top_p must be in (0, 1], got 1.5" in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """Model-drafter benchmark (``hvd-agents bench-model``): side by side in one run, on the embedded model.
 
-Two workloads, greedy, same ``max_new_tokens``, no prefix reuse (this measures decoding):
+Two workloads, greedy unless ``temperature`` is given, same ``max_new_tokens``, no prefix reuse (this measures
+decoding):
 
 * **chat**: free-text prompts held out from the draft head's training
   (:data:`hvd_agents.bench.prompts.CHAT_PROMPTS`), where the context offers
@@ -17,7 +18,9 @@ model draft and the drafter's time per step as a fraction of a target step;
 for ``hvd`` and ``hvd-no-model``: their steps by draft source per workload (which
 drafter each chose, how often: where they match, the two arms did the same work).
 Runs are interleaved prompt by prompt with the arm order alternating per round;
-outputs must match ``ar`` token for token.
+greedy outputs must match ``ar`` token for token. Sampled (``--temperature``, with ``--top-p`` and a seed per
+request), every arm draws from the same distribution p, so its tokens differ from ``ar``'s and the arms'
+tokens a second are what compare.
 
 Head files given with ``--head FILE`` add an arm each, ``model:<file stem>``: the ``model`` arm drafting with
 that head instead of the engine's own (its layers tapped while it runs, see
@@ -40,10 +43,12 @@ from hvd_agents.bench.timed import TimedDrafter
 from hvd_agents.chat.render import encode_prompt
 from hvd_agents.drafters.model.head import DraftHeadDrafter
 from hvd_agents.engine import GenerationParams
+from hvd_agents.engine.sampling import SamplingParams
 from hvd_agents.engine.shared import shared_engine
 from hvd_agents.engine.stats import SourceStats
 from hvd_agents.errors import HVDError
 
+GREEDY = SamplingParams()
 logger = logging.getLogger(__name__)
 ARMS = ("ar", "model", "hvd-cache", "hvd-no-model", "hvd")
 
@@ -79,10 +84,12 @@ def run_model_benchmark(
     k: int = 6,
     rounds: int = 2,
     heads: Sequence[str | Path] = (),
+    sampling: SamplingParams = GREEDY,
 ) -> dict[str, dict[str, Tally]]:
     """Run the benchmark and print its tables; returns tallies by workload and arm.
 
     ``heads``: head files, each an arm ``model:<file stem>`` beside ``model`` (the module docstring).
+    ``sampling``: every arm's temperature, top-p, top-k and seed (greedy by default).
     """
     engine = shared_engine(model, device=device, draft_model=draft_model)
     inner = engine.model_drafter()
@@ -105,14 +112,18 @@ def run_model_benchmark(
     sources: dict[str, dict[str, dict[str, SourceStats]]] = {arm: {w: {} for w in workloads}
                                                              for arm in ("hvd-no-model", "hvd")}
 
+    def params(method: str, **kw) -> GenerationParams:
+        return GenerationParams(max_new_tokens=max_new_tokens, reuse_prefix=False, method=method,
+                                temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+                                seed=sampling.seed, **kw)
+
     def model_runner(arm: str):
         figures = models[arm]
-        params = GenerationParams(max_new_tokens=max_new_tokens, reuse_prefix=False, method=f"{arm}-timed",
-                                  num_draft_tokens=k)
+        arm_params = params(f"{arm}-timed", num_draft_tokens=k)
 
         def run(item: _Item) -> tuple[int, ...]:
             with tapped(engine, figures.taps):
-                result = engine.generate(item.ids, params)
+                result = engine.generate(item.ids, arm_params)
             source = result.stats.per_source.get(figures.source)
             if source is not None:
                 figures.drafts += source.steps
@@ -125,12 +136,11 @@ def run_model_benchmark(
         return run
 
     runners = {
-        "ar": _engine_runner(engine, GenerationParams(max_new_tokens=max_new_tokens, reuse_prefix=False, method="ar")),
+        "ar": _engine_runner(engine, params("ar")),
         **{arm: model_runner(arm) for arm in models},
-        "hvd-cache": _cache_runner(engine, GenerationParams(max_new_tokens=max_new_tokens, reuse_prefix=False,
-                                                            method="hvd-cache", num_draft_tokens=10)),
+        "hvd-cache": _cache_runner(engine, params("hvd-cache", num_draft_tokens=10)),
     }
-    hvd_params = GenerationParams(max_new_tokens=max_new_tokens, reuse_prefix=False, method="hvd")
+    hvd_params = params("hvd")
     policy_runners = {(arm, w): _cache_runner(engine, hvd_params, model_drafter=arm == "hvd", sources=sources[arm][w])
                       for arm in sources for w in workloads}
     for run in [*runners.values(), *(policy_runners[arm, "chat"] for arm in sources)]:  # warm-up
@@ -149,7 +159,7 @@ def run_model_benchmark(
                 for arm in order:
                     run = policy_runners[arm, workload] if arm in sources else runners[arm]
                     _timed(run, item, tallies[workload][arm])
-    _print(tallies, arms, models, max_new_tokens, k, engine.device, sources)
+    _print(tallies, arms, models, max_new_tokens, k, engine.device, sources, sampling)
     return tallies
 
 
@@ -163,8 +173,11 @@ def _merge(tallies: Sequence[Tally]) -> Tally:
 
 
 def _print(tallies, arms: Sequence[str], models: dict[str, ModelFigures], max_new_tokens: int, k: int, device,
-           sources: dict[str, dict[str, dict[str, SourceStats]]]) -> None:
-    print(f"model drafter: {models['model'].source}; greedy, max_new_tokens={max_new_tokens}, model k={k}, hvd k=32, "
+           sources: dict[str, dict[str, dict[str, SourceStats]]], sampling: SamplingParams) -> None:
+    how = "greedy" if sampling.greedy else (
+        f"sampled (temperature={sampling.temperature}, top_p={sampling.top_p}, top_k={sampling.top_k}, "
+        f"seed={sampling.seed}: every arm draws from the same p, so tokens differ between arms)")
+    print(f"model drafter: {models['model'].source}; {how}, max_new_tokens={max_new_tokens}, model k={k}, hvd k=32, "
           f"device={device}")
     rows = dict(tallies)
     rows["mixed"] = {arm: _merge([tallies[w][arm] for w in tallies]) for arm in arms}

@@ -118,9 +118,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_bench_model(args: argparse.Namespace) -> int:
     from hvd_agents.bench.model_drafter import run_model_benchmark
+    from hvd_agents.engine.sampling import SamplingParams
 
+    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
     run_model_benchmark(model=args.model, device=args.device, draft_model=args.draft_model,
-                        max_new_tokens=args.max_new_tokens, k=args.k, rounds=args.rounds, heads=args.head)
+                        max_new_tokens=args.max_new_tokens, k=args.k, rounds=args.rounds, heads=args.head,
+                        sampling=sampling)
     return 0
 
 

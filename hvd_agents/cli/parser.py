@@ -169,6 +169,11 @@ def _add_bench_model_parser(sub: argparse._SubParsersAction) -> None:
     model_bench.add_argument("--rounds", type=int, default=2)
     model_bench.add_argument("--head", action="append", default=[], metavar="FILE",
                              help="a head file to draft with in an arm of its own beside the model arm (repeatable)")
+    model_bench.add_argument("--temperature", type=float, default=0.0,
+                             help="sample every arm at this temperature (0, the default: greedy)")
+    model_bench.add_argument("--top-p", type=float, default=1.0, help="nucleus mass when sampling")
+    model_bench.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens when sampling")
+    model_bench.add_argument("--seed", type=int, default=0, help="every request's seed when sampling")
     model_bench.set_defaults(func=commands.cmd_bench_model)
 
 

@@ -316,42 +316,41 @@ def test_a_greedy_step_verified_on_host_integers_equals_the_packed_tensor_path(d
         assert verify_on_host(logits, tokens) == expected
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.data())
-def test_a_sampled_step_verified_on_host_integers_equals_the_packed_tensor_path(data) -> None:
-    # a deterministic draft (chain or tree) under sampling: the host path makes the packed path's own
-    # draws (the same race over the same p, from generators seeded alike) and walks them on the host,
-    # so its Verification is the packed path's field for field and the generators end in the same state
-    d = data.draw(st.integers(0, 10))
-    vocab = data.draw(st.sampled_from([3, 7, 60]))
-    seed = data.draw(st.integers(0, 2**16))
-    sampling = data.draw(st.sampled_from([SamplingParams(temperature=0.3), SamplingParams(temperature=1.0, top_p=0.8),
-                                          SamplingParams(temperature=0.7, top_k=2, top_p=0.95)]))
-    logits = torch.randn(d + 1, vocab, generator=torch.Generator().manual_seed(seed)) * 3
-    likely = logits.argmax(dim=-1).tolist()
-    chain = data.draw(st.booleans())
-    parents: list[int] = []
-    tokens: list[int] = []
-    for i in range(d):
-        parent = i - 1 if chain else data.draw(st.integers(-1, i - 1))
-        taken = {t for p, t in zip(parents, tokens) if p == parent}  # siblings differ
-        options = [t for t in range(vocab) if t not in taken]
-        if not options:
-            break
-        token = likely[parent + 1]
-        if token not in options or data.draw(st.booleans()):
-            token = data.draw(st.sampled_from(options))
-        parents.append(parent)
-        tokens.append(token)
-    d = len(tokens)
-    logits = logits[: d + 1]
-    on_device, on_host = torch.Generator().manual_seed(seed + 1), torch.Generator().manual_seed(seed + 1)
-    packed = verify_step(logits, torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long),
-                         sampling, on_device)
-    expected = Verification.from_packed(packed.tolist())
-    assert verify_on_host(logits, tokens, parents if not chain else None, sampling=sampling,
-                          generator=on_host) == expected
-    assert torch.rand(1, generator=on_device) == torch.rand(1, generator=on_host)
+def test_a_sampled_tree_walked_on_the_host_draws_from_the_target_at_each_row_it_reaches() -> None:
+    # root children 1 (node 0) and 2 (node 1); node 0's child 0 (node 2): each emitted token is a draw
+    # from p at the row of the path so far, and the step ends at the first token no child holds
+    p = torch.tensor([[0.1, 0.4, 0.3, 0.2], [0.5, 0.1, 0.2, 0.2], [0.25, 0.25, 0.25, 0.25], [0.1, 0.2, 0.3, 0.4]])
+    logits, draft = p.log(), Draft((1, 2, 0), parents=(-1, -1, 0))
+    expected: dict[tuple[int, ...], float] = {(0,): 0.1, (3,): 0.2}
+    for t2 in range(4):
+        expected[(2, t2)] = 0.3 * float(p[2, t2])
+        if t2 != 0:
+            expected[(1, t2)] = 0.4 * float(p[1, t2])
+    for t3 in range(4):
+        expected[(1, 0, t3)] = 0.4 * 0.5 * float(p[3, t3])
+    n = 20_000
+    gen = torch.Generator().manual_seed(4)
+    seen = Counter(verify_on_host(logits, draft.token_ids, draft.parents, sampling=SAMPLE, generator=gen).token_ids
+                   for _ in range(n))
+    assert set(seen) <= set(expected)
+    stat, df = chi_square(seen, expected, n)
+    assert stat < critical(df)
+    # the same test has the power to catch a walk that draws from the wrong row after node 0
+    wrong = {k: (0.4 * 0.5 * float(p[2, k[2]]) if len(k) == 3 else v) for k, v in expected.items()}
+    assert chi_square(seen, wrong, n)[0] > critical(df)
+
+
+def test_a_sampled_step_walked_on_the_host_spends_randomness_on_the_rows_it_reaches_only() -> None:
+    # the root's draw can never match (the drafted tokens have p = 0 there): one row's noise, whatever d
+    logits = log_probs([[0.0, 0.0, 0.5, 0.5], *[[0.25, 0.25, 0.25, 0.25]] * 6])
+    walked, one_row = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+    result = verify_on_host(logits, (0, 1, 1, 1, 1, 1), sampling=SAMPLE, generator=walked)
+    assert result.num_accepted == 0 and result.token_ids[0] in (2, 3)
+    race(torch.ones(1, 4), one_row)
+    assert torch.rand(1, generator=walked) == torch.rand(1, generator=one_row)
+    # the same seed and draft give the same step
+    again = verify_on_host(logits, (0, 1, 1, 1, 1, 1), sampling=SAMPLE, generator=torch.Generator().manual_seed(9))
+    assert again == result
 
 
 @settings(max_examples=200, deadline=None)

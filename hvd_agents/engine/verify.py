@@ -48,11 +48,13 @@ the host with a single ``.tolist()`` and :meth:`Verification.from_packed` decode
 
 On the CPU, where logits are already on the host and every tensor operation costs a few
 microseconds of dispatch, a step is verified on host integers instead (:func:`verify_on_host`):
-the rows' argmax (a sampled step: the same race over the same p, or speculative sampling's same
-draws, with p computed only for the rows it reads), then the same acceptance rule over the
+the rows' argmax (a sampled step: a draw at each row the walk reaches, or speculative sampling's
+same draws, with p computed only for the rows it reads), then the same acceptance rule over the
 draft's tokens and parents in Python, then the same target signal (read by the runner's own
-:class:`~hvd_agents.runtime.greedy_rows.GreedyRows` where it has one: the native CPU runner's kernels). Its result equals the
-packed path's field for field (a property test compares them).
+:class:`~hvd_agents.runtime.greedy_rows.GreedyRows` where it has one: the native CPU runner's kernels). Greedy, or
+sampled with a draft carrying q, its result equals the packed path's field for field (property tests compare
+them); sampled with a deterministic draft it draws only at the rows it reaches, the same distribution
+(chi-square tests) from less randomness.
 """
 
 from __future__ import annotations
@@ -141,10 +143,12 @@ def verify_step(
 def verify_on_host(logits: torch.Tensor, draft_ids: Sequence[int], parents: Sequence[int] | None = None,
                    rows: GreedyRows = TORCH_GREEDY_ROWS, sampling: SamplingParams = GREEDY,
                    generator: torch.Generator | None = None, draft_probs: torch.Tensor | None = None) -> Verification:
-    """A step's :class:`Verification` computed on host integers (logits on the CPU): what
-    ``Verification.from_packed(verify_step(...).tolist())`` gives, field for field, without a tensor
-    operation per stage. A sampled step makes :func:`verify_step`'s own draws (the same randomness, the
-    same p); a draft with q computes p only for the rows speculative sampling reads.
+    """A step's :class:`Verification` computed on host integers (logits on the CPU), without a tensor
+    operation per stage. Greedy, or sampled with a draft carrying q, it is what
+    ``Verification.from_packed(verify_step(...).tolist())`` gives, field for field (the same draws, p
+    computed only for the rows speculative sampling reads). Sampled with a deterministic draft, it draws
+    a token only at the rows the walk reaches (:func:`_sampled_walk`): the same distribution, and
+    randomness that varies with what is accepted.
 
     Args:
         logits: ``[d + 1, vocab]`` target logits.
@@ -155,9 +159,10 @@ def verify_on_host(logits: torch.Tensor, draft_ids: Sequence[int], parents: Sequ
         generator: the request's RNG (sampling only).
         draft_probs: ``[d, vocab]`` drafter distributions q of a chain draft (sampling only), or None.
     """
-    if sampling.greedy or draft_probs is None:
-        choice = rows.choices(logits) if sampling.greedy else race(target_probs(logits, sampling), generator).tolist()
-        n, tokens, path = _walk(choice, draft_ids, parents)
+    if sampling.greedy:
+        n, tokens, path = _walk(rows.choices(logits), draft_ids, parents)
+    elif draft_probs is None:
+        n, tokens, path = _sampled_walk(logits, draft_ids, parents, sampling, generator)
     else:
         n, extra = _speculative_sampling_on_host(logits, draft_ids, draft_probs, sampling, generator)
         tokens, path = (*(int(t) for t in draft_ids[:n]), extra), tuple(range(n))
@@ -187,6 +192,30 @@ def _walk(choice: Sequence[int], draft_ids: Sequence[int],
         node = parents[node]
     path.reverse()  # root first
     return n, (choice[0], *(choice[node + 1] for node in path)), tuple(path)
+
+
+def _sampled_walk(logits: torch.Tensor, draft_ids: Sequence[int], parents: Sequence[int] | None,
+                  sampling: SamplingParams, generator: torch.Generator | None) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """A deterministic draft under sampling, walked from the root: a token drawn from p at the row reached
+    (one row's race), the walk moving to the draft's child that holds it, until no child does.
+
+    Each emitted token is an exact draw from the target at its context, as in plain sampling; rows the walk
+    never reaches cost neither p nor randomness, where :func:`verify_step` races every row (a step verifying
+    ten drafted tokens, of which one is accepted, computes two rows' nucleus and noise instead of eleven).
+    """
+    d = len(draft_ids)
+    parents = range(-1, d - 1) if parents is None else parents
+    children: dict[int, dict[int, int]] = {}
+    for i, (parent, token) in enumerate(zip(parents, draft_ids)):
+        children.setdefault(parent, {}).setdefault(int(token), i)  # siblings differ (Draft checks it)
+    node, tokens, path = -1, [], []
+    while True:
+        token = int(race(target_probs(logits[node + 1 : node + 2], sampling), generator)[0])
+        tokens.append(token)
+        node = children.get(node, {}).get(token, -1)
+        if node < 0:
+            return len(path), tuple(tokens), tuple(path)
+        path.append(node)
 
 
 def _speculative_sampling_on_host(logits: torch.Tensor, draft_ids: Sequence[int], draft_probs: torch.Tensor,

@@ -566,6 +566,35 @@ def test_greedy_equality_on_the_quantized_runner(tiny_quant, prompt, max_new, k,
             == reference.token_ids
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=24),
+    max_new=st.integers(1, 40),
+    k=st.integers(1, 12),
+    seed=st.integers(0, 10_000),
+    tree=st.booleans(),
+    warp=st.sampled_from([(1.0, 0, 1.0), (0.7, 0, 0.9), (0.8, 5, 0.95)]),
+)
+def test_seeded_sampling_with_deterministic_drafts_gives_ar_s_tokens(tiny_quant, prompt, max_new, k, seed, tree,
+                                                                      warp) -> None:
+    # on the CPU a deterministic draft is walked drawing one row's noise per emitted token, in order, as
+    # ar draws it, from logits that are the same bits whatever the step's width: with the same seed,
+    # every deterministic drafter's sampled tokens are ar's
+    engine = Engine(Target.of(tiny_quant.model, eos_token_ids=(), native=tiny_quant))
+    temperature, top_k, top_p = warp
+    params = {"max_new_tokens": max_new, "temperature": temperature, "top_k": top_k, "top_p": top_p,
+              "seed": seed, "reuse_prefix": False}
+    reference = engine.generate(prompt, GenerationParams(method="ar", **params))
+    drafter = (TreeDrafter(reference.token_ids, VOCAB, seed) if tree
+               else ScriptedDrafter(reference.token_ids, VOCAB, seed))
+    engine.add_drafter("scripted", drafter)
+    result = engine.generate(prompt, GenerationParams(method="scripted", num_draft_tokens=k, **params))
+    assert result.token_ids == reference.token_ids
+    assert result.stats.steps <= reference.stats.steps
+    for method in ("pld", "hvd"):  # no draft head for this model: hvd's drafts are the cache drafter's
+        assert engine.generate(prompt, GenerationParams(method=method, **params)).token_ids == reference.token_ids
+
+
 @pytest.mark.parametrize("kind", ["fixed", "q", "tree"])
 def test_sampling_on_the_quantized_runner_follows_its_distribution(kind) -> None:
     from hvd_agents.engine.sampling import target_probs

@@ -43,12 +43,11 @@ from hvd_agents.bench.timed import TimedDrafter
 from hvd_agents.chat.render import encode_prompt
 from hvd_agents.drafters.model.head import DraftHeadDrafter
 from hvd_agents.engine import GenerationParams
-from hvd_agents.engine.sampling import SamplingParams
+from hvd_agents.engine.sampling import GREEDY, SamplingParams
 from hvd_agents.engine.shared import shared_engine
 from hvd_agents.engine.stats import SourceStats
 from hvd_agents.errors import HVDError
 
-GREEDY = SamplingParams()
 logger = logging.getLogger(__name__)
 ARMS = ("ar", "model", "hvd-cache", "hvd-no-model", "hvd")
 

@@ -69,6 +69,9 @@ def _is_number(value: object, kind: type) -> bool:
     return isinstance(value, kind) and not isinstance(value, bool)
 
 
+GREEDY = SamplingParams()  # the default: argmax
+
+
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """The target distribution p for each row of ``logits``.
 

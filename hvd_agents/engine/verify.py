@@ -64,12 +64,11 @@ from dataclasses import dataclass
 
 import torch
 
-from hvd_agents.engine.sampling import SamplingParams, target_probs
+from hvd_agents.engine.sampling import GREEDY, SamplingParams, target_probs
 from hvd_agents.runtime.greedy_rows import TORCH_GREEDY_ROWS, GreedyRows, log_probs_and_entropy
 from hvd_agents.runtime.tree_mask import ancestors
 
 _HEADER = 3  # n, logp, entropy; then d + 1 emitted tokens and d path entries
-GREEDY = SamplingParams()
 
 
 @dataclass(frozen=True)
